@@ -1,0 +1,3 @@
+from ovpool.cli import entry
+
+entry()

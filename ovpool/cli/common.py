@@ -1,0 +1,57 @@
+"""Options and output helpers shared by the subcommands."""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from ovpool.errors import OvpoolError
+from ovpool.settings import Settings, parse_assignments
+
+
+def settings_options(func: Callable) -> Callable:
+    """Add ``--set NAME=VALUE`` (repeatable) and pass the resolved ``settings`` to the command.
+
+    Dedicated flags such as ``--device`` are passed to the command as ``flag_<name>`` keyword
+    arguments by the command itself and merged with ``resolve_settings``.
+    """
+
+    @click.option("--set", "assignments", multiple=True, metavar="NAME=VALUE",
+                  help="Set any setting (see `ovpool settings`); repeatable.")
+    @functools.wraps(func)
+    def wrapper(*args: Any, assignments: tuple[str, ...], **kwargs: Any) -> Any:
+        return func(*args, assignments=assignments, **kwargs)
+
+    return wrapper
+
+
+def resolve_settings(assignments: tuple[str, ...] = (), **flags: Any) -> Settings:
+    """Settings from ``--set`` items and dedicated flags (a dedicated flag wins over --set)."""
+    merged = parse_assignments(assignments)
+    merged.update({k: v for k, v in flags.items() if v is not None})
+    return Settings.resolve(merged)
+
+
+def emit_json(obj: Any) -> None:
+    click.echo(json.dumps(obj, indent=2, default=str, ensure_ascii=False))
+
+
+def run_cli(group: click.Group) -> None:
+    """Run ``group``; an OvpoolError becomes one clear line on stderr and exit status 2."""
+    try:
+        group.main(standalone_mode=False)
+    except click.exceptions.Abort:
+        sys.exit(130)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except OvpoolError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        sys.exit(130)

@@ -1,0 +1,174 @@
+"""The one error tree of ovpool.
+
+Every error that crosses a process boundary carries a stable wire ``code``; the client re-raises a
+remote error as the same class (``from_wire``). Foreign exceptions (OSError, zmq, OpenVINO, gguf)
+are translated once, where they enter ovpool, with ``raise ... from exc``.
+
+::
+
+    OvpoolError                      code
+    ├── ConfigError                  config
+    │   ├── UnknownSettingError      config.unknown_setting
+    │   └── InvalidSettingError      config.invalid_setting
+    ├── ModelError                   model
+    │   ├── ModelFormatError         model.format        bad or inconsistent GGUF (names the field)
+    │   ├── UnsupportedModelError    model.unsupported   architecture or weight type not handled
+    │   └── ModelLoadError           model.load          OpenVINO failed to build/compile/run
+    ├── CacheError                   cache
+    │   ├── CacheMissError           cache.miss          cache-only mode found no usable entry
+    │   ├── CacheCorruptError        cache.corrupt       blob or manifest failed its checks
+    │   └── CacheUnsupportedError    cache.unsupported   a configuration the cache refuses
+    ├── ProtocolError                protocol
+    │   ├── MalformedMessageError    protocol.malformed
+    │   ├── UnsupportedVersionError  protocol.version
+    │   └── AuthenticationError      protocol.auth
+    └── RequestError                 request
+        ├── InvalidRequestError      request.invalid     bad parameters, prompt too long, ...
+        ├── ModelNotFoundError       request.model_not_found
+        ├── QueueFullError           request.queue_full
+        ├── RequestTimeoutError      request.timeout
+        ├── CancelledError           request.cancelled
+        ├── WorkerLostError          request.worker_lost
+        └── BrokerUnavailableError   request.broker_unavailable
+"""
+
+from __future__ import annotations
+
+
+class OvpoolError(Exception):
+    """Base of every ovpool error. ``str(err)`` is the message a user reads."""
+
+    code = "ovpool"
+
+    def __init__(self, message: str = ""):
+        super().__init__(message)
+        self.message = message
+
+    def __reduce__(self):
+        # Pickle by message alone so subclasses with richer __init__ still cross processes.
+        return (_rebuild, (self.code, self.message))
+
+    def to_wire(self) -> tuple[str, str]:
+        return self.code, self.message
+
+
+class ConfigError(OvpoolError):
+    code = "config"
+
+
+class UnknownSettingError(ConfigError):
+    code = "config.unknown_setting"
+
+
+class InvalidSettingError(ConfigError):
+    code = "config.invalid_setting"
+
+
+class ModelError(OvpoolError):
+    code = "model"
+
+
+class ModelFormatError(ModelError):
+    code = "model.format"
+
+
+class UnsupportedModelError(ModelError):
+    code = "model.unsupported"
+
+
+class ModelLoadError(ModelError):
+    code = "model.load"
+
+
+class CacheError(OvpoolError):
+    code = "cache"
+
+
+class CacheMissError(CacheError):
+    code = "cache.miss"
+
+
+class CacheCorruptError(CacheError):
+    code = "cache.corrupt"
+
+
+class CacheUnsupportedError(CacheError):
+    code = "cache.unsupported"
+
+
+class ProtocolError(OvpoolError):
+    code = "protocol"
+
+
+class MalformedMessageError(ProtocolError):
+    code = "protocol.malformed"
+
+
+class UnsupportedVersionError(ProtocolError):
+    code = "protocol.version"
+
+
+class AuthenticationError(ProtocolError):
+    code = "protocol.auth"
+
+
+class RequestError(OvpoolError):
+    code = "request"
+
+
+class InvalidRequestError(RequestError):
+    code = "request.invalid"
+
+
+class ModelNotFoundError(RequestError):
+    code = "request.model_not_found"
+
+
+class QueueFullError(RequestError):
+    code = "request.queue_full"
+
+
+class RequestTimeoutError(RequestError):
+    code = "request.timeout"
+
+
+class CancelledError(RequestError):
+    code = "request.cancelled"
+
+
+class WorkerLostError(RequestError):
+    code = "request.worker_lost"
+
+
+class BrokerUnavailableError(RequestError):
+    code = "request.broker_unavailable"
+
+
+def _all_subclasses(cls: type) -> list[type]:
+    found = []
+    for sub in cls.__subclasses__():
+        found.append(sub)
+        found.extend(_all_subclasses(sub))
+    return found
+
+
+BY_CODE: dict[str, type[OvpoolError]] = {
+    cls.code: cls for cls in [OvpoolError, *_all_subclasses(OvpoolError)]
+}
+
+
+def from_wire(code: str, message: str) -> OvpoolError:
+    """The error a remote peer sent, as its own class; an unknown code falls back to its parent.
+
+    A newer peer may send ``request.something_new``; the nearest known ancestor by dotted prefix
+    keeps ``except RequestError`` working on an older client.
+    """
+    probe = code
+    while probe not in BY_CODE and "." in probe:
+        probe = probe.rsplit(".", 1)[0]
+    cls = BY_CODE.get(probe, OvpoolError)
+    return cls(message)
+
+
+def _rebuild(code: str, message: str) -> OvpoolError:
+    return from_wire(code, message)

@@ -1,0 +1,178 @@
+"""One registry of every ovpool setting.
+
+Each setting has a name, a type, its allowed values, a default, an environment variable
+(``OVPOOL_<NAME>``) and a command-line form (``--set NAME=VALUE``). Settings marked ``graph``
+change the compiled graph, so their effective values enter the cache fingerprint.
+
+Resolution order: flag > environment > default; every resolved value remembers its source.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ovpool.errors import InvalidSettingError, UnknownSettingError
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str
+    type: type
+    default: Any
+    help: str
+    choices: tuple[str, ...] | None = None
+    graph: bool = False
+    minimum: float | None = None
+
+    @property
+    def env(self) -> str:
+        return "OVPOOL_" + self.name.upper()
+
+    def parse(self, raw: Any) -> Any:
+        """``raw`` (a string from a flag or the environment, or a Python value) as this type."""
+        try:
+            value = self._convert(raw)
+        except ValueError as exc:
+            raise InvalidSettingError(
+                f"setting {self.name}: {raw!r} is not a valid {self.type.__name__}{self._allowed()}"
+            ) from exc
+        if self.choices is not None and value not in self.choices:
+            raise InvalidSettingError(f"setting {self.name}: {raw!r} is not allowed{self._allowed()}")
+        if self.minimum is not None and value < self.minimum:
+            raise InvalidSettingError(f"setting {self.name}: {raw!r} is below the minimum {self.minimum}")
+        return value
+
+    def _convert(self, raw: Any) -> Any:
+        if self.type is bool:
+            if isinstance(raw, bool):
+                return raw
+            text = str(raw).strip().lower()
+            if text in _TRUE:
+                return True
+            if text in _FALSE:
+                return False
+            raise ValueError(raw)
+        if isinstance(raw, str):
+            raw = raw.strip()
+        return self.type(raw)
+
+    def _allowed(self) -> str:
+        if self.choices is not None:
+            return f"; allowed values: {', '.join(self.choices)}"
+        if self.type is bool:
+            return "; use on/off, true/false or 1/0"
+        return ""
+
+
+_SETTINGS = [
+    # Where and how to run.
+    Setting("device", str, "CPU", "OpenVINO device: CPU, GPU, GPU.1, ..."),
+    Setting("broker", str, "tcp://127.0.0.1:5555", "broker endpoint for clients and workers"),
+    Setting("cache_dir", str, "", "compiled-model cache directory (empty: no cache)"),
+    Setting("cache_only", bool, False, "import from the cache or fail; never compile or read weights"),
+    Setting("source_identity", str, "metadata", "how a GGUF is identified in the cache fingerprint",
+            choices=("metadata", "content")),
+    Setting("slots", int, 8, "concurrent sequences one worker serves", minimum=1),
+    Setting("queue_limit", int, 256, "requests the broker queues per model before QueueFull", minimum=0),
+    Setting("max_prompt_tokens", int, 8192, "longest prompt a worker accepts", minimum=1),
+    Setting("max_new_tokens", int, 4096, "largest max_tokens a request may ask for", minimum=1),
+    Setting("prefill_chunk", int, 256, "prompt tokens prefilled per step while others decode", minimum=1),
+    # Graph-changing: these enter the cache fingerprint.
+    Setting("inference_precision", str, "auto", "compute precision (auto: fastest correct on the device)",
+            choices=("auto", "f32", "bf16", "f16"), graph=True),
+    Setting("kv_cache_precision", str, "auto", "KV-cache element type (auto: the device's default)",
+            choices=("auto", "f32", "f16", "bf16", "u8"), graph=True),
+    Setting("attention", str, "sdpa", "attention: ScaledDotProductAttention or a manual GQA path",
+            choices=("sdpa", "manual"), graph=True),
+    Setting("stateful", bool, True, "keep the KV cache in OpenVINO state variables", graph=True),
+    Setting("kquant_requant", str, "none", "requantize K-quant weights (Q4_K, Q6_K) to another scheme",
+            choices=("none", "q4_asym32", "q8_sym32"), graph=True),
+]
+
+REGISTRY: dict[str, Setting] = {s.name: s for s in _SETTINGS}
+
+
+def lookup(name: str) -> Setting:
+    key = name.strip().lower().replace("-", "_")
+    if key not in REGISTRY:
+        raise UnknownSettingError(f"unknown setting {name!r}; valid names: {', '.join(REGISTRY)}")
+    return REGISTRY[key]
+
+
+def parse_assignments(items: Iterable[str]) -> dict[str, str]:
+    """``["NAME=VALUE", ...]`` from ``--set`` flags as a dict; a malformed item is an error."""
+    out = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep:
+            raise InvalidSettingError(f"--set {item!r}: expected NAME=VALUE, e.g. --set stateful=off")
+        out[lookup(name).name] = value
+    return out
+
+
+class Settings:
+    """Resolved values of every setting, each with its source (``flag``, ``env`` or ``default``)."""
+
+    def __init__(self, values: Mapping[str, Any], sources: Mapping[str, str]):
+        self._values = dict(values)
+        self._sources = dict(sources)
+
+    @classmethod
+    def resolve(cls, flags: Mapping[str, Any] | None = None,
+                env: Mapping[str, str] | None = None) -> Settings:
+        flags = {lookup(k).name: v for k, v in (flags or {}).items() if v is not None}
+        env = os.environ if env is None else env
+        values, sources = {}, {}
+        for s in REGISTRY.values():
+            if s.name in flags:
+                values[s.name], sources[s.name] = s.parse(flags[s.name]), "flag"
+            elif s.env in env:
+                values[s.name], sources[s.name] = s.parse(env[s.env]), "env"
+            else:
+                values[s.name], sources[s.name] = s.default, "default"
+        return cls(values, sources)
+
+    @classmethod
+    def coerce(cls, settings: Settings | Mapping[str, Any] | None) -> Settings:
+        """What an API that takes ``settings=`` accepts: a Settings, a dict of flags, or None."""
+        return settings if isinstance(settings, Settings) else cls.resolve(settings)
+
+    def __getitem__(self, name: str) -> Any:
+        return self._values[lookup(name).name]
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        try:
+            return self[name]
+        except UnknownSettingError as exc:
+            raise AttributeError(name) from exc
+
+    def source(self, name: str) -> str:
+        return self._sources[lookup(name).name]
+
+    def replace(self, **flags: Any) -> Settings:
+        """A copy with ``flags`` applied as flag-sourced values."""
+        values, sources = dict(self._values), dict(self._sources)
+        for name, raw in flags.items():
+            s = lookup(name)
+            values[s.name], sources[s.name] = s.parse(raw), "flag"
+        return Settings(values, sources)
+
+    def graph_values(self) -> dict[str, Any]:
+        """Effective graph-changing values: an explicit default equals unset here."""
+        return {s.name: self._values[s.name] for s in REGISTRY.values() if s.graph}
+
+    def rows(self) -> list[dict[str, Any]]:
+        return [
+            {"name": s.name, "value": self._values[s.name], "source": self._sources[s.name],
+             "default": s.default, "type": s.type.__name__, "choices": list(s.choices or []),
+             "env": s.env, "graph": s.graph, "help": s.help}
+            for s in REGISTRY.values()
+        ]
