@@ -20,3 +20,14 @@ POLL_INTERVAL_S: float = HEARTBEAT_INTERVAL_S / 10
 # Worker reconnect backoff after the broker goes silent: doubles from MIN up to MAX.
 RECONNECT_MIN_S: float = HEARTBEAT_INTERVAL_S / 4
 RECONNECT_MAX_S: float = HEARTBEAT_EXPIRY_S * 2
+
+# `ovpool serve` supervision. A worker that exits before it is ready, or within STABLE_AFTER_S of
+# starting, failed "fast"; its restart waits BACKOFF_MIN_S doubling up to BACKOFF_MAX_S, and after
+# GIVE_UP_AFTER fast failures in a row it is reported failing and left stopped (a cache-only miss or a
+# bad model path fails the same way every time, so retrying only fills the log).
+SUPERVISOR_BACKOFF_MIN_S: float = HEARTBEAT_INTERVAL_S / 2
+SUPERVISOR_BACKOFF_MAX_S: float = HEARTBEAT_EXPIRY_S * 10
+SUPERVISOR_STABLE_AFTER_S: float = HEARTBEAT_EXPIRY_S * 10
+SUPERVISOR_GIVE_UP_AFTER: int = 5
+# How long a child may take to exit after SIGTERM before it gets SIGKILL.
+SHUTDOWN_GRACE_S: float = HEARTBEAT_EXPIRY_S

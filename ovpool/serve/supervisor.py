@@ -1,0 +1,124 @@
+"""Worker supervision as pure logic: events in, decisions out; no processes, no clocks.
+
+The process layer (ovpool.serve.pool) reports what happened (a worker started, became ready,
+exited with a code) with the time it happened, asks which workers are due to be (re)started,
+and publishes ``view()``. Keeping the policy here lets tests drive hours of crash loops in
+microseconds.
+
+A worker's life::
+
+    starting ──ready──► ready
+       │                  │
+       └──exit──► backoff ◄┘ (restart at t + delay)     backoff ──due──► starting
+                     │
+                     └── GIVE_UP_AFTER fast failures in a row ──► failing (never restarted)
+
+A run is a *fast failure* when it exits before it was ready or within ``stable_after_s`` of its
+start; the delay doubles with each fast failure in a row, capped, and a stable run resets it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+from ovpool import timing
+
+
+class WorkerState(str, Enum):
+    STARTING = "starting"
+    READY = "ready"
+    BACKOFF = "backoff"
+    FAILING = "failing"
+    STOPPED = "stopped"
+
+
+@dataclass(frozen=True)
+class RestartPolicy:
+    backoff_min_s: float = timing.SUPERVISOR_BACKOFF_MIN_S
+    backoff_max_s: float = timing.SUPERVISOR_BACKOFF_MAX_S
+    stable_after_s: float = timing.SUPERVISOR_STABLE_AFTER_S
+    give_up_after: int = timing.SUPERVISOR_GIVE_UP_AFTER
+
+    def delay(self, fast_failures: int) -> float:
+        """Wait before the next start after ``fast_failures`` fast failures in a row (0: a stable run)."""
+        return min(self.backoff_max_s, self.backoff_min_s * 2 ** max(0, fast_failures - 1))
+
+
+@dataclass
+class _Worker:
+    name: str
+    device: str
+    state: WorkerState = WorkerState.BACKOFF
+    pid: int | None = None
+    started_at: float = 0.0
+    ready: bool = False
+    restart_at: float = 0.0
+    restarts: int = 0
+    fast_failures: int = 0
+    last_exit: int | None = None
+    reason: str = ""
+
+
+@dataclass
+class Supervisor:
+    """Decides when each named worker (re)starts and when it is given up on."""
+
+    devices: dict[str, str]
+    policy: RestartPolicy = field(default_factory=RestartPolicy)
+
+    def __post_init__(self) -> None:
+        self._workers = {name: _Worker(name, device) for name, device in self.devices.items()}
+        self._stopping = False
+
+    def due(self, now: float) -> list[str]:
+        """Workers to start now: never started yet, or their backoff has expired."""
+        if self._stopping:
+            return []
+        return [w.name for w in self._workers.values()
+                if w.state is WorkerState.BACKOFF and w.restart_at <= now]
+
+    def next_due(self) -> float | None:
+        """When the earliest pending restart is due (None: nothing pending)."""
+        times = [w.restart_at for w in self._workers.values() if w.state is WorkerState.BACKOFF]
+        return None if self._stopping or not times else min(times)
+
+    def started(self, name: str, pid: int, now: float) -> None:
+        w = self._workers[name]
+        if w.last_exit is not None:
+            w.restarts += 1
+        w.state, w.pid, w.started_at, w.ready = WorkerState.STARTING, pid, now, False
+
+    def ready(self, name: str) -> None:
+        w = self._workers[name]
+        if w.state is WorkerState.STARTING:
+            w.state, w.ready, w.reason = WorkerState.READY, True, ""
+
+    def exited(self, name: str, code: int, now: float, reason: str = "") -> WorkerState:
+        """Record an exit; the returned state says what happens next (backoff, failing, stopped)."""
+        w = self._workers[name]
+        w.pid, w.last_exit, w.reason = None, code, reason or f"exited with status {code}"
+        if self._stopping:
+            w.state = WorkerState.STOPPED
+            return w.state
+        fast = not w.ready or now - w.started_at < self.policy.stable_after_s
+        w.fast_failures = w.fast_failures + 1 if fast else 0
+        if w.fast_failures >= self.policy.give_up_after:
+            w.state = WorkerState.FAILING
+            w.reason = f"gave up after {w.fast_failures} failed starts in a row; last: {w.reason}"
+        else:
+            w.state, w.restart_at = WorkerState.BACKOFF, now + self.policy.delay(w.fast_failures)
+        return w.state
+
+    def stop(self) -> None:
+        """Shutting down: no more restarts; later exits are expected."""
+        self._stopping = True
+
+    def state(self, name: str) -> WorkerState:
+        return self._workers[name].state
+
+    def view(self) -> list[dict]:
+        """What serve publishes for `ovpool status`: one plain dict per worker."""
+        return [{"name": w.name, "device": w.device, "state": w.state.value, "pid": w.pid,
+                 "restarts": w.restarts, "last_exit": w.last_exit, "reason": w.reason}
+                for w in self._workers.values()]
