@@ -1,0 +1,111 @@
+"""Prometheus metrics of the broker, defined once; the broker loop calls ``BrokerMetrics`` methods.
+
+Each ``BrokerMetrics`` owns its registry, so several brokers (tests) in one process never clash.
+Every name starts with ``ovpool_``. Tokens per second is exported two ways: the counter
+``ovpool_tokens_generated_total`` (``rate()`` of it is the pool's throughput) and a per-request
+histogram of decode speed.
+
+Per-worker cache outcome: a worker reports how it loaded its model in READY (``hit``: imported a
+cached blob; ``wrote``: compiled and exported; ``compiled``: compiled without a cache); each READY
+counts once.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+# Seconds; a streamed first token on CPU lands between a few ms and several seconds.
+_TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+_LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+_TPS_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)
+_LOAD_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+WORKER_STATES = ("starting", "ready", "busy", "backoff", "failing")
+# READY's load outcome → which cache counters it increments.
+_CACHE_EVENTS = {"hit": ("hits",), "wrote": ("misses", "writes"), "compiled": ("misses",),
+                 "miss": ("misses",)}
+
+
+class BrokerMetrics:
+    """The broker's metrics; methods are cheap enough to call on every message."""
+
+    def __init__(self, registry: CollectorRegistry | None = None):
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("ovpool_requests", "Finished requests by model and outcome "
+                                "(ok, or the error code)", ["model", "outcome"], registry=r)
+        self.queue_depth = Gauge("ovpool_queue_depth", "Requests waiting for a worker",
+                                 ["model"], registry=r)
+        self.ttft = Histogram("ovpool_time_to_first_token_seconds", "Submit to first token",
+                              ["model"], buckets=_TTFT_BUCKETS, registry=r)
+        self.latency = Histogram("ovpool_request_latency_seconds", "Submit to final answer",
+                                 ["model"], buckets=_LATENCY_BUCKETS, registry=r)
+        self.tokens = Counter("ovpool_tokens_generated", "Completion tokens sent to clients",
+                              ["model"], registry=r)
+        self.tokens_per_s = Histogram("ovpool_request_tokens_per_second", "Decode speed per request "
+                                      "(completion tokens after the first / time since it)",
+                                      ["model"], buckets=_TPS_BUCKETS, registry=r)
+        self.workers = Gauge("ovpool_workers", "Workers by state (supervised ones included)",
+                             ["state"], registry=r)
+        self.cache = Counter("ovpool_worker_cache", "Worker model loads by cache event "
+                             "(hits, misses, writes)", ["worker", "device", "event"], registry=r)
+        self.load_seconds = Histogram("ovpool_worker_load_seconds", "Worker model load time by outcome",
+                                      ["device", "outcome"], buckets=_LOAD_BUCKETS, registry=r)
+        self.last_load_seconds = Gauge("ovpool_worker_last_load_seconds", "Latest load time per worker",
+                                       ["worker", "device"], registry=r)
+
+    def set_queue_depth(self, model: str, depth: int) -> None:
+        self.queue_depth.labels(model).set(depth)
+
+    def observe_final(self, model: str, outcome: str, *, latency_s: float,
+                      ttft_s: float | None = None, completion_tokens: int = 0) -> None:
+        """One finished request: ``outcome`` is ``ok`` or the error's wire code."""
+        self.requests.labels(model, outcome).inc()
+        self.latency.labels(model).observe(latency_s)
+        if ttft_s is not None:
+            self.ttft.labels(model).observe(ttft_s)
+        if completion_tokens:
+            self.tokens.labels(model).inc(completion_tokens)
+        if ttft_s is not None and completion_tokens > 1 and latency_s > ttft_s:
+            self.tokens_per_s.labels(model).observe((completion_tokens - 1) / (latency_s - ttft_s))
+
+    def set_workers(self, counts: Mapping[str, int]) -> None:
+        """Workers by state; a state missing from ``counts`` is 0."""
+        for state in sorted(set(WORKER_STATES) | set(counts)):
+            self.workers.labels(state).set(counts.get(state, 0))
+
+    def observe_worker_load(self, worker: str, device: str, outcome: str, seconds: float) -> None:
+        """A worker's READY: how it got its compiled model and how long that took."""
+        for event in _CACHE_EVENTS.get(outcome, ()):
+            self.cache.labels(worker, device, event).inc()
+        self.load_seconds.labels(device, outcome).observe(seconds)
+        self.last_load_seconds.labels(worker, device).set(seconds)
+
+
+class MetricsServer:
+    """The ``/metrics`` HTTP endpoint of one registry, on a background thread; a context manager."""
+
+    def __init__(self, registry: CollectorRegistry, port: int, host: str = "0.0.0.0"):
+        self._registry, self._port, self._host = registry, port, host
+        self._server: WSGIServer | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def port(self) -> int:
+        """The bound port (useful with port 0: the OS picks a free one)."""
+        assert self._server is not None, "MetricsServer is not started"
+        return self._server.server_port
+
+    def __enter__(self) -> MetricsServer:
+        self._server, self._thread = start_http_server(self._port, self._host, registry=self._registry)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._thread.join()
+            self._server = None

@@ -1,0 +1,80 @@
+"""Broker metrics as a Prometheus scraper sees them: served over HTTP and parsed."""
+
+from __future__ import annotations
+
+import urllib.request
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from ovpool.metrics import BrokerMetrics, MetricsServer
+
+
+def scrape(port: int) -> dict[tuple[str, tuple], float]:
+    """Every sample at ``/metrics`` as {(name, sorted labels): value}."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+@pytest.fixture
+def served():
+    metrics = BrokerMetrics()
+    with MetricsServer(metrics.registry, port=0, host="127.0.0.1") as server:
+        yield metrics, server.port
+
+
+def test_requests_latency_and_tokens_are_scraped(served):
+    metrics, port = served
+    metrics.observe_final("smollm2", "ok", latency_s=1.2, ttft_s=0.2, completion_tokens=11)
+    metrics.observe_final("smollm2", "ok", latency_s=0.3, ttft_s=0.1, completion_tokens=1)
+    metrics.observe_final("smollm2", "request.timeout", latency_s=30.0)
+    got = scrape(port)
+    m = (("model", "smollm2"),)
+    assert got[("ovpool_requests_total", (("model", "smollm2"), ("outcome", "ok")))] == 2
+    assert got[("ovpool_requests_total", (("model", "smollm2"), ("outcome", "request.timeout")))] == 1
+    assert got[("ovpool_request_latency_seconds_count", m)] == 3
+    assert got[("ovpool_request_latency_seconds_sum", m)] == pytest.approx(31.5)
+    assert got[("ovpool_time_to_first_token_seconds_count", m)] == 2
+    assert got[("ovpool_tokens_generated_total", m)] == 12
+    # Decode speed only where it is defined: 10 tokens after the first in 1.0 s.
+    assert got[("ovpool_request_tokens_per_second_count", m)] == 1
+    assert got[("ovpool_request_tokens_per_second_sum", m)] == pytest.approx(10.0)
+
+
+def test_queue_depth_and_workers_by_state(served):
+    metrics, port = served
+    metrics.set_queue_depth("smollm2", 7)
+    metrics.set_workers({"ready": 2, "failing": 1})
+    metrics.set_workers({"ready": 3})
+    got = scrape(port)
+    assert got[("ovpool_queue_depth", (("model", "smollm2"),))] == 7
+    assert got[("ovpool_workers", (("state", "ready"),))] == 3
+    assert got[("ovpool_workers", (("state", "failing"),))] == 0
+
+
+def test_worker_cache_events_and_load_time(served):
+    metrics, port = served
+    metrics.observe_worker_load("w0", "CPU", "wrote", 9.5)
+    metrics.observe_worker_load("w1", "CPU", "hit", 0.4)
+    metrics.observe_worker_load("w1", "CPU", "hit", 0.3)
+    got = scrape(port)
+
+    def cache(worker: str, event: str) -> float:
+        return got.get(("ovpool_worker_cache_total",
+                        (("device", "CPU"), ("event", event), ("worker", worker))), 0)
+
+    assert (cache("w0", "misses"), cache("w0", "writes"), cache("w0", "hits")) == (1, 1, 0)
+    assert (cache("w1", "hits"), cache("w1", "misses")) == (2, 0)
+    assert got[("ovpool_worker_last_load_seconds", (("device", "CPU"), ("worker", "w1")))] == 0.3
+    assert got[("ovpool_worker_load_seconds_count", (("device", "CPU"), ("outcome", "hit")))] == 2
+
+
+def test_server_stops_on_exit():
+    metrics = BrokerMetrics()
+    with MetricsServer(metrics.registry, port=0, host="127.0.0.1") as server:
+        port = server.port
+        assert scrape(port) is not None
+    with pytest.raises(OSError):
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2)
