@@ -3,4 +3,15 @@
 from ovpool import errors
 from ovpool.errors import OvpoolError
 
-__all__ = ["OvpoolError", "errors"]
+__all__ = ["Engine", "OvpoolError", "errors"]
+
+# Heavy classes load on first use, so `import ovpool` (CLI startup, clients) stays light.
+_LAZY = {"Engine": "ovpool.worker.engine"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'ovpool' has no attribute {name!r}")

@@ -1,0 +1,179 @@
+"""Engine: a GGUF model compiled for one OpenVINO device, with its tokenizer, ready to generate.
+
+Loading opens the GGUF header, resolves the effective graph settings, and gets the compiled model
+from ``ovpool.cache.loader.load_compiled`` (a cache hit never builds the graph or reads a weight).
+Each Generation borrows a Session (an InferRequest with its own KV cache) from a pool, so several
+can be interleaved; finished sessions are reset and reused.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import openvino as ov
+
+from ovpool.cache.fingerprint import GraphIdentity
+from ovpool.cache.loader import load_compiled
+from ovpool.completion import Completion, Delta
+from ovpool.errors import InvalidRequestError
+from ovpool.settings import Settings
+from ovpool.worker import graph
+from ovpool.worker.chat import render
+from ovpool.worker.generation import Generation, check_prompt
+from ovpool.worker.model import GGUFModel
+from ovpool.worker.sampling import SamplingParams
+from ovpool.worker.session import Session
+from ovpool.worker.tokenizer import Tokenizer
+
+Prompt = str | Sequence[int] | Sequence[Mapping[str, Any]]
+
+
+class Engine:
+    """``Engine(model, device, settings, cache_dir, cache_only)``; ``model`` is a GGUF path or alias.
+
+    ``device``, ``cache_dir`` and ``cache_only`` left as None come from ``settings`` (flag >
+    environment > default, see ``ovpool settings``).
+    """
+
+    def __init__(self, model: str | Path, device: str | None = None,
+                 settings: Settings | Mapping[str, Any] | None = None,
+                 cache_dir: str | Path | None = None, cache_only: bool | None = None):
+        self.settings = Settings.coerce(settings)
+        self.device = device or self.settings.device
+        phases: dict[str, float] = {}
+        with _phase(phases, "open"):
+            self.model = GGUFModel.open(model)
+        with _phase(phases, "tokenizer"):
+            self.tokenizer = Tokenizer.from_metadata(self.model.metadata)
+        self.core = ov.Core()
+        result = self._load(cache_dir or self.settings.cache_dir or None,
+                            self.settings.cache_only if cache_only is None else cache_only)
+        self.compiled = result.compiled
+        phases["compiled model"] = result.seconds
+        self.load_report = {"outcome": result.outcome, "entry": result.entry, "seconds": phases,
+                            "graph_settings": self.graph_settings}
+        self._idle: list[Session] = []
+
+    def _load(self, cache_dir: str | Path | None, cache_only: bool):
+        self.graph_settings = graph.resolve_auto(self.settings, self.device)
+        identity = GraphIdentity.from_model(
+            self.model, ports=graph.port_spec(self.hparams, self.graph_settings),
+            builder_hash=graph.BUILDER_HASH, settings=self.graph_settings,
+            source_identity=self.settings.source_identity)
+        return load_compiled(self.core, identity=identity, device=self.device,
+                             config=graph.compile_config(self.graph_settings),
+                             build=lambda: graph.build_model(self.model, self.graph_settings),
+                             cache_dir=cache_dir, cache_only=cache_only)
+
+    @property
+    def name(self) -> str:
+        return self.model.name
+
+    @property
+    def hparams(self):
+        return self.model.hparams
+
+    def tokenize(self, text: str, add_special: bool = True) -> list[int]:
+        return self.tokenizer.encode(text, add_special=add_special)
+
+    def detokenize(self, ids: Sequence[int], skip_special: bool = True) -> str:
+        return self.tokenizer.decode(list(ids), skip_special=skip_special)
+
+    def prompt_ids(self, prompt: Prompt) -> list[int]:
+        """Token ids of a text, a list of ids, or chat messages (rendered with the chat template)."""
+        if isinstance(prompt, str):
+            return self.tokenize(prompt)
+        items = list(prompt)
+        if items and all(isinstance(m, Mapping) for m in items):
+            # The template writes any BOS itself, as Hugging Face's apply_chat_template does.
+            return self.tokenize(self.render_chat(items), add_special=False)
+        if all(isinstance(t, int | np.integer) and not isinstance(t, bool) for t in items):
+            return [int(t) for t in items]
+        raise InvalidRequestError("a prompt is a string, a list of token ids, or a list of chat messages "
+                                  "({'role': ..., 'content': ...})")
+
+    def render_chat(self, messages: Sequence[Mapping[str, Any]]) -> str:
+        tokens = self.model.metadata.get("tokenizer.ggml.tokens") or []
+
+        def text(token_id):
+            return tokens[token_id] if token_id is not None and token_id < len(tokens) else ""
+
+        eos = self.model.metadata.get("tokenizer.ggml.eos_token_id")
+        return render(self.model.metadata.get("tokenizer.chat_template"), list(messages),
+                      add_generation_prompt=True, bos_token=text(self.tokenizer.bos_id),
+                      eos_token=text(eos))
+
+    def logits(self, ids: Sequence[int]) -> np.ndarray:
+        """Teacher-forced logits: row i scores the token after ``ids[:i + 1]``; float32 [len(ids), vocab]."""
+        ids = self.prompt_ids(ids)
+        self._check(ids, new_tokens=0)
+        session = self._acquire()
+        try:
+            return np.array(session.forward(ids, logits_from=0), dtype=np.float32)
+        finally:
+            self._release(session)
+
+    def generation(self, prompt: Prompt, params: SamplingParams | None = None,
+                   prefill_chunk: int | None = None) -> Generation:
+        """A Generation to drive with ``step()``; ``prefill_chunk`` splits a long prompt over steps."""
+        params = params or SamplingParams()
+        if params.max_tokens > self.settings.max_new_tokens:
+            raise InvalidRequestError(f"max_tokens = {params.max_tokens} exceeds max_new_tokens = "
+                                      f"{self.settings.max_new_tokens}; lower it or raise that setting")
+        ids = self.prompt_ids(prompt)
+        self._check(ids, new_tokens=1)
+        return Generation(self._acquire(), self._release, ids, params, self.tokenizer,
+                          context_length=self.hparams.context_length, prefill_chunk=prefill_chunk)
+
+    def stream(self, prompt: Prompt, **sampling: Any) -> Iterator[Delta]:
+        with self.generation(prompt, SamplingParams.from_dict(sampling)) as gen:
+            yield from gen
+
+    def complete(self, prompt: Prompt, **sampling: Any) -> Completion:
+        with self.generation(prompt, SamplingParams.from_dict(sampling)) as gen:
+            for _ in gen:
+                pass
+            return gen.completion()
+
+    def chat(self, messages: Sequence[Mapping[str, Any]], **sampling: Any) -> Completion:
+        if isinstance(messages, str) or not all(isinstance(m, Mapping) for m in messages):
+            raise InvalidRequestError("chat messages are a list of {'role': ..., 'content': ...} dicts")
+        return self.complete(list(messages), **sampling)
+
+    def _check(self, ids: Sequence[int], new_tokens: int) -> None:
+        check_prompt(ids, vocab_size=self.hparams.vocab_size, context_length=self.hparams.context_length,
+                     max_prompt_tokens=self.settings.max_prompt_tokens, new_tokens=new_tokens)
+
+    def _acquire(self) -> Session:
+        return self._idle.pop() if self._idle else Session(self.compiled.create_infer_request())
+
+    def _release(self, session: Session) -> None:
+        session.reset()
+        self._idle.append(session)
+
+    def close(self) -> None:
+        self._idle.clear()
+        self.compiled = None
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class _phase:
+    """Adds the seconds spent in a ``with`` block to ``phases[name]``."""
+
+    def __init__(self, phases: dict[str, float], name: str):
+        self.phases, self.name = phases, name
+
+    def __enter__(self):
+        self._t0 = time.perf_counter()
+
+    def __exit__(self, *exc):
+        self.phases[self.name] = time.perf_counter() - self._t0

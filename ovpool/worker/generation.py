@@ -1,0 +1,131 @@
+"""One generation: prefill a prompt, then sample, stream and stop, one forward pass per ``step()``.
+
+A Generation owns a Session (its own InferRequest and KV cache), so a worker can interleave several;
+it hands the session back through ``release`` when closed. Text goes through the tokenizer's
+StreamDecoder (never a broken UTF-8 sequence) and a StopMatcher (never emits a stop string).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Sequence
+
+from ovpool.completion import Completion, Delta, Usage
+from ovpool.errors import InvalidRequestError
+from ovpool.worker.sampling import Sampler, SamplingParams, StopMatcher
+from ovpool.worker.session import Session
+
+
+def check_prompt(ids: Sequence[int], *, vocab_size: int, context_length: int, max_prompt_tokens: int,
+                 new_tokens: int) -> None:
+    """Reject a prompt the model cannot take with ``new_tokens`` more, naming the numbers."""
+    if not ids:
+        raise InvalidRequestError("the prompt is empty: give at least one token")
+    bad = next((t for t in ids if not 0 <= t < vocab_size), None)
+    if bad is not None:
+        raise InvalidRequestError(f"token id {bad} is outside the vocabulary [0, {vocab_size})")
+    if len(ids) > max_prompt_tokens:
+        raise InvalidRequestError(f"the prompt has {len(ids)} tokens, more than max_prompt_tokens = "
+                                  f"{max_prompt_tokens}; shorten it or raise that setting")
+    if len(ids) + new_tokens > context_length:
+        raise InvalidRequestError(f"the prompt has {len(ids)} tokens; with {new_tokens} new token(s) "
+                                  f"that exceeds the model's context of {context_length}; shorten it")
+
+
+class Generation:
+    """Generate from ``prompt_ids`` with ``params``. Use as a context manager, or call ``close()``."""
+
+    def __init__(self, session: Session, release: Callable[[Session], None], prompt_ids: Sequence[int],
+                 params: SamplingParams, tokenizer, *, context_length: int, prefill_chunk: int | None = None):
+        self._session, self._release = session, release
+        self.prompt_ids, self.params = list(prompt_ids), params
+        self._pending = list(prompt_ids)
+        self._chunk = prefill_chunk or len(self._pending)
+        self._context_length = context_length
+        self._eos = frozenset() if params.ignore_eos else frozenset(tokenizer.eos_ids)
+        self._sampler = Sampler(params)
+        self._decoder = tokenizer.stream_decoder()
+        self._stop = StopMatcher(params.stop)
+        self.token_ids: list[int] = []
+        self._text: list[str] = []
+        self.finish_reason: str | None = None
+        self._start = time.perf_counter()
+        self._stamps: list[float] = []
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    def step(self) -> Delta | None:
+        """One forward pass: a prompt chunk, or the next token. None when there is no new text."""
+        if self.finished:
+            return None
+        if self._pending:
+            chunk, self._pending = self._pending[:self._chunk], self._pending[self._chunk:]
+            logits = self._session.forward(chunk, logits_from=len(chunk) - 1)
+            if self._pending:
+                return None
+        else:
+            logits = self._session.forward(self.token_ids[-1:], logits_from=0)
+        return self._accept(self._sampler.choose(logits[-1]))
+
+    def __iter__(self) -> Iterator[Delta]:
+        """Step to the end, yielding each Delta with new text."""
+        while not self.finished:
+            delta = self.step()
+            if delta is not None:
+                yield delta
+
+    def _accept(self, token: int) -> Delta | None:
+        self._stamps.append(time.perf_counter())
+        if token in self._eos:  # not part of the completion; its delta index follows the last token
+            return self._finish("stop", token, "", index=len(self.token_ids))
+        self.token_ids.append(token)
+        text, stopped = self._stop.feed(self._decoder.push(token))
+        if stopped:
+            return self._finish("stop", token, text, flush=False)
+        if len(self.token_ids) >= self.params.max_tokens or \
+                len(self.prompt_ids) + len(self.token_ids) >= self._context_length:
+            return self._finish("length", token, text)
+        return self._delta(token, text)
+
+    def _finish(self, reason: str, token: int, text: str, flush: bool = True,
+                index: int | None = None) -> Delta | None:
+        if flush:
+            tail, stopped = self._stop.feed(self._decoder.flush())
+            text += tail if stopped else tail + self._stop.flush()
+        self.finish_reason = reason
+        self.close()
+        return self._delta(token, text, index)
+
+    def _delta(self, token: int, text: str, index: int | None = None) -> Delta | None:
+        if not text:
+            return None
+        self._text.append(text)
+        return Delta(index=len(self.token_ids) - 1 if index is None else index, token_id=token, text=text)
+
+    def completion(self) -> Completion:
+        if not self.finished:
+            raise InvalidRequestError("the generation has not finished: call step() until finished")
+        return Completion(text="".join(self._text), token_ids=list(self.token_ids),
+                          finish_reason=self.finish_reason,
+                          usage=Usage(len(self.prompt_ids), len(self.token_ids)), timings=self._timings())
+
+    def _timings(self) -> dict[str, float]:
+        first, last = self._stamps[0], self._stamps[-1]
+        timings = {"ttft_s": first - self._start, "total_s": last - self._start}
+        if len(self._stamps) > 1:
+            timings["decode_tps"] = (len(self._stamps) - 1) / (last - first)
+        return timings
+
+    def close(self) -> None:
+        """Hand the session back (idempotent); an unfinished generation ends with no completion."""
+        if self._session is not None:
+            session, self._session = self._session, None
+            self._release(session)
+
+    def __enter__(self) -> Generation:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
