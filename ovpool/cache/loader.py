@@ -1,0 +1,163 @@
+"""``load_compiled``: the one way the engine gets its compiled model (contract 6).
+
+Hit: import the blob (no graph build, no weight read, no compile). Miss: take the family lock,
+look again (a racing process may have exported meanwhile: then import its blob), else build,
+compile with CACHE_MODE=OPTIMIZE_SPEED and export: blob to tmp/ → fsync → rename → manifest
+through temp + fsync + rename, last; only then log ``model cache WROTE <entry>``. An export that
+fails (disk full, read-only dir) costs a warning; the process goes on with its compiled model.
+
+Cache-only mode returns a hit or raises: CacheMissError naming what differs from the nearest
+entry, CacheCorruptError for a bad entry (removed so the next normal start recompiles), and
+CacheUnsupportedError for configurations that cannot avoid compiling (static shapes, CPU
+fallback through HETERO/AUTO/MULTI, NPU).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import openvino as ov
+
+from ovpool.cache.fingerprint import DeviceKey, GraphIdentity, fingerprint, openvino_version, ports_key
+from ovpool.cache.lookup import Lookup
+from ovpool.cache.manifest import Entry, Manifest, is_static
+from ovpool.cache.sources import ContentHashes
+from ovpool.cache.store import CacheStore
+from ovpool.errors import CacheCorruptError, CacheMissError, CacheUnsupportedError, ModelLoadError
+
+log = logging.getLogger("ovpool.cache")
+# Devices that may split a graph or fall back to the CPU at run time: the blob is not one device's.
+_VIRTUAL_DEVICES = ("HETERO", "AUTO", "MULTI", "BATCH")
+_STATIC_ONLY_DEVICES = ("NPU",)
+COMPILE_CONFIG = {"CACHE_MODE": "OPTIMIZE_SPEED"}
+
+
+@dataclass(frozen=True)
+class LoadResult:
+    compiled: ov.CompiledModel
+    outcome: str  # "hit", "wrote" (compiled and exported) or "compiled" (no cache or export skipped)
+    entry: str | None
+    seconds: float
+
+
+def load_compiled(core: ov.Core, *, identity: GraphIdentity, device: str, config: dict,
+                  build: Callable[[], ov.Model], cache_dir: str | Path | None,
+                  cache_only: bool) -> LoadResult:
+    start = time.perf_counter()
+    if "CACHE_DIR" in config:
+        raise CacheUnsupportedError("OpenVINO's own CACHE_DIR is not used; pass cache_dir instead")
+    if not cache_dir:
+        if cache_only:
+            raise CacheUnsupportedError("cache-only mode needs a cache directory: set --cache-dir "
+                                        "or OVPOOL_CACHE_DIR")
+        return LoadResult(compile_model(core, build(), device, config), "compiled", None, _since(start))
+    if not _cacheable(device, identity, cache_only):
+        return LoadResult(compile_model(core, build(), device, config), "compiled", None, _since(start))
+    store = CacheStore(cache_dir)
+    content = ContentHashes(store) if identity.source_identity == "content" else None
+    fp = fingerprint(identity, DeviceKey.probe(core, device), config, ov_version=openvino_version(),
+                     content_hash=content)
+    lookup = Lookup(store, fp, identity.ports)
+    compiled, found = _try_hit(lookup, core, device, config, cache_only)
+    if compiled is not None:
+        return LoadResult(compiled, "hit", found, _since(start))
+    log.info("model cache MISS %s: %s", lookup.family, found)
+    compiled, outcome, entry = _compile_and_export(lookup, core, device, config, build)
+    return LoadResult(compiled, outcome, entry, _since(start))
+
+
+def compile_model(core: ov.Core, model: ov.Model, device: str, config: dict) -> ov.CompiledModel:
+    try:
+        return core.compile_model(model, device, {**config, **COMPILE_CONFIG})
+    except RuntimeError as exc:
+        raise ModelLoadError(f"OpenVINO could not compile the model for {device}: {exc}") from exc
+
+
+def _cacheable(device: str, identity: GraphIdentity, cache_only: bool) -> bool:
+    kind = device.split(":", 1)[0].split(".", 1)[0].upper()
+    why = None
+    if kind in _VIRTUAL_DEVICES:
+        why = f"device {device} may fall back to another device (CPU fallback); name one device"
+    elif kind in _STATIC_ONLY_DEVICES or is_static(identity.ports):
+        why = f"static-shape graphs ({device}) are not cached; use a dynamic CPU or GPU graph"
+    if why is None:
+        return True
+    if cache_only:
+        raise CacheUnsupportedError(f"cache-only mode is unsupported here: {why}")
+    log.warning("model cache: not used: %s", why)
+    return False
+
+
+def _try_hit(lookup: Lookup, core, device, config, cache_only) -> tuple[ov.CompiledModel | None, str]:
+    """(compiled, entry id) on a hit, else (None, why it missed); cache-only mode raises instead."""
+    try:
+        entry, reason = lookup.find()
+        if entry is not None:
+            compiled = lookup.import_entry(core, entry, device, config)
+            log.info("model cache HIT %s", entry.id)
+            return compiled, entry.id
+    except CacheCorruptError as exc:
+        if cache_only:
+            raise CacheCorruptError(f"model cache-only mode: {exc}; the entry was removed, populate the "
+                                    "cache again by starting once without cache-only") from exc
+        reason = str(exc)
+        log.warning("model cache: %s", reason)
+    if cache_only:
+        raise CacheMissError(f"model cache-only mode: no compiled model for {', '.join(lookup.fp.models)} "
+                             f"on {device} in {lookup.store.root}: {reason}. Populate the cache by "
+                             "starting once without cache-only, with the same model, device and settings")
+    return None, reason
+
+
+def _compile_and_export(lookup: Lookup, core, device, config,
+                        build) -> tuple[ov.CompiledModel, str, str | None]:
+    with contextlib.ExitStack() as stack:
+        try:
+            lookup.store.prepare()
+            stack.enter_context(lookup.store.lock(lookup.family))
+        except OSError as exc:
+            log.warning("model cache: %s is not writable (%s); compiling without exporting",
+                        lookup.store.root, exc)
+            return compile_model(core, build(), device, config), "compiled", None
+        # Look again: the process that held the lock before us may have exported this graph.
+        compiled, entry = _try_hit(lookup, core, device, config, cache_only=False)
+        if compiled is not None:
+            return compiled, "hit", entry
+        compiled = compile_model(core, build(), device, config)
+        try:
+            entry = _export(lookup, compiled)
+        except OSError as exc:
+            log.warning("model cache: export failed (%s); going on with the compiled model", exc)
+            return compiled, "compiled", None
+        log.info("model cache WROTE %s", entry)
+        return compiled, "wrote", entry
+
+
+def _export(lookup: Lookup, compiled: ov.CompiledModel) -> str:
+    store, fp = lookup.store, lookup.fp
+    entry_id = f"{lookup.family}-{ports_key(lookup.ports)}"
+    blob = f"{entry_id}.blob"
+    with compiled.export_model() as stream, stream.getbuffer() as data:
+        size, checksum = store.write_blob(blob, data)
+    try:
+        try:
+            manifest = store.manifest(lookup.family)
+        except CacheCorruptError:
+            manifest = None
+        manifest = manifest or Manifest(lookup.family, dict(fp.parts), list(fp.models))
+        entry = Entry(entry_id, lookup.ports, blob, size, checksum, fp.parts["openvino"],
+                      fp.parts["device type"], time.time())
+        store.commit(manifest.with_entry(entry))
+    except BaseException:
+        store.remove(store.blob_path(blob))
+        raise
+    return entry_id
+
+
+def _since(start: float) -> float:
+    return time.perf_counter() - start

@@ -1,0 +1,144 @@
+"""Finding, importing and dropping cache entries for one fingerprint.
+
+A hit imports the blob through a copy-on-write memmap (``ov.Tensor(..., shared_memory=True)``), so
+its pages stay clean and shared between workers through the page cache, while a second thread
+computes the blob's crc32 (zlib releases the GIL). The compiled model is used only if both the
+import and the checksum succeed: a truncated or bit-flipped blob is a miss, never wrong output.
+An unusable entry or manifest is removed under the family lock, after checking that it is still
+the same one (another process may have replaced it meanwhile).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+import openvino as ov
+
+from ovpool.cache.fingerprint import Fingerprint
+from ovpool.cache.manifest import Entry, Manifest, nearest, parse_bounds
+from ovpool.cache.store import CacheStore, crc32_of
+from ovpool.errors import CacheCorruptError
+
+log = logging.getLogger("ovpool.cache")
+
+
+class Lookup:
+    """The cache as seen by one graph: ``fp`` on ``device``, with ``ports``."""
+
+    def __init__(self, store: CacheStore, fp: Fingerprint, ports: Sequence[Mapping[str, str]]):
+        self.store, self.fp, self.ports = store, fp, list(ports)
+        self.family = fp.family
+
+    def find(self) -> tuple[Entry | None, str]:
+        """The usable entry, or None and why not. A garbage manifest is dropped (CacheCorruptError)."""
+        try:
+            manifest = self.store.manifest(self.family)
+        except CacheCorruptError:
+            self.drop_family()
+            raise
+        if manifest is None:
+            return None, self.no_family_reason()
+        entry = manifest.find(self.ports)
+        if entry is None:
+            return None, _ports_reason(manifest, self.ports)
+        if entry.openvino != self.fp.parts["openvino"] or entry.device != self.fp.parts["device type"]:
+            self.drop(entry)
+            raise CacheCorruptError(f"entry {entry.id} was compiled by OpenVINO {entry.openvino} for "
+                                    f"{entry.device}, this is {self.fp.parts['openvino']} on "
+                                    f"{self.fp.parts['device type']}")
+        return entry, ""
+
+    def no_family_reason(self) -> str:
+        manifest, diffs = nearest(self.fp.parts, self.store.readable_manifests())
+        if manifest is None:
+            return f"the cache at {self.store.root} has no entries"
+        shown = "; ".join(diffs[:6]) + (f"; and {len(diffs) - 6} more" if len(diffs) > 6 else "")
+        return f"no entry with this fingerprint; the nearest differs in {shown}"
+
+    def import_entry(self, core: ov.Core, entry: Entry, device: str, config: dict) -> ov.CompiledModel:
+        """Import and verify ``entry``; an unusable blob is dropped and raises CacheCorruptError."""
+        try:
+            blob = self.store.open_blob(entry)
+            with ThreadPoolExecutor(1) as pool:
+                checksum = pool.submit(crc32_of, blob)
+                compiled = _import(core, blob, device, config, entry)
+                if checksum.result() != entry.checksum:
+                    raise CacheCorruptError(f"blob {entry.blob} fails its checksum (expected "
+                                            f"{entry.checksum}, found {checksum.result()})")
+        except CacheCorruptError:
+            self.drop(entry)
+            raise
+        compiled._ovpool_blob = blob  # the imported model may point into the mapping; keep it alive
+        self.store.record_hit(entry)
+        return compiled
+
+    def drop(self, entry: Entry) -> None:
+        """Remove ``entry`` (manifest first, then its blob) if it is still the one we judged bad."""
+        log.warning("model cache: removing unusable entry %s", entry.id)
+
+        def remove_entry() -> None:
+            try:
+                manifest = self.store.manifest(self.family)
+            except CacheCorruptError:
+                return
+            if manifest is None or manifest.entries.get(entry.id) != entry:
+                return  # replaced meanwhile
+            rest = manifest.without(entry.id)
+            if rest.entries:
+                self.store.commit(rest)
+            else:
+                self.store.remove(self.store.manifest_path(self.family))
+            self.store.remove(self.store.blob_path(entry))
+
+        self._under_lock(remove_entry)
+
+    def drop_family(self) -> None:
+        """Remove a garbage manifest and the blobs it named (found by their family prefix)."""
+        log.warning("model cache: removing unreadable manifest of family %s", self.family)
+
+        def remove_family() -> None:
+            try:
+                self.store.manifest(self.family)
+                return  # replaced by a good one meanwhile
+            except CacheCorruptError:
+                self.store.remove(self.store.manifest_path(self.family))
+            for blob in self.store.blobs_dir.glob(f"{self.family}-*.blob"):
+                self.store.remove(blob)
+
+        self._under_lock(remove_family)
+
+    def _under_lock(self, action) -> None:
+        try:
+            self.store.prepare()
+            with self.store.lock(self.family):
+                action()
+        except OSError as exc:
+            log.warning("model cache: cannot remove a bad entry from %s (%s); it stays a miss",
+                        self.store.root, exc)
+
+
+def _import(core: ov.Core, blob, device: str, config: dict, entry: Entry) -> ov.CompiledModel:
+    try:
+        return core.import_model(ov.Tensor(blob, shared_memory=True), device, config)
+    except RuntimeError as exc:
+        first = str(exc).strip().splitlines()[-1][:200] if str(exc).strip() else type(exc).__name__
+        raise CacheCorruptError(f"OpenVINO cannot import blob {entry.blob}: {first}") from exc
+
+
+def _ports_reason(manifest: Manifest, ports: Sequence[Mapping[str, str]]) -> str:
+    mine = {p["name"]: p for p in ports}
+    lines = []
+    for entry in manifest.entries.values():
+        theirs = {p["name"]: p for p in entry.ports}
+        for name in sorted(set(mine) | set(theirs)):
+            a, b = mine.get(name), theirs.get(name)
+            if a is None or b is None:
+                lines.append(f"port {name}: {'present' if a else 'absent'} here, "
+                             f"{'present' if b else 'absent'} in cache")
+            elif (a["element_type"], parse_bounds(a["partial_shape"])) != \
+                    (b["element_type"], parse_bounds(b["partial_shape"])):
+                lines.append(f"port {name}: {a['element_type']}{a['partial_shape']} here, "
+                             f"{b['element_type']}{b['partial_shape']} in cache")
+    return "no entry covers these ports; " + "; ".join(dict.fromkeys(lines))

@@ -1,0 +1,182 @@
+"""The cache directory on disk: layout, locks, crash-safe writes, manifest and blob access.
+
+::
+
+    <cache_dir>/v1/
+      manifests/<family>.json   one per graph family; entries inside
+      blobs/<entry>.blob        exported CompiledModel (weights included)
+      locks/<family>.lock       filelock; never deleted (deleting a held lock file splits waiters)
+      tmp/<name>.<pid>.<random>.partial   while writing; gc removes those of dead processes
+      sources.json              content hashes of GGUF files by file identity (source_identity=content)
+
+Every file is written to tmp/, fsynced and renamed into place, so a reader sees the old file or
+the new one, never a torn one. The manifest is renamed last, so an export interrupted anywhere
+leaves no entry. A blob's last hit is its atime, set explicitly on each hit (no manifest rewrite
+and no lock on the hot path; it works on noatime mounts too).
+
+Test hook: ``OVPOOL_CACHE_TEST_PAUSE=<phase>`` makes a writer print ``OVPOOL_CACHE_TEST_PAUSED
+<phase>`` to stderr and wait for a signal at that phase, so a test can SIGKILL it there. Phases:
+``blob-write`` (mid blob write), ``blob-renamed`` (blob in place, manifest not yet written),
+``manifest-write`` (manifest temp written, not yet renamed).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import signal
+import sys
+import time
+import zlib
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import filelock
+import numpy as np
+
+from ovpool.cache.manifest import Entry, Manifest
+from ovpool.errors import CacheCorruptError
+
+LAYOUT_VERSION = "v1"
+CHUNK_BYTES = 16 << 20
+PAUSE_ENV = "OVPOOL_CACHE_TEST_PAUSE"
+
+
+def test_pause(phase: str) -> None:
+    """The documented test hook (see the module docstring); a no-op unless the env var names ``phase``."""
+    if os.environ.get(PAUSE_ENV) == phase:
+        sys.stderr.write(f"OVPOOL_CACHE_TEST_PAUSED {phase}\n")
+        sys.stderr.flush()
+        signal.pause()
+
+
+def crc32_of(buffer: memoryview | np.ndarray) -> str:
+    """``crc32:<hex>`` of a buffer, in chunks (zlib releases the GIL on each, so it overlaps import)."""
+    view = memoryview(buffer).cast("B")
+    crc = 0
+    for start in range(0, len(view), CHUNK_BYTES):
+        crc = zlib.crc32(view[start:start + CHUNK_BYTES], crc)
+    return f"crc32:{crc:08x}"
+
+
+class CacheStore:
+    """One cache directory. Creating it touches nothing; writers call ``prepare()`` first."""
+
+    def __init__(self, root: str | Path):
+        self.root = Path(root).expanduser()
+        self.base = self.root / LAYOUT_VERSION
+        self.manifests_dir, self.blobs_dir = self.base / "manifests", self.base / "blobs"
+        self.locks_dir, self.tmp_dir = self.base / "locks", self.base / "tmp"
+
+    def prepare(self) -> None:
+        """Create the layout; an OSError (read-only, permission) means exports must be skipped."""
+        for d in (self.manifests_dir, self.blobs_dir, self.locks_dir, self.tmp_dir):
+            d.mkdir(parents=True, exist_ok=True)
+        probe = self.tmp_dir / f"probe.{os.getpid()}.{secrets.token_hex(4)}.partial"
+        probe.touch()
+        probe.unlink()
+
+    def manifest_path(self, family: str) -> Path:
+        return self.manifests_dir / f"{family}.json"
+
+    def blob_path(self, entry: Entry | str) -> Path:
+        return self.blobs_dir / (entry.blob if isinstance(entry, Entry) else entry)
+
+    @contextlib.contextmanager
+    def lock(self, name: str, timeout: float = -1) -> Iterator[None]:
+        """Hold ``locks/<name>.lock`` (blocking unless ``timeout`` >= 0; filelock.Timeout then)."""
+        with filelock.FileLock(self.locks_dir / f"{name}.lock", timeout=timeout, thread_local=False):
+            yield
+
+    # Reading -----------------------------------------------------------------------------------
+
+    def manifest(self, family: str) -> Manifest | None:
+        """The family's manifest, None if it has none; CacheCorruptError if it is garbage."""
+        try:
+            text = self.manifest_path(family).read_bytes()
+        except FileNotFoundError:
+            return None
+        return Manifest.from_json(text, family)
+
+    def families(self) -> list[str]:
+        if not self.manifests_dir.is_dir():
+            return []
+        return sorted(p.stem for p in self.manifests_dir.glob("*.json"))
+
+    def readable_manifests(self) -> Iterator[Manifest]:
+        """Every manifest that parses (garbage ones are skipped here; lookups report them)."""
+        for family in self.families():
+            with contextlib.suppress(CacheCorruptError):
+                manifest = self.manifest(family)
+                if manifest is not None:
+                    yield manifest
+
+    def open_blob(self, entry: Entry) -> np.memmap:
+        """The blob as a copy-on-write memmap (pages stay clean and shared); size is checked."""
+        path = self.blob_path(entry)
+        try:
+            size = path.stat().st_size
+        except FileNotFoundError as exc:
+            raise CacheCorruptError(f"blob {entry.blob} of entry {entry.id} is missing") from exc
+        if size != entry.size:
+            raise CacheCorruptError(f"blob {entry.blob} has {size} bytes, its entry says {entry.size}")
+        return np.memmap(path, dtype=np.uint8, mode="c")
+
+    def last_hit(self, entry: Entry) -> float:
+        try:
+            return max(self.blob_path(entry).stat().st_atime, entry.created)
+        except FileNotFoundError:
+            return entry.created
+
+    def record_hit(self, entry: Entry) -> None:
+        """Set the blob's atime to now (the LRU clock of gc); silently nothing on a read-only dir."""
+        path = self.blob_path(entry)
+        with contextlib.suppress(OSError):
+            os.utime(path, (time.time(), path.stat().st_mtime))
+
+    # Writing (callers hold the family lock) ----------------------------------------------------
+
+    def write_blob(self, name: str, data: memoryview) -> tuple[int, str]:
+        """Write ``blobs/<name>`` crash-safely; returns (size, checksum)."""
+        view = memoryview(data).cast("B")
+        chunks = (view[i:i + CHUNK_BYTES] for i in range(0, max(len(view), 1), CHUNK_BYTES))
+        self._atomic_write(self.blob_path(name), chunks, "blob-write")
+        test_pause("blob-renamed")
+        return len(view), crc32_of(view)
+
+    def commit(self, manifest: Manifest) -> None:
+        """Replace the family's manifest in one rename: the moment its entries become hits."""
+        data = memoryview(manifest.to_json().encode())
+        self._atomic_write(self.manifest_path(manifest.family), [data], "manifest-write")
+
+    def write_text(self, path: Path, text: str) -> None:
+        self._atomic_write(path, [memoryview(text.encode())], "text-write")
+
+    def remove(self, path: Path) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+
+    def _atomic_write(self, final: Path, chunks: Iterable[memoryview], phase: str) -> None:
+        tmp = self.tmp_dir / f"{final.name}.{os.getpid()}.{secrets.token_hex(4)}.partial"
+        try:
+            with open(tmp, "wb") as f:
+                for chunk in chunks:
+                    f.write(chunk)
+                    test_pause(phase)
+                f.flush()
+                os.fsync(f.fileno())
+            os.rename(tmp, final)
+        except BaseException:
+            self.remove(tmp)
+            raise
+        _fsync_dir(final.parent)
+
+
+def _fsync_dir(path: Path) -> None:
+    # The rename itself must reach the disk before anything that depends on it (the manifest).
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
