@@ -3,10 +3,11 @@
 from ovpool import errors
 from ovpool.errors import OvpoolError
 
-__all__ = ["Engine", "OvpoolError", "errors"]
+__all__ = ["AsyncClient", "Client", "Engine", "OvpoolError", "errors"]
 
 # Heavy classes load on first use, so `import ovpool` (CLI startup, clients) stays light.
-_LAZY = {"Engine": "ovpool.worker.engine"}
+_LAZY = {"Engine": "ovpool.worker.engine", "Client": "ovpool.client",
+         "AsyncClient": "ovpool.async_client"}
 
 
 def __getattr__(name: str):

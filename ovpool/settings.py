@@ -82,6 +82,9 @@ _SETTINGS = [
     Setting("queue_limit", int, 256, "requests the broker queues per model before QueueFull", minimum=0),
     Setting("max_prompt_tokens", int, 8192, "longest prompt a worker accepts", minimum=1),
     Setting("max_new_tokens", int, 4096, "largest max_tokens a request may ask for", minimum=1),
+    Setting("curve_secret_key", str, "", "this peer's CURVE key pair file (.key_secret; empty: no CURVE)"),
+    Setting("curve_server_key", str, "", "the broker's CURVE public key file (clients and workers)"),
+    Setting("curve_allowed_keys", str, "", "broker: directory of public keys allowed to connect"),
     Setting("prefill_chunk", int, 256, "prompt tokens prefilled per step while others decode", minimum=1),
     # Graph-changing: these enter the cache fingerprint.
     Setting("inference_precision", str, "auto", "compute precision (auto: fastest correct on the device)",

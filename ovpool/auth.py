@@ -1,0 +1,106 @@
+"""CURVE encryption and authentication for the pool's sockets (pyzmq's zmq.auth).
+
+The broker holds a key pair and a directory of allowed public keys (one ``.key`` file per client
+or worker); peers hold their own key pair and the broker's public key. Key files are the ZeroMQ
+certificate format written by ``ovpool keys generate``.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import zmq
+import zmq.auth
+from zmq.auth.thread import ThreadAuthenticator
+
+from ovpool.errors import ConfigError
+from ovpool.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+def generate(directory: str | Path, name: str) -> tuple[Path, Path]:
+    """Write ``NAME.key`` (public, to share) and ``NAME.key_secret`` (private) into ``directory``."""
+    directory = Path(directory)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        public, secret = zmq.auth.create_certificates(directory, name)
+    except OSError as exc:
+        raise ConfigError(f"cannot write CURVE keys into {directory}: {exc}") from exc
+    Path(secret).chmod(0o600)
+    return Path(public), Path(secret)
+
+
+def _load(path: str, *, need_secret: bool) -> tuple[bytes, bytes | None]:
+    try:
+        public, secret = zmq.auth.load_certificate(path)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"cannot read CURVE key file {path}: {exc}") from exc
+    if need_secret and secret is None:
+        raise ConfigError(f"{path} holds only a public key; pass the .key_secret file of the pair")
+    return public, secret
+
+
+def secure_peer(socket: zmq.Socket, settings: Settings) -> None:
+    """Make a client/worker socket a CURVE client when settings name its keys (before connect)."""
+    mine, server = settings.curve_secret_key, settings.curve_server_key
+    if not mine and not server:
+        return
+    if not (mine and server):
+        raise ConfigError("CURVE needs both curve_secret_key (this peer's pair) and curve_server_key"
+                          " (the broker's public key)")
+    public, secret = _load(mine, need_secret=True)
+    socket.curve_publickey, socket.curve_secretkey = public, secret
+    socket.curve_serverkey = _load(server, need_secret=False)[0]
+
+
+class ServerSecurity:
+    """The broker side: a CURVE server socket plus an authenticator thread checking client keys."""
+
+    def __init__(self, context: zmq.Context, settings: Settings):
+        self.enabled = bool(settings.curve_secret_key)
+        self._context, self._settings = context, settings
+        self._auth: ThreadAuthenticator | None = None
+        if settings.curve_allowed_keys and not self.enabled:
+            raise ConfigError("curve_allowed_keys needs curve_secret_key (the broker's key pair)")
+
+    def __enter__(self) -> ServerSecurity:
+        if self.enabled:
+            allowed = self._settings.curve_allowed_keys
+            if not allowed or not Path(allowed).is_dir():
+                raise ConfigError(f"curve_allowed_keys must be a directory of public keys, got {allowed!r}")
+            self._auth = ThreadAuthenticator(self._context)
+            self._auth.start()
+            self._auth.configure_curve(domain="*", location=allowed)
+        return self
+
+    def apply(self, socket: zmq.Socket, endpoint: str) -> None:
+        if self.enabled:
+            public, secret = _load(self._settings.curve_secret_key, need_secret=True)
+            socket.curve_publickey, socket.curve_secretkey = public, secret
+            socket.curve_server = True
+        elif not is_loopback(endpoint):
+            log.warning("binding %s without CURVE: anyone who can reach it can submit requests;"
+                        " see `ovpool keys generate`", endpoint)
+
+    def __exit__(self, *exc: object) -> None:
+        if self._auth is not None:
+            self._auth.stop()
+            self._auth = None
+
+
+def is_loopback(endpoint: str) -> bool:
+    """Whether ``endpoint`` is reachable only from this host (ipc, inproc, or a loopback tcp address)."""
+    parts = urlsplit(endpoint)
+    if parts.scheme in ("ipc", "inproc"):
+        return True
+    host = (parts.hostname or "").strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # "*", an interface name or a host name: may be reachable from outside

@@ -1,0 +1,325 @@
+"""The broker's routing core: decoded messages in, (peer, message) pairs out. No sockets, no clock.
+
+Every method takes ``now`` (monotonic seconds) so tests drive time by hand. Invariants:
+
+- a request is either queued (in its model's FIFO) or in flight on exactly one worker;
+- a worker's ``inflight`` never exceeds its slots; the broker frees a slot as soon as it sends
+  CANCEL (the worker handles messages in order, so the cancel lands before the next request);
+- token indices reach the client at most once and in order (a replay after a re-dispatch repeats
+  the same seeded tokens, and those already forwarded are dropped);
+- an expired worker's requests go back to the head of their queue, at most ``max_attempts``
+  dispatches per request, then WorkerLost.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections import deque
+
+from ovpool import errors, timing
+from ovpool.broker.state import Counters, Job, WorkerState
+from ovpool.protocol import (
+    Cancel,
+    Disconnect,
+    Error,
+    Final,
+    Heartbeat,
+    Message,
+    Partial,
+    Ping,
+    Pong,
+    Ready,
+    Request,
+    Status,
+    StatusReply,
+    Submit,
+    sampling_from_wire,
+)
+
+Output = list[tuple[bytes, Message]]
+MAX_ATTEMPTS = 3
+_MAX_ID_LEN = 128
+_MAX_STRANGERS = 10_000
+
+
+class Router:
+    def __init__(self, *, now: float, queue_limit: int = 256, max_new_tokens: int = 4096,
+                 max_attempts: int = MAX_ATTEMPTS):
+        self.queue_limit = queue_limit
+        self.max_new_tokens = max_new_tokens
+        self.max_attempts = max_attempts
+        self.started = now
+        self.workers: dict[bytes, WorkerState] = {}
+        self.jobs: dict[str, Job] = {}
+        self.queues: dict[str, deque[str]] = {}
+        self.counters = Counters()
+        self._by_model: dict[str, list[WorkerState]] = {}
+        self._told_to_register: set[bytes] = set()
+        self._next_heartbeat = now
+        self._handlers = {Submit: self._on_submit, Cancel: self._on_cancel, Status: self._on_status,
+                          Ping: self._on_ping, Ready: self._on_ready, Partial: self._on_partial,
+                          Final: self._on_final, Error: self._on_error,
+                          Disconnect: self._on_disconnect, Heartbeat: _ignore}
+
+    # -- inputs ---------------------------------------------------------------------------------
+
+    def handle(self, peer: bytes, msg: Message, now: float) -> Output:
+        worker = self.workers.get(peer)
+        if worker is not None:
+            worker.expires = now + timing.HEARTBEAT_EXPIRY_S
+        elif isinstance(msg, (Heartbeat, Partial, Final, Error)):
+            return self._stranger(peer)
+        handler = self._handlers.get(type(msg))
+        if handler is None:
+            return self.malformed(peer, errors.MalformedMessageError(
+                f"{type(msg).__name__} is not a message the broker accepts"))
+        out: Output = []
+        handler(peer, msg, now, out)
+        return out
+
+    def malformed(self, peer: bytes, exc: errors.ProtocolError) -> Output:
+        """A frame that did not decode: answer a client, drop a worker's (workers read no ERROR)."""
+        self.counters.malformed += 1
+        if peer in self.workers:
+            return []
+        return [(peer, Error("", exc.code, str(exc)))]
+
+    def tick(self, now: float) -> Output:
+        """Timers: heartbeats to workers, worker expiry, request deadlines, orphaned queues."""
+        out: Output = []
+        if now >= self._next_heartbeat:
+            self._next_heartbeat = now + timing.HEARTBEAT_INTERVAL_S
+            out.extend((w.identity, Heartbeat()) for w in self.workers.values())
+        for worker in [w for w in self.workers.values() if now >= w.expires]:
+            self._drop_worker(worker, now, out, lost=True)
+        self._expire_deadlines(now, out)
+        self._expire_orphans(now, out)
+        return out
+
+    def shutdown(self) -> Output:
+        """Tell every worker to register again (with the next broker on this address)."""
+        return [(w.identity, Disconnect()) for w in self.workers.values()]
+
+    # -- client messages ------------------------------------------------------------------------
+
+    def _on_submit(self, peer: bytes, msg: Submit, now: float, out: Output) -> None:
+        known = self.jobs.get(msg.request_id)
+        if known is not None:  # a resend: keep the running request, route replies to the sender
+            known.client = peer
+            return
+        try:
+            job = self._admit(peer, msg, now)
+        except errors.RequestError as exc:
+            self.counters.rejected += 1
+            out.append((peer, Error(msg.request_id, exc.code, str(exc))))
+            return
+        self.counters.submitted += 1
+        self.jobs[job.request_id] = job
+        self.queues.setdefault(job.model, deque()).append(job.request_id)
+        self._dispatch(job.model, out)
+
+    def _admit(self, peer: bytes, msg: Submit, now: float) -> Job:
+        if not msg.request_id or len(msg.request_id) > _MAX_ID_LEN:
+            raise errors.InvalidRequestError(f"request_id must be 1..{_MAX_ID_LEN} characters")
+        if (msg.prompt is None) == (msg.messages is None):
+            raise errors.InvalidRequestError("give exactly one of prompt or messages")
+        if msg.messages is not None and not all(
+                isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+                for m in msg.messages):
+            raise errors.InvalidRequestError('messages must be maps with string "role" and "content"')
+        params = sampling_from_wire(msg.params)
+        if params.max_tokens > self.max_new_tokens:
+            raise errors.InvalidRequestError(
+                f"max_tokens={params.max_tokens} exceeds this broker's limit of {self.max_new_tokens}"
+                " (setting max_new_tokens)")
+        model = self._resolve_model(msg.model, now)
+        if len(self.queues.get(model, ())) >= self.queue_limit and not self._free_worker(model):
+            raise errors.QueueFullError(
+                f"model {model!r} has {self.queue_limit} requests queued (queue_limit); retry later")
+        wire = params.to_dict()
+        if wire["seed"] is None:  # a fixed seed makes a re-dispatch replay the same tokens
+            wire["seed"] = secrets.randbits(63)
+        request = Request(msg.request_id, model, wire, msg.prompt, msg.messages)
+        deadline = now + msg.timeout_s if msg.timeout_s > 0 else float("inf")
+        return Job(request, peer, deadline, queued_at=now, waiting_since=now)
+
+    def _resolve_model(self, model: str, now: float) -> str:
+        served = [m for m, ws in self._by_model.items() if ws]
+        if not model:
+            if len(served) == 1:
+                return served[0]
+            raise errors.InvalidRequestError(
+                f"name a model: this broker serves {sorted(served) or 'none yet'}")
+        if model not in served and now >= self.started + timing.BROKER_GRACE_S:
+            raise errors.ModelNotFoundError(f"no worker serves model {model!r}; served: {sorted(served)}")
+        return model
+
+    def _on_cancel(self, peer: bytes, msg: Cancel, now: float, out: Output) -> None:
+        job = self.jobs.get(msg.request_id)
+        if job is None or job.client != peer:
+            return
+        self.counters.cancelled += 1
+        self._fail(job, errors.CancelledError("cancelled by the client"), out)
+
+    def _on_status(self, peer: bytes, msg: Status, now: float, out: Output) -> None:
+        out.append((peer, StatusReply(self.status(now))))
+
+    def _on_ping(self, peer: bytes, msg: Ping, now: float, out: Output) -> None:
+        out.append((peer, Pong([rid for rid in msg.request_ids if rid not in self.jobs])))
+
+    # -- worker messages ------------------------------------------------------------------------
+
+    def _on_ready(self, peer: bytes, msg: Ready, now: float, out: Output) -> None:
+        old = self.workers.get(peer)
+        if old is not None:  # registering again means it dropped whatever it was running
+            self._drop_worker(old, now, out, lost=True)
+        if msg.slots < 1 or not msg.models or not all(isinstance(m, str) for m in msg.models):
+            self.counters.malformed += 1
+            return
+        self._told_to_register.discard(peer)
+        worker = WorkerState(peer, msg, expires=now + timing.HEARTBEAT_EXPIRY_S)
+        self.workers[peer] = worker
+        for model in msg.models:
+            self._by_model.setdefault(model, []).append(worker)
+        for model in msg.models:
+            self._dispatch(model, out)
+
+    def _on_partial(self, peer: bytes, msg: Partial, now: float, out: Output) -> None:
+        job = self._job_on(peer, msg.request_id, out)
+        if job is not None and msg.index >= job.next_index:
+            job.next_index = msg.index + 1
+            out.append((job.client, msg))
+
+    def _on_final(self, peer: bytes, msg: Final, now: float, out: Output) -> None:
+        job = self._job_on(peer, msg.request_id, out)
+        if job is not None:
+            self.counters.completed += 1
+            out.append((job.client, msg))
+            self._finish(job, out)
+
+    def _on_error(self, peer: bytes, msg: Error, now: float, out: Output) -> None:
+        job = self._job_on(peer, msg.request_id, out)
+        if job is not None:
+            self.counters.failed += 1
+            out.append((job.client, msg))
+            self._finish(job, out)
+
+    def _on_disconnect(self, peer: bytes, msg: Disconnect, now: float, out: Output) -> None:
+        worker = self.workers.get(peer)
+        if worker is not None:
+            self._drop_worker(worker, now, out, lost=False)
+
+    def _stranger(self, peer: bytes) -> Output:
+        """A worker this broker does not know (it restarted, or the worker expired): tell it once."""
+        if peer in self._told_to_register:
+            return []
+        if len(self._told_to_register) > _MAX_STRANGERS:  # dead peers never register: forget them
+            self._told_to_register.clear()
+        self._told_to_register.add(peer)
+        return [(peer, Disconnect())]
+
+    def _job_on(self, peer: bytes, request_id: str, out: Output) -> Job | None:
+        job = self.jobs.get(request_id)
+        if job is None or job.worker != peer:
+            if request_id:  # stale work (cancelled, timed out or re-dispatched): stop it
+                out.append((peer, Cancel(request_id)))
+            return None
+        return job
+
+    # -- scheduling -----------------------------------------------------------------------------
+
+    def _free_worker(self, model: str) -> WorkerState | None:
+        best = None
+        for w in self._by_model.get(model, ()):
+            if len(w.inflight) < w.info.slots and (
+                    best is None or len(w.inflight) * best.info.slots < len(best.inflight) * w.info.slots):
+                best = w
+        return best
+
+    def _dispatch(self, model: str, out: Output) -> None:
+        queue = self.queues.get(model)
+        while queue:
+            worker = self._free_worker(model)
+            if worker is None:
+                return
+            job = self.jobs[queue.popleft()]
+            job.worker = worker.identity
+            job.attempts += 1
+            worker.inflight.add(job.request_id)
+            self.counters.dispatched += 1
+            out.append((worker.identity, job.request))
+
+    def _finish(self, job: Job, out: Output) -> None:
+        """Forget ``job`` and free its slot or queue place."""
+        del self.jobs[job.request_id]
+        worker = self.workers.get(job.worker) if job.worker is not None else None
+        if worker is None:
+            self.queues[job.model].remove(job.request_id)
+            return
+        worker.inflight.discard(job.request_id)
+        for model in worker.info.models:
+            self._dispatch(model, out)
+
+    def _fail(self, job: Job, exc: errors.OvpoolError, out: Output) -> None:
+        if job.worker is not None:
+            out.append((job.worker, Cancel(job.request_id)))
+        out.append((job.client, Error(job.request_id, exc.code, str(exc))))
+        self._finish(job, out)
+
+    def _drop_worker(self, worker: WorkerState, now: float, out: Output, *, lost: bool) -> None:
+        del self.workers[worker.identity]
+        for model in worker.info.models:
+            self._by_model[model].remove(worker)
+        for rid in sorted(worker.inflight, key=lambda r: self.jobs[r].queued_at, reverse=True):
+            job = self.jobs[rid]
+            job.worker = None
+            if not lost:
+                job.attempts -= 1  # handed back on purpose: not a failed attempt
+            if job.attempts >= self.max_attempts:
+                self.counters.failed += 1
+                out.append((job.client, Error(rid, errors.WorkerLostError.code,
+                                              f"request lost its worker {job.attempts} times")))
+                del self.jobs[rid]
+                continue
+            self.counters.requeued += 1
+            job.waiting_since = now
+            self.queues[job.model].appendleft(rid)
+        for model in worker.info.models:
+            self._dispatch(model, out)
+
+    def _expire_deadlines(self, now: float, out: Output) -> None:
+        for job in [j for j in self.jobs.values() if now >= j.deadline]:
+            self.counters.timed_out += 1
+            where = "in the queue" if job.worker is None else "while generating"
+            self._fail(job, errors.RequestTimeoutError(
+                f"request {job.request_id} reached its timeout {where}"), out)
+
+    def _expire_orphans(self, now: float, out: Output) -> None:
+        if now < self.started + timing.BROKER_GRACE_S:
+            return
+        for model, queue in self.queues.items():
+            if self._by_model.get(model):
+                continue
+            for rid in [r for r in queue if now - self.jobs[r].waiting_since >= timing.BROKER_GRACE_S]:
+                job = self.jobs[rid]
+                self.counters.failed += 1
+                self._fail(job, self._orphaned(job), out)
+
+    def _orphaned(self, job: Job) -> errors.RequestError:
+        served = sorted(m for m, ws in self._by_model.items() if ws)
+        if job.attempts:
+            return errors.WorkerLostError(f"the workers serving {job.model!r} are gone; served: {served}")
+        return errors.ModelNotFoundError(f"no worker serves model {job.model!r}; served: {served}")
+
+    def status(self, now: float) -> dict:
+        return {
+            "uptime_s": round(now - self.started, 3),
+            "workers": [w.describe(now) for w in self.workers.values()],
+            "queues": {m: len(q) for m, q in self.queues.items()},
+            "in_flight": sum(len(w.inflight) for w in self.workers.values()),
+            "counters": self.counters.as_dict(),
+        }
+
+
+def _ignore(peer: bytes, msg: Message, now: float, out: Output) -> None:
+    """Heartbeats only refresh the sender's expiry, done for every worker message in handle()."""

@@ -1,0 +1,111 @@
+"""The broker process: one ROUTER socket and one poll loop around the pure Router.
+
+The hot path decodes, routes and encodes; it never logs per message. Timers run at least every
+POLL_INTERVAL_S. The loop stops when ``stop`` is set (SIGTERM/SIGINT in the CLI) and, on the way
+out, tells the workers to register again with whichever broker comes next.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import zmq
+
+from ovpool import timing
+from ovpool.auth import ServerSecurity
+from ovpool.broker.router import Output, Router
+from ovpool.errors import ConfigError, ProtocolError
+from ovpool.protocol import decode, encode
+from ovpool.settings import Settings
+
+log = logging.getLogger(__name__)
+
+_HWM = 200_000             # messages buffered per peer before ROUTER drops (it never blocks)
+_MAX_MESSAGE = 64 << 20    # a peer sending a bigger frame is disconnected by libzmq
+_DRAIN = 512               # messages handled between timer checks
+
+
+class Broker:
+    """``with Broker("tcp://127.0.0.1:5555") as b: b.serve(stop_event)``."""
+
+    def __init__(self, bind: str, settings: Settings | dict | None = None):
+        self.bind = bind
+        self.settings = Settings.coerce(settings)
+        self.endpoint = bind
+        self._context = zmq.Context()
+        self._security = ServerSecurity(self._context, self.settings)
+        self._socket: zmq.Socket | None = None
+        self.router = Router(now=time.monotonic(), queue_limit=self.settings.queue_limit,
+                             max_new_tokens=self.settings.max_new_tokens)
+
+    def __enter__(self) -> Broker:
+        try:
+            self._security.__enter__()
+            sock = self._context.socket(zmq.ROUTER)
+            self._socket = sock
+            sock.linger = 0
+            sock.sndhwm = sock.rcvhwm = _HWM
+            sock.maxmsgsize = _MAX_MESSAGE
+            self._security.apply(sock, self.bind)
+            sock.bind(self.bind)
+        except zmq.ZMQError as exc:
+            self.__exit__(None, None, None)
+            raise ConfigError(f"broker cannot bind {self.bind}: {exc}") from exc
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        self.endpoint = sock.last_endpoint.decode()
+        log.info("broker listening on %s (queue_limit=%d)", self.endpoint, self.settings.queue_limit)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._socket is not None:
+            self._send(self.router.shutdown())
+            self._socket.close()
+            self._socket = None
+        self._security.__exit__()
+        self._context.term()
+
+    def serve(self, stop: threading.Event) -> None:
+        sock = self._socket
+        poller = zmq.Poller()
+        poller.register(sock, zmq.POLLIN)
+        next_tick = 0.0
+        while not stop.is_set():
+            now = time.monotonic()
+            if now >= next_tick:
+                self._send(self.router.tick(now))
+                next_tick = now + timing.POLL_INTERVAL_S
+            if not poller.poll(max(0.0, next_tick - now) * 1000):
+                continue
+            now = time.monotonic()
+            for _ in range(_DRAIN):
+                try:
+                    frames = sock.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                self._send(self._route(frames, now))
+
+    def _route(self, frames: list[bytes], now: float) -> Output:
+        if len(frames) < 2:
+            return []
+        peer = frames[0]
+        try:
+            msg = decode(frames[1:])
+        except ProtocolError as exc:
+            return self.router.malformed(peer, exc)
+        try:
+            return self.router.handle(peer, msg, now)
+        except Exception:  # a routing bug must cost one message, never the broker
+            log.exception("broker failed to route a %s", type(msg).__name__)
+            return []
+
+    def _send(self, out: Output) -> None:
+        send = self._socket.send_multipart
+        for peer, msg in out:
+            try:
+                send([peer, *encode(msg)], zmq.NOBLOCK)
+            except zmq.ZMQError:
+                pass  # the peer is gone or its buffer is full: heartbeats and resends recover

@@ -1,0 +1,59 @@
+"""What the broker remembers about each worker and request (plain records; Router owns the logic)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from ovpool.protocol import Ready, Request
+
+
+@dataclass
+class WorkerState:
+    identity: bytes
+    info: Ready
+    expires: float
+    inflight: set[str] = field(default_factory=set)
+
+    def describe(self, now: float) -> dict:
+        i = self.info
+        return {"id": i.worker_id, "models": list(i.models), "device": i.device, "slots": i.slots,
+                "active": len(self.inflight), "host": i.host, "pid": i.pid,
+                "expires_in_s": round(self.expires - now, 3)}
+
+
+@dataclass
+class Job:
+    """One accepted request: queued when ``worker`` is None, else in flight there."""
+
+    request: Request
+    client: bytes
+    deadline: float
+    queued_at: float
+    waiting_since: float = 0.0
+    worker: bytes | None = None
+    attempts: int = 0
+    next_index: int = 0  # the next token index the client has not seen yet
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+    @property
+    def model(self) -> str:
+        return self.request.model
+
+
+@dataclass
+class Counters:
+    submitted: int = 0
+    rejected: int = 0
+    dispatched: int = 0
+    completed: int = 0
+    failed: int = 0
+    cancelled: int = 0
+    timed_out: int = 0
+    requeued: int = 0
+    malformed: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)

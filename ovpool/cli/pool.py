@@ -1,0 +1,167 @@
+"""``ovpool broker``, ``ovpool worker``, ``ovpool complete``, ``ovpool status``, ``ovpool keys``."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import sys
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import click
+
+from ovpool.cli.common import emit_json, resolve_settings, settings_options
+
+_broker_option = click.option("--broker", default=None, envvar="OVPOOL_BROKER",
+                              help="Broker endpoint (env OVPOOL_BROKER; default tcp://127.0.0.1:5555).")
+_secret_option = click.option("--curve-secret-key", default=None, type=click.Path(dir_okay=False),
+                              help="This process's CURVE key pair (.key_secret from `ovpool keys generate`).")
+_server_key_option = click.option("--curve-server-key", default=None, type=click.Path(dir_okay=False),
+                                  help="The broker's CURVE public key (.key).")
+
+
+@contextlib.contextmanager
+def _stop_on_signals() -> Iterator[threading.Event]:
+    """An Event set by SIGTERM or SIGINT, so loops finish their cleanup instead of dying mid-send."""
+    stop = threading.Event()
+    previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield stop
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+@click.command("broker")
+@click.option("--bind", default="tcp://127.0.0.1:5555", show_default=True, help="Endpoint to bind.")
+@click.option("--queue-limit", type=int, default=None, help="Requests queued per model before QueueFull.")
+@_secret_option
+@click.option("--curve-allowed-keys", default=None, type=click.Path(file_okay=False),
+              help="Directory of public keys allowed to connect (enables CURVE with --curve-secret-key).")
+@settings_options
+def broker_command(bind: str, queue_limit: int | None, curve_secret_key: str | None,
+                   curve_allowed_keys: str | None, assignments: tuple[str, ...]) -> None:
+    """Run the broker: queues, routing, heartbeats and re-dispatch (stop with SIGTERM or Ctrl-C)."""
+    from ovpool.broker.server import Broker
+
+    settings = resolve_settings(assignments, queue_limit=queue_limit, curve_secret_key=curve_secret_key,
+                                curve_allowed_keys=curve_allowed_keys)
+    with _stop_on_signals() as stop, Broker(bind, settings) as broker:
+        broker.serve(stop)
+
+
+@click.command("worker")
+@_broker_option
+@click.option("--model", required=True,
+              help="GGUF path or alias (e.g. smollm2); any name with --backend null.")
+@click.option("--backend", type=click.Choice(["engine", "null"]), default="engine", show_default=True,
+              help="null: fake deterministic tokens, for testing the pool without a model.")
+@click.option("--name", default=None, help="Worker name shown by `ovpool status`.")
+@click.option("--device", default=None, help="OpenVINO device (CPU, GPU, GPU.1, ...).")
+@click.option("--slots", type=int, default=None, help="Concurrent sequences (setting slots).")
+@click.option("--cache-dir", default=None, help="Compiled-model cache directory.")
+@click.option("--cache-only", is_flag=True, default=None, help="Import from the cache or fail.")
+@click.option("--token-delay", type=float, default=0.0, help="Seconds per step of the null backend.")
+@_secret_option
+@_server_key_option
+@settings_options
+def worker_command(broker: str | None, model: str, backend: str, name: str | None, token_delay: float,
+                   assignments: tuple[str, ...], **flags: Any) -> None:
+    """Run a worker process serving one model on one device."""
+    from ovpool.worker.process import Worker
+
+    settings = resolve_settings(assignments, broker=broker, **flags)
+    with _backend(backend, model, settings, token_delay) as be, _stop_on_signals() as stop, \
+            Worker(settings.broker, be, settings=settings, device=settings.device, name=name) as worker:
+        worker.run(stop)
+
+
+@contextlib.contextmanager
+def _backend(kind: str, model: str, settings: Any, token_delay: float) -> Iterator[Any]:
+    from ovpool.worker.backend import EngineBackend, NullBackend
+
+    if kind == "null":
+        yield NullBackend([model], settings.slots, token_delay, settings.max_prompt_tokens)
+        return
+    from ovpool.worker.engine import Engine
+
+    with Engine(model, device=settings.device, settings=settings, cache_dir=settings.cache_dir or None,
+                cache_only=settings.cache_only) as engine:
+        yield EngineBackend(engine, settings.slots, settings.max_prompt_tokens, aliases=[model])
+
+
+@click.command("complete")
+@click.argument("prompt")
+@_broker_option
+@click.option("--model", default="", help="Model name (default: the only one served).")
+@click.option("--max-tokens", type=int, default=128, show_default=True)
+@click.option("--temperature", type=float, default=0.0, show_default=True, help="0 is greedy.")
+@click.option("--seed", type=int, default=None)
+@click.option("--timeout", type=float, default=None, help="Seconds before the request fails.")
+@click.option("--stream", is_flag=True, help="Print tokens as they arrive.")
+@click.option("--json", "as_json", is_flag=True, help="Print the Completion as JSON.")
+@_secret_option
+@_server_key_option
+def complete_command(prompt: str, broker: str | None, model: str, max_tokens: int, temperature: float,
+                     seed: int | None, timeout: float | None, stream: bool, as_json: bool,
+                     **curve: Any) -> None:
+    """Complete PROMPT through the broker."""
+    from ovpool.client import Client
+
+    sampling = {"max_tokens": max_tokens, "temperature": temperature, "seed": seed}
+    with Client(broker, model=model, timeout=timeout, settings=resolve_settings(**curve)) as client:
+        if stream and not as_json:
+            for delta in client.stream(prompt, **sampling):
+                click.echo(delta.text, nl=False)
+                sys.stdout.flush()
+            click.echo()
+            return
+        completion = client.complete(prompt, **sampling)
+    if as_json:
+        emit_json(completion.to_dict())
+    else:
+        click.echo(completion.text)
+
+
+@click.command("status")
+@_broker_option
+@click.option("--json", "as_json", is_flag=True, help="Print the raw status as JSON.")
+@_secret_option
+@_server_key_option
+def status_command(broker: str | None, as_json: bool, **curve: Any) -> None:
+    """Workers, slots, queue depths and counters of the broker."""
+    from ovpool.client import Client
+
+    with Client(broker, settings=resolve_settings(**curve)) as client:
+        status = client.status()
+    if as_json:
+        emit_json(status)
+        return
+    click.echo(f"uptime {status['uptime_s']:.0f}s, {status['in_flight']} in flight, queues: "
+               f"{status['queues'] or 'none'}")
+    for w in status["workers"]:
+        click.echo(f"  {w['id']:<40} {w['device']:<8} {w['active']}/{w['slots']} slots  "
+                   f"models: {', '.join(w['models'])}")
+    click.echo("  " + "  ".join(f"{k}={v}" for k, v in status["counters"].items()))
+
+
+@click.group("keys")
+def keys_group() -> None:
+    """CURVE keys for encrypting and authenticating the pool's connections."""
+
+
+@keys_group.command("generate")
+@click.argument("directory", type=click.Path(file_okay=False))
+@click.option("--name", default="broker", show_default=True, help="File name stem of the key pair.")
+def keys_generate(directory: str, name: str) -> None:
+    """Write NAME.key (public: copy it to the broker's allowed directory) and NAME.key_secret."""
+    from ovpool.auth import generate
+
+    public, secret = generate(directory, name)
+    click.echo(f"public key: {public}\nsecret key: {secret} (keep it private)")
+
+
+def register(group: click.Group) -> None:
+    for command in (broker_command, worker_command, complete_command, status_command, keys_group):
+        group.add_command(command)

@@ -1,0 +1,206 @@
+"""Client (threads) and AsyncClient (asyncio) for the broker.
+
+Both talk to the broker through one DEALER socket and share ``PendingRequests`` for the protocol
+logic. ``Client`` owns a background I/O thread (zmq sockets are not thread-safe, so API calls hand
+it work through a queue and a wake-up pipe); ``AsyncClient`` runs the same in the event loop.
+Remote errors are raised as the same ovpool error classes the broker or worker raised.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+from ovpool import errors, timing
+from ovpool.auth import secure_peer
+from ovpool.completion import Completion, Delta
+from ovpool.pending import END, FutureSink, PendingRequests, StreamSink, make_submit
+from ovpool.protocol import Cancel, Message, Status, Submit, decode, encode
+from ovpool.settings import Settings
+
+
+def _dealer(context: zmq.Context, broker: str, settings: Settings) -> zmq.Socket:
+    sock = context.socket(zmq.DEALER)
+    sock.linger = 0
+    sock.sndhwm = sock.rcvhwm = 100_000
+    secure_peer(sock, settings)
+    sock.connect(broker)
+    return sock
+
+
+def _safe_decode(frames: list[bytes]) -> Message | None:
+    try:
+        return decode(frames)
+    except errors.ProtocolError:
+        return None  # a newer broker's message this client cannot read: its request times out
+
+
+class _Base:
+    def __init__(self, broker: str | None, model: str, timeout: float | None,
+                 settings: Settings | dict | None):
+        self.settings = Settings.coerce(settings)
+        self.broker = broker or self.settings.broker
+        self.model = model
+        self.timeout = timeout
+        self._pending = PendingRequests(time.monotonic())
+
+    def _submit_msg(self, prompt: str | list, model: str | None, timeout: float | None,
+                    sampling: dict[str, Any]) -> Submit:
+        return make_submit(prompt, model if model is not None else self.model,
+                           timeout if timeout is not None else self.timeout, sampling)
+
+
+class Client(_Base):
+    """``with Client("tcp://127.0.0.1:5555") as c: c.complete("Hello", max_tokens=16)``."""
+
+    def __init__(self, broker: str | None = None, *, model: str = "", timeout: float | None = None,
+                 settings: Settings | dict | None = None):
+        super().__init__(broker, model, timeout, settings)
+        self._context = zmq.Context()
+        self._socket = _dealer(self._context, self.broker, self.settings)
+        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_w, False)
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="ovpool-client", daemon=True)
+        self._thread.start()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._closed.is_set():
+            return
+        self._closed.set()
+        self._wake()
+        self._thread.join()
+        self._pending._fail_all(errors.BrokerUnavailableError("the client was closed"))
+        self._socket.close()
+        self._context.term()
+        os.close(self._wake_r)
+        os.close(self._wake_w)
+
+    # -- API ------------------------------------------------------------------------------------
+
+    def submit(self, prompt: str | list, *, model: str | None = None, timeout: float | None = None,
+               **sampling: Any) -> concurrent.futures.Future:
+        """Send a request; the Future's result is a Completion (``future.request_id`` names it)."""
+        msg = self._submit_msg(prompt, model, timeout, sampling)
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        future.request_id = msg.request_id
+        self._start(msg, FutureSink(future))
+        return future
+
+    def complete(self, prompt: str, **kwargs: Any) -> Completion:
+        return self.submit(prompt, **kwargs).result()
+
+    def chat(self, messages: list[dict[str, str]], **kwargs: Any) -> Completion:
+        return self.submit(messages, **kwargs).result()
+
+    def stream(self, prompt: str | list, *, model: str | None = None, timeout: float | None = None,
+               **sampling: Any) -> Iterator[Delta]:
+        """Tokens as they arrive; leaving the loop early cancels the request."""
+        msg = self._submit_msg(prompt, model, timeout, sampling)
+        items: queue.SimpleQueue = queue.SimpleQueue()
+        self._start(msg, StreamSink(items.put))
+        return self._iterate(msg.request_id, items)
+
+    def _iterate(self, request_id: str, items: queue.SimpleQueue) -> Iterator[Delta]:
+        finished = False
+        try:
+            while (item := items.get()) is not END:
+                if isinstance(item, Exception):
+                    finished = True
+                    raise item
+                yield item
+            finished = True
+        finally:
+            if not finished and not self._closed.is_set():
+                self._call(lambda now: self._abandon(request_id))
+
+    def cancel(self, request: str | concurrent.futures.Future) -> None:
+        """Cancel a request; its Future then fails with ovpool.errors.CancelledError."""
+        rid = getattr(request, "request_id", request)
+        self._call(lambda now: [Cancel(rid)])
+
+    def status(self, timeout: float = 10.0) -> dict:
+        future: concurrent.futures.Future = concurrent.futures.Future()
+
+        def ask(now: float) -> list[Message]:
+            self._pending.add_status_waiter(FutureSink(future), now)
+            return [Status()]
+
+        self._call(ask)
+        try:
+            return future.result(timeout)
+        except concurrent.futures.TimeoutError as exc:
+            raise errors.BrokerUnavailableError(f"no status reply from {self.broker} in {timeout}s") from exc
+
+    # -- I/O thread -----------------------------------------------------------------------------
+
+    def _start(self, msg: Submit, sink: Any) -> None:
+        def start(now: float) -> list[Message]:
+            self._pending.add(msg, sink, now)
+            return [msg]
+
+        self._call(start)
+
+    def _abandon(self, request_id: str) -> list[Message]:
+        self._pending.forget(request_id)
+        return [Cancel(request_id)]
+
+    def _call(self, command: Callable[[float], list[Message]]) -> None:
+        if self._closed.is_set():
+            raise errors.BrokerUnavailableError("the client is closed")
+        self._commands.put(command)
+        self._wake()
+
+    def _wake(self) -> None:
+        with contextlib.suppress(BlockingIOError):
+            os.write(self._wake_w, b"!")
+
+    def _loop(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self._socket, zmq.POLLIN)
+        poller.register(self._wake_r, zmq.POLLIN)
+        next_tick = 0.0
+        while not self._closed.is_set():
+            ready = dict(poller.poll(timing.POLL_INTERVAL_S * 1000))
+            now = time.monotonic()
+            if self._wake_r in ready:
+                os.read(self._wake_r, 4096)
+                with contextlib.suppress(queue.Empty):
+                    while True:
+                        self._send(self._commands.get_nowait()(now))
+            if self._socket in ready:
+                self._receive(now)
+            if now >= next_tick:
+                next_tick = now + timing.POLL_INTERVAL_S
+                self._send(self._pending.tick(now))
+
+    def _receive(self, now: float) -> None:
+        while True:
+            try:
+                frames = self._socket.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            msg = _safe_decode(frames)
+            if msg is not None:
+                self._send(self._pending.on_message(msg, now))
+
+    def _send(self, msgs: list[Message]) -> None:
+        for msg in msgs:
+            with contextlib.suppress(zmq.Again):
+                self._socket.send_multipart(encode(msg), zmq.NOBLOCK)

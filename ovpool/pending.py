@@ -1,0 +1,166 @@
+"""The client side's bookkeeping, shared by Client and AsyncClient: no sockets, no threads.
+
+It builds SUBMITs (with a seed fixed here, so a resend after a broker restart replays the same
+tokens), routes each reply to its request's sink, forwards every token index once, resends what a
+restarted broker has forgotten (PING lists outstanding ids, PONG names the unknown ones) and fails
+requests on their local deadline or when the broker stays silent.
+"""
+
+from __future__ import annotations
+
+import secrets
+import uuid
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from ovpool import errors, timing
+from ovpool.completion import Completion, Delta
+from ovpool.protocol import Error, Final, Message, Partial, Ping, Pong, StatusReply, Submit
+from ovpool.worker.sampling import SamplingParams
+
+
+class Sink(Protocol):
+    """Where one request's results go (a future, a stream queue)."""
+
+    def delta(self, delta: Delta) -> None: ...
+
+    def done(self, completion: Completion) -> None: ...
+
+    def fail(self, exc: errors.OvpoolError) -> None: ...
+
+
+END = object()  # a stream's end marker
+
+
+class FutureSink:
+    """Completes a concurrent.futures.Future or an asyncio.Future (called on its owner's thread)."""
+
+    def __init__(self, future: Any):
+        self.future = future
+
+    def delta(self, delta: Delta) -> None:
+        pass
+
+    def done(self, result: Any) -> None:
+        if not self.future.done():
+            self.future.set_result(result)
+
+    def fail(self, exc: errors.OvpoolError) -> None:
+        if not self.future.done():
+            self.future.set_exception(exc)
+
+
+class StreamSink:
+    """Puts deltas, then END or the error, into a queue (queue.SimpleQueue or asyncio.Queue)."""
+
+    def __init__(self, put: Any):
+        self.delta = self.fail = put
+        self.done = lambda completion: put(END)
+
+
+def make_submit(prompt_or_messages: str | list, model: str, timeout: float | None,
+                sampling: dict[str, Any]) -> Submit:
+    """A validated SUBMIT; bad sampling parameters raise InvalidRequestError here, before sending."""
+    params = SamplingParams(**sampling).to_dict() if sampling else SamplingParams().to_dict()
+    if params["seed"] is None:
+        params["seed"] = secrets.randbits(63)
+    if isinstance(prompt_or_messages, str):
+        prompt, messages = prompt_or_messages, None
+    elif isinstance(prompt_or_messages, list):
+        prompt, messages = None, prompt_or_messages
+    else:
+        raise errors.InvalidRequestError(
+            f"prompt must be a str or a list of chat messages, not {type(prompt_or_messages).__name__}")
+    if timeout is not None and timeout <= 0:
+        raise errors.InvalidRequestError("timeout must be > 0 seconds (or None for no timeout)")
+    return Submit(uuid.uuid4().hex, model or "", params, prompt, messages, float(timeout or 0.0))
+
+
+@dataclass
+class _Pending:
+    submit: Submit
+    sink: Sink
+    deadline: float
+    next_index: int = 0
+
+
+class PendingRequests:
+    def __init__(self, now: float, unavailable_s: float = timing.CLIENT_UNAVAILABLE_S):
+        self.unavailable_s = unavailable_s
+        self._pending: dict[str, _Pending] = {}
+        self._status_waiters: deque[Any] = deque()
+        self._last_heard = now
+        self._next_ping = now
+
+    def __len__(self) -> int:
+        return len(self._pending)
+
+    def add(self, submit: Submit, sink: Sink, now: float) -> None:
+        if not self._pending:
+            self._last_heard = now  # the silence clock runs only while something is outstanding
+            self._next_ping = now
+        # The broker answers timeouts itself; the local deadline covers a broker that cannot.
+        grace = timing.HEARTBEAT_EXPIRY_S
+        deadline = now + submit.timeout_s + grace if submit.timeout_s > 0 else float("inf")
+        self._pending[submit.request_id] = _Pending(submit, sink, deadline)
+
+    def add_status_waiter(self, waiter: Any, now: float) -> None:
+        if not self._pending and not self._status_waiters:
+            self._last_heard = now
+        self._status_waiters.append(waiter)
+
+    def forget(self, request_id: str) -> None:
+        self._pending.pop(request_id, None)
+
+    def on_message(self, msg: Message, now: float) -> list[Message]:
+        """Deliver ``msg`` to its sink; returns messages to send back to the broker."""
+        self._last_heard = now
+        if isinstance(msg, Partial):
+            p = self._pending.get(msg.request_id)
+            if p is not None and msg.index >= p.next_index:
+                p.next_index = msg.index + 1
+                p.sink.delta(Delta(msg.index, msg.token_id, msg.text))
+        elif isinstance(msg, Final):
+            p = self._pending.pop(msg.request_id, None)
+            if p is not None:
+                p.sink.done(Completion.from_dict(msg.completion))
+        elif isinstance(msg, Error):
+            self._on_error(msg)
+        elif isinstance(msg, Pong):
+            return [self._pending[r].submit for r in msg.unknown if r in self._pending]
+        elif isinstance(msg, StatusReply) and self._status_waiters:
+            self._status_waiters.popleft().done(msg.status)
+        return []
+
+    def _on_error(self, msg: Error) -> None:
+        exc = errors.from_wire(msg.code, msg.message)
+        p = self._pending.pop(msg.request_id, None)
+        if p is not None:
+            p.sink.fail(exc)
+        elif not msg.request_id and self._status_waiters:
+            self._status_waiters.popleft().fail(exc)
+
+    def tick(self, now: float) -> list[Message]:
+        """Local deadlines, broker silence, and the periodic PING while anything is outstanding."""
+        if not self._pending and not self._status_waiters:
+            return []
+        if now - self._last_heard >= self.unavailable_s:
+            self._fail_all(errors.BrokerUnavailableError(
+                f"no reply from the broker for {self.unavailable_s:.1f}s; is it running, and do the"
+                " CURVE keys match?"))
+            return []
+        for rid in [r for r, p in self._pending.items() if now >= p.deadline]:
+            self._pending.pop(rid).sink.fail(errors.RequestTimeoutError(
+                f"request {rid} reached its timeout without an answer from the broker"))
+        if self._pending and now >= self._next_ping:
+            self._next_ping = now + timing.HEARTBEAT_INTERVAL_S
+            return [Ping(list(self._pending))]
+        return []
+
+    def _fail_all(self, exc: errors.OvpoolError) -> None:
+        pending, self._pending = self._pending, {}
+        for p in pending.values():
+            p.sink.fail(exc)
+        while self._status_waiters:
+            self._status_waiters.popleft().fail(exc)

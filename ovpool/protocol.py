@@ -1,0 +1,219 @@
+"""Every message between client, broker and worker, defined once.
+
+A message travels as three frames: ``[VERSION][command byte][msgpack map]`` (the broker's ROUTER
+socket adds the peer's identity frame in front). Each command is a frozen dataclass below; the
+map's keys are its field names. ``encode`` and ``decode`` are the only places that touch bytes.
+
+Who sends what::
+
+    client → broker   SUBMIT, CANCEL, STATUS, PING
+    broker → client   PARTIAL, FINAL, ERROR, STATUS_REPLY, PONG
+    worker → broker   READY, HEARTBEAT, PARTIAL, FINAL, ERROR, DISCONNECT
+    broker → worker   REQUEST, CANCEL, HEARTBEAT, DISCONNECT
+
+A decode failure raises ``UnsupportedVersionError`` or ``MalformedMessageError``; the receiver
+answers a client with ERROR or logs and drops the frames, and keeps serving.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import msgpack
+
+from ovpool.errors import InvalidRequestError, MalformedMessageError, UnsupportedVersionError
+from ovpool.worker.sampling import SamplingParams
+
+VERSION = b"OVP1"
+
+
+@dataclass(frozen=True)
+class Submit:
+    """A client asks for a generation. ``model`` "" means the only model served;
+    ``timeout_s`` 0 means no deadline."""
+
+    command: ClassVar[int] = 0x01
+    request_id: str
+    model: str
+    params: dict
+    prompt: str | None = None
+    messages: list | None = None
+    timeout_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class Cancel:
+    command: ClassVar[int] = 0x02
+    request_id: str
+
+
+@dataclass(frozen=True)
+class Status:
+    command: ClassVar[int] = 0x03
+
+
+@dataclass(frozen=True)
+class Ping:
+    """Client liveness; lists the requests the client still waits for."""
+
+    command: ClassVar[int] = 0x04
+    request_ids: list = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Pong:
+    """Which of the pinged requests the broker does not know (lost in a restart: resend them)."""
+
+    command: ClassVar[int] = 0x05
+    unknown: list = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Partial:
+    """One streamed token; ``index`` is its position in the completion (the dedupe key)."""
+
+    command: ClassVar[int] = 0x10
+    request_id: str
+    index: int
+    token_id: int
+    text: str
+
+
+@dataclass(frozen=True)
+class Final:
+    """A finished generation; ``completion`` is ``Completion.to_dict()``."""
+
+    command: ClassVar[int] = 0x11
+    request_id: str
+    completion: dict
+
+
+@dataclass(frozen=True)
+class Error:
+    """A failed request (``request_id`` "" when the failure is not tied to one)."""
+
+    command: ClassVar[int] = 0x12
+    request_id: str
+    code: str
+    message: str
+
+
+@dataclass(frozen=True)
+class StatusReply:
+    command: ClassVar[int] = 0x13
+    status: dict
+
+
+@dataclass(frozen=True)
+class Ready:
+    """A worker registers: what it serves and how many sessions at once."""
+
+    command: ClassVar[int] = 0x20
+    worker_id: str
+    models: list
+    device: str
+    slots: int
+    host: str
+    pid: int
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    command: ClassVar[int] = 0x21
+
+
+@dataclass(frozen=True)
+class Disconnect:
+    """Worker → broker: leaving, these requests are unfinished. Broker → worker: register again."""
+
+    command: ClassVar[int] = 0x22
+    request_ids: list = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Request:
+    """The broker hands a request to a worker; ``params`` are validated SamplingParams."""
+
+    command: ClassVar[int] = 0x23
+    request_id: str
+    model: str
+    params: dict
+    prompt: str | None = None
+    messages: list | None = None
+
+
+Message = (Submit | Cancel | Status | Ping | Pong | Partial | Final | Error | StatusReply | Ready
+           | Heartbeat | Disconnect | Request)
+
+_BY_COMMAND: dict[int, type] = {cls.command: cls for cls in Message.__args__}
+_COMMAND_BYTES: dict[type, bytes] = {cls: bytes([cls.command]) for cls in _BY_COMMAND.values()}
+# Field name -> accepted Python types, per class (annotations are strings under __future__).
+_TYPES = {"str": (str,), "int": (int,), "float": (float, int), "dict": (dict,), "list": (list,),
+          "str | None": (str, type(None)), "list | None": (list, type(None))}
+_SCHEMA: dict[type, dict[str, tuple[tuple[type, ...], bool]]] = {
+    cls: {f.name: (_TYPES[f.type], f.default is dataclasses.MISSING
+                   and f.default_factory is dataclasses.MISSING)
+          for f in dataclasses.fields(cls)}
+    for cls in _BY_COMMAND.values()
+}
+
+
+def encode(msg: Message) -> list[bytes]:
+    body = {name: getattr(msg, name) for name in _SCHEMA[type(msg)]}
+    return [VERSION, _COMMAND_BYTES[type(msg)], msgpack.packb(body, use_bin_type=True)]
+
+
+def decode(frames: list[bytes]) -> Message:
+    """The message in ``frames`` (identity frames already removed); raises a ProtocolError."""
+    if len(frames) != 3:
+        raise MalformedMessageError(f"expected 3 frames (version, command, body), got {len(frames)}")
+    version, command, body = frames
+    if version != VERSION:
+        raise UnsupportedVersionError(f"protocol version {bytes(version)[:16]!r} is not {VERSION!r}")
+    cls = _BY_COMMAND.get(command[0]) if len(command) == 1 else None
+    if cls is None:
+        raise MalformedMessageError(f"unknown command {bytes(command)[:8]!r}")
+    try:
+        data = msgpack.unpackb(body, raw=False, strict_map_key=True)
+    except Exception as exc:  # msgpack raises several unrelated types for corrupt input
+        raise MalformedMessageError(f"{cls.__name__}: body is not valid msgpack") from exc
+    return cls(**_checked(cls, data))
+
+
+def _checked(cls: type, data: Any) -> dict[str, Any]:
+    if not isinstance(data, dict):
+        raise MalformedMessageError(f"{cls.__name__}: body must be a map")
+    out = {}
+    for name, (types, required) in _SCHEMA[cls].items():
+        if name not in data:
+            if required:
+                raise MalformedMessageError(f"{cls.__name__}: missing field {name!r}")
+            continue
+        value = data[name]
+        if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+            raise MalformedMessageError(f"{cls.__name__}.{name}: unexpected type {type(value).__name__}")
+        out[name] = value
+    return out
+
+
+_PARAM_TYPES = {"max_tokens": (int,), "temperature": (float, int), "top_k": (int,),
+                "top_p": (float, int), "seed": (int, type(None)), "stop": (list, tuple),
+                "ignore_eos": (bool,)}
+
+
+def sampling_from_wire(params: dict) -> SamplingParams:
+    """Validated sampling parameters from a SUBMIT/REQUEST; bad values raise InvalidRequestError."""
+    for name, value in params.items():
+        types = _PARAM_TYPES.get(name)
+        if types is None:
+            continue  # SamplingParams.from_dict names unknown parameters
+        bad_bool = isinstance(value, bool) and bool not in types
+        bad_float = isinstance(value, float) and not math.isfinite(value)
+        if not isinstance(value, types) or bad_bool or bad_float:
+            raise InvalidRequestError(f"sampling: {name}={value!r} is not a valid {types[0].__name__}")
+        if name == "seed" and value is not None and not 0 <= value < 2**63:
+            raise InvalidRequestError("sampling: seed must be in [0, 2**63)")
+    return SamplingParams.from_dict(params)

@@ -1,0 +1,161 @@
+"""The worker process: one DEALER socket to the broker, a Backend doing the generation.
+
+The loop polls the socket without waiting while sessions are active (generation is the work;
+messages are handled between steps), and up to a heartbeat interval when idle. A broker that is
+silent for the heartbeat expiry is presumed gone: the worker drops its sessions (the broker has
+re-dispatched them), reconnects with a doubling backoff and registers again. Stopping (SIGTERM
+in the CLI) hands unfinished requests back with DISCONNECT before the socket closes.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket as _socket
+import threading
+import time
+
+import zmq
+
+from ovpool import timing
+from ovpool.auth import secure_peer
+from ovpool.errors import OvpoolError
+from ovpool.protocol import (
+    Cancel,
+    Disconnect,
+    Error,
+    Final,
+    Heartbeat,
+    Message,
+    Partial,
+    Ready,
+    Request,
+    decode,
+    encode,
+    sampling_from_wire,
+)
+from ovpool.settings import Settings
+from ovpool.worker.backend import Backend, Failed, Finished, Token
+
+log = logging.getLogger(__name__)
+
+
+class Worker:
+    """``with Worker(endpoint, backend) as w: w.run(stop_event)``."""
+
+    def __init__(self, broker: str, backend: Backend, *, settings: Settings | dict | None = None,
+                 device: str = "CPU", name: str | None = None):
+        self.broker = broker
+        self.backend = backend
+        self.settings = Settings.coerce(settings)
+        host, pid = _socket.gethostname(), os.getpid()
+        self.ready = Ready(worker_id=f"{name or backend.models[0]}@{host}:{pid}", models=backend.models,
+                           device=device, slots=backend.slots, host=host, pid=pid)
+        self._context = zmq.Context()
+        self._socket: zmq.Socket | None = None
+        self._active: set[str] = set()
+        self._backoff = timing.RECONNECT_MIN_S
+        self._broker_expires = 0.0
+
+    def __enter__(self) -> Worker:
+        self._connect()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._socket is not None:
+            self._send(Disconnect(sorted(self._active)))
+            self._drop_sessions()
+            self._socket.close(linger=int(timing.HEARTBEAT_INTERVAL_S * 1000))
+            self._socket = None
+        self._context.term()
+
+    def _connect(self) -> None:
+        if self._socket is not None:
+            self._socket.close(linger=0)
+        sock = self._context.socket(zmq.DEALER)
+        sock.linger = 0
+        secure_peer(sock, self.settings)
+        sock.connect(self.broker)
+        self._socket = sock
+        self._broker_expires = time.monotonic() + timing.HEARTBEAT_EXPIRY_S + self._backoff
+        self._send(self.ready)
+
+    def run(self, stop: threading.Event) -> None:
+        log.info("worker %s serving %s with %d slots via %s", self.ready.worker_id, self.ready.models,
+                 self.ready.slots, self.broker)
+        next_heartbeat = 0.0
+        while not stop.is_set():
+            wait_s = 0.0 if self._active else timing.POLL_INTERVAL_S
+            if self._socket.poll(wait_s * 1000):
+                self._receive()
+            if self._active:
+                self._step()
+            now = time.monotonic()
+            if now >= next_heartbeat:
+                self._send(Heartbeat())
+                next_heartbeat = now + timing.HEARTBEAT_INTERVAL_S
+            if now >= self._broker_expires:
+                self._reconnect()
+
+    def _receive(self) -> None:
+        while True:
+            try:
+                frames = self._socket.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            self._broker_expires = time.monotonic() + timing.HEARTBEAT_EXPIRY_S
+            self._backoff = timing.RECONNECT_MIN_S
+            try:
+                self._handle(decode(frames))
+            except OvpoolError as exc:
+                log.warning("dropped a message from the broker: %s", exc)
+
+    def _handle(self, msg: Message) -> None:
+        if isinstance(msg, Request):
+            self._start(msg)
+        elif isinstance(msg, Cancel):
+            if msg.request_id in self._active:
+                self._active.discard(msg.request_id)
+                self.backend.cancel(msg.request_id)
+        elif isinstance(msg, Disconnect):  # the broker does not know us (it restarted): start over
+            log.info("broker asked %s to register again", self.ready.worker_id)
+            self._drop_sessions()
+            self._send(self.ready)
+
+    def _start(self, msg: Request) -> None:
+        try:
+            params = sampling_from_wire(msg.params)
+            self.backend.add(msg.request_id, msg.prompt if msg.messages is None else msg.messages, params)
+        except OvpoolError as exc:
+            self._send(Error(msg.request_id, exc.code, str(exc)))
+            return
+        self._active.add(msg.request_id)
+
+    def _step(self) -> None:
+        for ev in self.backend.step():
+            if isinstance(ev, Token):
+                d = ev.delta
+                self._send(Partial(ev.request_id, d.index, d.token_id, d.text))
+                continue
+            self._active.discard(ev.request_id)
+            if isinstance(ev, Finished):
+                self._send(Final(ev.request_id, ev.completion.to_dict()))
+            elif isinstance(ev, Failed):
+                self._send(Error(ev.request_id, ev.error.code, str(ev.error)))
+
+    def _reconnect(self) -> None:
+        log.warning("broker %s silent for %.1fs; reconnecting", self.broker, timing.HEARTBEAT_EXPIRY_S)
+        self._drop_sessions()
+        self._backoff = min(self._backoff * 2, timing.RECONNECT_MAX_S)
+        self._connect()
+
+    def _drop_sessions(self) -> None:
+        for rid in self._active:
+            self.backend.cancel(rid)
+        self._active.clear()
+
+    def _send(self, msg: Message) -> None:
+        try:
+            self._socket.send_multipart(encode(msg), zmq.NOBLOCK)
+        except zmq.Again:
+            pass  # the broker is unreachable; it re-dispatches whatever this worker loses
