@@ -142,8 +142,8 @@ def _export(lookup: Lookup, compiled: ov.CompiledModel) -> str:
     store, fp = lookup.store, lookup.fp
     entry_id = f"{lookup.family}-{ports_key(lookup.ports)}"
     blob = f"{entry_id}.blob"
-    with compiled.export_model() as stream, stream.getbuffer() as data:
-        size, checksum = store.write_blob(blob, data)
+    with compiled.export_model() as stream:
+        size, checksum = store.write_blob(blob, stream)
     try:
         try:
             manifest = store.manifest(lookup.family)

@@ -75,39 +75,19 @@ class Lookup:
         return compiled
 
     def drop(self, entry: Entry) -> None:
-        """Remove ``entry`` (manifest first, then its blob) if it is still the one we judged bad."""
         log.warning("model cache: removing unusable entry %s", entry.id)
-
-        def remove_entry() -> None:
-            try:
-                manifest = self.store.manifest(self.family)
-            except CacheCorruptError:
-                return
-            if manifest is None or manifest.entries.get(entry.id) != entry:
-                return  # replaced meanwhile
-            rest = manifest.without(entry.id)
-            if rest.entries:
-                self.store.commit(rest)
-            else:
-                self.store.remove(self.store.manifest_path(self.family))
-            self.store.remove(self.store.blob_path(entry))
-
-        self._under_lock(remove_entry)
+        self._under_lock(lambda: self.store.drop_entry(self.family, entry.id, expected=entry))
 
     def drop_family(self) -> None:
-        """Remove a garbage manifest and the blobs it named (found by their family prefix)."""
         log.warning("model cache: removing unreadable manifest of family %s", self.family)
 
-        def remove_family() -> None:
+        def remove_if_still_garbage() -> None:
             try:
                 self.store.manifest(self.family)
-                return  # replaced by a good one meanwhile
             except CacheCorruptError:
-                self.store.remove(self.store.manifest_path(self.family))
-            for blob in self.store.blobs_dir.glob(f"{self.family}-*.blob"):
-                self.store.remove(blob)
+                self.store.drop_family(self.family)
 
-        self._under_lock(remove_family)
+        self._under_lock(remove_if_still_garbage)
 
     def _under_lock(self, action) -> None:
         try:

@@ -31,6 +31,7 @@ import time
 import zlib
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 import filelock
 import numpy as np
@@ -137,27 +138,59 @@ class CacheStore:
 
     # Writing (callers hold the family lock) ----------------------------------------------------
 
-    def write_blob(self, name: str, data: memoryview) -> tuple[int, str]:
-        """Write ``blobs/<name>`` crash-safely; returns (size, checksum)."""
-        view = memoryview(data).cast("B")
-        chunks = (view[i:i + CHUNK_BYTES] for i in range(0, max(len(view), 1), CHUNK_BYTES))
-        self._atomic_write(self.blob_path(name), chunks, "blob-write")
+    def write_blob(self, name: str, stream: BinaryIO) -> tuple[int, str]:
+        """Write ``stream`` (an exported model) to ``blobs/<name>`` crash-safely, in chunks so no
+        second in-memory copy is made; returns (size, checksum)."""
+        crc, size = 0, 0
+
+        def chunks() -> Iterator[bytes]:
+            nonlocal crc, size
+            stream.seek(0)
+            while block := stream.read(CHUNK_BYTES):
+                crc, size = zlib.crc32(block, crc), size + len(block)
+                yield block
+
+        self._atomic_write(self.blob_path(name), chunks(), "blob-write")
         test_pause("blob-renamed")
-        return len(view), crc32_of(view)
+        return size, f"crc32:{crc:08x}"
 
     def commit(self, manifest: Manifest) -> None:
         """Replace the family's manifest in one rename: the moment its entries become hits."""
-        data = memoryview(manifest.to_json().encode())
-        self._atomic_write(self.manifest_path(manifest.family), [data], "manifest-write")
+        self._atomic_write(self.manifest_path(manifest.family), [manifest.to_json().encode()],
+                           "manifest-write")
 
     def write_text(self, path: Path, text: str) -> None:
-        self._atomic_write(path, [memoryview(text.encode())], "text-write")
+        self._atomic_write(path, [text.encode()], "text-write")
 
     def remove(self, path: Path) -> None:
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
 
-    def _atomic_write(self, final: Path, chunks: Iterable[memoryview], phase: str) -> None:
+    def drop_entry(self, family: str, entry_id: str, expected: Entry | None = None) -> bool:
+        """Remove an entry (manifest first, then its blob); with ``expected``, only if it is still
+        that exact entry (another process may have replaced it). The caller holds the family lock."""
+        try:
+            manifest = self.manifest(family)
+        except CacheCorruptError:
+            return False
+        entry = manifest.entries.get(entry_id) if manifest else None
+        if entry is None or (expected is not None and entry != expected):
+            return False
+        rest = manifest.without(entry_id)
+        if rest.entries:
+            self.commit(rest)
+        else:
+            self.remove(self.manifest_path(family))
+        self.remove(self.blob_path(entry))
+        return True
+
+    def drop_family(self, family: str) -> None:
+        """Remove a family's manifest and every blob named after it. The caller holds its lock."""
+        self.remove(self.manifest_path(family))
+        for blob in self.blobs_dir.glob(f"{family}-*.blob"):
+            self.remove(blob)
+
+    def _atomic_write(self, final: Path, chunks: Iterable[bytes], phase: str) -> None:
         tmp = self.tmp_dir / f"{final.name}.{os.getpid()}.{secrets.token_hex(4)}.partial"
         try:
             with open(tmp, "wb") as f:

@@ -1,0 +1,158 @@
+"""Operator actions on a cache directory: list, show, verify, gc, rm (used by ``ovpool cache``).
+
+Every removal happens under the family's lock, so it never races an export: gc skips a family
+whose lock is held (an export in progress may have renamed its blob but not yet its manifest).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+from collections.abc import Iterator
+from dataclasses import asdict
+from typing import Any
+
+import filelock
+
+from ovpool.cache.manifest import Entry, Manifest
+from ovpool.cache.store import CacheStore, crc32_of
+from ovpool.errors import CacheCorruptError, CacheMissError
+
+_TEMP_NAME = re.compile(r"^.+\.(?P<pid>\d+)\.[0-9a-f]+\.partial$")
+
+
+def entries(store: CacheStore) -> Iterator[tuple[Manifest, Entry]]:
+    for manifest in store.readable_manifests():
+        for entry in manifest.entries.values():
+            yield manifest, entry
+
+
+def describe(store: CacheStore, manifest: Manifest, entry: Entry) -> dict[str, Any]:
+    """One entry as `ls` and `show` report it."""
+    parts = manifest.parts
+    return {
+        "entry": entry.id, "family": manifest.family, "models": manifest.models,
+        "architecture": parts.get("architecture"),
+        "device": f"{parts.get('device type')} ({parts.get('device architecture')})",
+        "settings": {k[len("setting "):]: v for k, v in parts.items() if k.startswith("setting ")},
+        "ports": entry.ports, "size": entry.size, "checksum": entry.checksum,
+        "openvino": entry.openvino, "created": entry.created, "last_hit": store.last_hit(entry),
+        "blob": str(store.blob_path(entry)),
+    }
+
+
+def find(store: CacheStore, entry_id: str) -> tuple[Manifest, Entry]:
+    """The entry named ``entry_id`` (a unique prefix is enough)."""
+    found = [(m, e) for m, e in entries(store) if e.id.startswith(entry_id)]
+    if len(found) != 1:
+        what = "matches no entry" if not found else f"matches {len(found)} entries; give more characters"
+        raise CacheMissError(f"{entry_id!r} {what} in {store.root} (see `ovpool cache ls`)")
+    return found[0]
+
+
+def show(store: CacheStore, entry_id: str) -> dict[str, Any]:
+    manifest, entry = find(store, entry_id)
+    return {**describe(store, manifest, entry), "fingerprint": manifest.parts, "raw": asdict(entry)}
+
+
+def verify(store: CacheStore) -> list[dict[str, Any]]:
+    """Every manifest and entry with ``ok`` and, if not ok, ``problem`` (full checksums)."""
+    results = []
+    for family in store.families():
+        try:
+            store.manifest(family)
+        except CacheCorruptError as exc:
+            results.append({"entry": None, "family": family, "ok": False, "problem": str(exc)})
+    for _, entry in entries(store):
+        try:
+            found = crc32_of(store.open_blob(entry)) if entry.size else "crc32:00000000"
+            problem = None if found == entry.checksum else f"checksum {found}, expected {entry.checksum}"
+        except (CacheCorruptError, OSError) as exc:
+            problem = str(exc)
+        results.append({"entry": entry.id, "ok": problem is None, "problem": problem})
+    return results
+
+
+def remove(store: CacheStore, entry_id: str) -> str:
+    manifest, entry = find(store, entry_id)
+    with store.lock(manifest.family):
+        store.drop_entry(manifest.family, entry.id)
+    return entry.id
+
+
+def gc(store: CacheStore, max_bytes: int | None = None) -> dict[str, list[str]]:
+    """Remove dead writers' temp files, garbage manifests, unreferenced blobs, then LRU entries
+    beyond ``max_bytes``. Returns what was removed, by kind."""
+    report = {"temp": _dead_temps(store), "manifests": [], "blobs": [], "entries": []}
+    for family in _blob_families(store) | set(store.families()):
+        with _try_lock(store, family) as held:
+            if held:
+                _gc_family(store, family, report)
+    if max_bytes is not None:
+        report["entries"] = _evict_lru(store, max_bytes)
+    return report
+
+
+def _dead_temps(store: CacheStore) -> list[str]:
+    removed = []
+    for path in store.tmp_dir.glob("*.partial") if store.tmp_dir.is_dir() else []:
+        match = _TEMP_NAME.match(path.name)
+        if match and not _alive(int(match["pid"])):
+            store.remove(path)
+            removed.append(path.name)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _blob_families(store: CacheStore) -> set[str]:
+    if not store.blobs_dir.is_dir():
+        return set()
+    return {p.name.split("-", 1)[0] for p in store.blobs_dir.glob("*.blob")}
+
+
+def _gc_family(store: CacheStore, family: str, report: dict[str, list[str]]) -> None:
+    try:
+        manifest = store.manifest(family)
+    except CacheCorruptError:
+        store.drop_family(family)
+        report["manifests"].append(family)
+        return
+    referenced = {e.blob for e in manifest.entries.values()} if manifest else set()
+    for blob in store.blobs_dir.glob(f"{family}-*.blob"):
+        if blob.name not in referenced:
+            store.remove(blob)
+            report["blobs"].append(blob.name)
+
+
+def _evict_lru(store: CacheStore, max_bytes: int) -> list[str]:
+    ranked = sorted(entries(store), key=lambda me: store.last_hit(me[1]))
+    total = sum(e.size for _, e in ranked)
+    removed = []
+    for manifest, entry in ranked:
+        if total <= max_bytes:
+            break
+        with _try_lock(store, manifest.family) as held:
+            if held and store.drop_entry(manifest.family, entry.id, expected=entry):
+                total -= entry.size
+                removed.append(entry.id)
+    return removed
+
+
+@contextlib.contextmanager
+def _try_lock(store: CacheStore, family: str) -> Iterator[bool]:
+    """Hold the family lock if it is free now; yield False if an export holds it."""
+    try:
+        with store.lock(family, timeout=0):
+            yield True
+    except filelock.Timeout:
+        yield False
