@@ -1,0 +1,83 @@
+"""A NumPy float32 forward pass of a llama / qwen2 GGUF model, the yardstick for the graph.
+
+Written independently of the OpenVINO path: weights are dequantized with ``gguf.quants`` and RoPE
+is applied the way llama.cpp does on GGUF's own row layout (adjacent pairs for llama, whose Q/K rows
+the converter permuted; split halves, "NEOX" style, for qwen2), not via ovpool.worker.quants.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from gguf import quants
+
+from ovpool.worker.model import GGUFModel
+
+
+class Reference:
+    def __init__(self, model: GGUFModel):
+        self.model, self.h = model, model.hparams
+        self._cache: dict[str, np.ndarray] = {}
+
+    def weight(self, name: str) -> np.ndarray:
+        if name not in self._cache:
+            info = self.model.tensors[name]
+            raw = np.asarray(self.model.raw(name)).reshape(*info.shape[:-1], -1)
+            self._cache[name] = quants.dequantize(raw, info.ggml_type).astype(np.float32)
+        return self._cache[name]
+
+    def logits(self, ids) -> np.ndarray:
+        """Teacher-forced logits [len(ids), vocab] for one sequence."""
+        h = self.h
+        x = self.weight("token_embd.weight")[np.asarray(ids)]
+        pos = np.arange(len(ids))
+        for i in range(h.n_layers):
+            x = self._block(i, x, pos)
+        x = self._norm(x, "output_norm.weight")
+        head = "token_embd.weight" if h.tied_embeddings else "output.weight"
+        return x @ self.weight(head).T
+
+    def _norm(self, x, name):
+        x64 = x.astype(np.float64)
+        inv = 1.0 / np.sqrt((x64 * x64).mean(-1, keepdims=True) + self.h.rms_eps)
+        return (x64 * inv).astype(np.float32) * self.weight(name)
+
+    def _linear(self, x, name):
+        y = x @ self.weight(name + ".weight").T
+        if name + ".bias" in self.model.tensors:
+            y = y + self.weight(name + ".bias")
+        return y
+
+    def _rope(self, x, pos):
+        """x [seq, heads, head_dim] rotated by position, in the GGUF row layout of the arch."""
+        d = self.h.head_dim
+        theta = pos[:, None] * self.h.rope_base ** (-np.arange(0, d, 2) / d)  # [seq, d/2]
+        cos, sin = np.cos(theta)[:, None, :], np.sin(theta)[:, None, :]
+        if self.model.architecture == "llama":
+            a, b = x[..., 0::2], x[..., 1::2]
+        else:
+            a, b = x[..., : d // 2], x[..., d // 2:]
+        ra, rb = a * cos - b * sin, a * sin + b * cos
+        out = np.empty_like(x)
+        if self.model.architecture == "llama":
+            out[..., 0::2], out[..., 1::2] = ra, rb
+        else:
+            out[..., : d // 2], out[..., d // 2:] = ra, rb
+        return out
+
+    def _block(self, i, x, pos):
+        h, b, n = self.h, f"blk.{i}.", len(pos)
+        y = self._norm(x, b + "attn_norm.weight")
+        q = self._rope(self._linear(y, b + "attn_q").reshape(n, h.n_heads, h.head_dim), pos)
+        k = self._rope(self._linear(y, b + "attn_k").reshape(n, h.n_kv_heads, h.head_dim), pos)
+        v = self._linear(y, b + "attn_v").reshape(n, h.n_kv_heads, h.head_dim)
+        group = h.n_heads // h.n_kv_heads
+        k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
+        scores = np.einsum("qhd,khd->hqk", q, k) / np.sqrt(h.head_dim)
+        scores = np.where(np.tril(np.ones((n, n), bool)), scores, -np.inf)
+        p = np.exp(scores - scores.max(-1, keepdims=True))
+        p /= p.sum(-1, keepdims=True)
+        attn = np.einsum("hqk,khd->qhd", p, v).reshape(n, -1)
+        x = x + self._linear(attn, b + "attn_output")
+        y = self._norm(x, b + "ffn_norm.weight")
+        gate, up = self._linear(y, b + "ffn_gate"), self._linear(y, b + "ffn_up")
+        return x + self._linear(gate / (1 + np.exp(-gate)) * up, b + "ffn_down")

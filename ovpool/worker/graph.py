@@ -1,0 +1,162 @@
+"""The dynamic OpenVINO graph of a llama / qwen2 GGUF model (contract 1 of the shared contracts).
+
+One graph, with dynamic batch and sequence dimensions, serves prefill and decode. Ports:
+``input_ids``, ``attention_mask``, ``position_ids`` (i64), ``beam_idx`` (i32, stateful only),
+``logits_from`` (i64 [1]: logits only for positions >= it, so prefill skips the vocabulary
+projection of every prompt token but the last) → ``logits`` f32 [batch, seq - logits_from, vocab].
+The KV cache lives in variables ``past_key_values.{layer}.key/value`` or, with ``stateful=off``,
+in explicit ``past_key_values.*`` inputs and ``present.*`` outputs, [batch, kv_heads, past, head_dim].
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import openvino as ov
+import openvino.opset13 as ops
+
+from ovpool.errors import UnsupportedModelError
+from ovpool.settings import Settings
+from ovpool.worker import layers as L
+from ovpool.worker import weights as W
+from ovpool.worker.model import GGUFModel, HParams
+from ovpool.worker.quants import dequantize, unpack
+
+_SOURCES = ("graph.py", "layers.py", "weights.py", "quants.py")
+BUILDER_HASH = hashlib.sha256(b"".join(
+    (Path(__file__).parent / name).read_bytes() for name in _SOURCES)).hexdigest()
+
+_MAX = np.iinfo(np.int64).max
+_TYPES = {"i64": ov.Type.i64, "i32": ov.Type.i32, "f32": ov.Type.f32}
+
+
+def _kv_names(h: HParams) -> list[str]:
+    return [f"{i}.{kind}" for i in range(h.n_layers) for kind in ("key", "value")]
+
+
+def port_spec(hparams: HParams, settings=None) -> list[dict]:
+    """The graph's ports, computed from hparams and settings alone (no weights, no build)."""
+    s = Settings.coerce(settings)
+    kv_shape = f"[?,{hparams.n_kv_heads},?,{hparams.head_dim}]"
+    ins = [("input_ids", "i64", "[?,?]"), ("attention_mask", "i64", "[?,?]"),
+           ("position_ids", "i64", "[?,?]")]
+    if s.stateful:
+        ins.append(("beam_idx", "i32", "[?]"))
+    ins.append(("logits_from", "i64", "[1]"))
+    outs = [("logits", "f32", f"[?,?,{hparams.vocab_size}]")]
+    if not s.stateful:
+        ins += [(f"past_key_values.{n}", "f32", kv_shape) for n in _kv_names(hparams)]
+        outs += [(f"present.{n}", "f32", kv_shape) for n in _kv_names(hparams)]
+    return [{"name": n, "direction": d, "element_type": t, "partial_shape": p}
+            for d, group in (("in", ins), ("out", outs)) for n, t, p in group]
+
+
+def model_ports(model: ov.Model) -> list[dict]:
+    """The same description as port_spec, read from a built (or compiled) model."""
+    def row(port, direction):
+        return {"name": port.get_any_name(), "direction": direction,
+                "element_type": port.get_element_type().get_type_name(),
+                "partial_shape": str(port.get_partial_shape()).replace(" ", "")}
+    return [row(p, "in") for p in model.inputs] + [row(p, "out") for p in model.outputs]
+
+
+@dataclass
+class _Context:
+    model: GGUFModel
+    settings: Settings
+    params: dict[str, ov.Node]
+    cos: ov.Output
+    sin: ov.Output
+    mask: ov.Output
+    sinks: list
+    results: list
+
+    @property
+    def h(self) -> HParams:
+        return self.model.hparams
+
+
+def build_model(model: GGUFModel, settings=None) -> ov.Model:
+    """The model's OpenVINO graph (reads the weights; the constants share their memory)."""
+    s = Settings.coerce(settings)
+    h = model.hparams
+    if h.rope_dim != h.head_dim:
+        raise UnsupportedModelError(f"partial RoPE ({h.rope_dim} of {h.head_dim} dims) is not supported")
+    params = {p["name"]: _parameter(p) for p in port_spec(h, s) if p["direction"] == "in"}
+    embed = W.load(model, "token_embd.weight")
+    x = embed.lookup(params["input_ids"].output(0))
+    cos, sin = L.rope_tables(params["position_ids"].output(0), h)
+    mask = L.attention_mask(params["attention_mask"].output(0), params["input_ids"].output(0))
+    ctx = _Context(model, s, params, cos, sin, mask, [], [])
+    for i in range(h.n_layers):
+        x = _block(ctx, i, x)
+    x = ops.slice(x, params["logits_from"], const_i64([_MAX]), const_i64([1]), const_i64([1]))
+    x = L.rms_norm(x, _vector(model, "output_norm.weight"), h.rms_eps)
+    head = embed if h.tied_embeddings else W.load(model, "output.weight")
+    logits = ops.result(head.linear(x))
+    logits.output(0).get_tensor().set_names({"logits"})
+    return ov.Model([logits, *ctx.results], ctx.sinks, list(params.values()), model.name)
+
+
+def const_i64(values) -> ov.Node:
+    return ops.constant(np.asarray(values, np.int64))
+
+
+def _parameter(port: dict) -> ov.Node:
+    p = ops.parameter(ov.PartialShape(port["partial_shape"]), _TYPES[port["element_type"]],
+                      name=port["name"])
+    p.output(0).get_tensor().set_names({port["name"]})
+    return p
+
+
+def _vector(model: GGUFModel, name: str) -> np.ndarray:
+    info = model.tensors[name]
+    return dequantize(unpack(info.ggml_type, model.raw(name), info.shape)).reshape(-1)
+
+
+def _projection(ctx: _Context, name: str, x: ov.Output, heads: int = 0) -> ov.Output:
+    """x @ W.T (+ bias); ``heads`` > 0 marks llama Q/K rows to un-permute for rotate-half RoPE."""
+    permute = ctx.h.head_dim if heads and ctx.model.architecture == "llama" else 0
+    y = W.load(ctx.model, name + ".weight", permute).linear(x)
+    if name + ".bias" in ctx.model.tensors:
+        bias = _vector(ctx.model, name + ".bias")
+        if permute:
+            bias = bias[W.rope_halves_order(bias.size, permute)]
+        y = ops.add(y, L.const(bias)).output(0)
+    return y
+
+
+def _block(ctx: _Context, i: int, x: ov.Output) -> ov.Output:
+    h, b = ctx.h, f"blk.{i}."
+    n = L.rms_norm(x, _vector(ctx.model, b + "attn_norm.weight"), h.rms_eps)
+    q = L.split_heads(_projection(ctx, b + "attn_q", n, h.n_heads), h.n_heads, h.head_dim)
+    k = L.split_heads(_projection(ctx, b + "attn_k", n, h.n_kv_heads), h.n_kv_heads, h.head_dim)
+    v = L.split_heads(_projection(ctx, b + "attn_v", n), h.n_kv_heads, h.head_dim)
+    q, k = L.apply_rope(q, ctx.cos, ctx.sin), L.apply_rope(k, ctx.cos, ctx.sin)
+    k, v = _cache(ctx, i, "key", k), _cache(ctx, i, "value", v)
+    a = L.attend(q, k, v, ctx.mask, h, ctx.settings.attention == "manual")
+    x = ops.add(x, _projection(ctx, b + "attn_output", L.merge_heads(a, h.n_heads * h.head_dim)))
+    n = L.rms_norm(x, _vector(ctx.model, b + "ffn_norm.weight"), h.rms_eps)
+    gate, up = _projection(ctx, b + "ffn_gate", n), _projection(ctx, b + "ffn_up", n)
+    return ops.add(x, _projection(ctx, b + "ffn_down", L.swiglu(gate, up))).output(0)
+
+
+def _cache(ctx: _Context, layer: int, kind: str, new: ov.Output) -> ov.Output:
+    """past ++ new along the sequence axis, stored back to the variable or a present.* output."""
+    name = f"past_key_values.{layer}.{kind}"
+    if ctx.settings.stateful:
+        past, var = L.kv_state(name, ctx.params["input_ids"].output(0),
+                               ctx.params["beam_idx"].output(0), ctx.h)
+    else:
+        past = ctx.params[name].output(0)
+    full = ops.concat([past, new], 2)
+    if ctx.settings.stateful:
+        ctx.sinks.append(ops.assign(full, var))
+    else:
+        result = ops.result(full)
+        result.output(0).get_tensor().set_names({f"present.{layer}.{kind}"})
+        ctx.results.append(result)
+    return full.output(0)

@@ -1,0 +1,163 @@
+"""GGUF quant blocks → integer codes + per-group scales, without expanding to float.
+
+A ``Packed`` weight of shape [rows, cols] means, for column c in group g = c // group::
+
+    W[r, c] = scale[r, g] * (code[r, c] - zero[r, g]) + correction[r, g]
+
+``zero`` and ``correction`` may be absent (zero / nothing to add). The form is what OpenVINO's CPU
+plugin fuses into its MatMul kernels (u4/i4/i8 codes, Subtract zero point, Multiply scale), plus an
+exact per-group correction for formats whose offset is not an integer zero point: Q4_1's and
+Q4_K's minimum is any real number, and rounding it to a u4 zero point (as GenAI does) shifts
+every weight by up to half a quant step. Keeping the rounded zero point inside the fused kernel
+and adding ``correction`` (the rounding remainder) as a small ``groupsum(x) @ correction.T`` term
+is exact and almost as fast as the plain fused kernel (DESIGN.md, "Engine").
+
+u4/i4 codes are stored packed as OpenVINO expects: element 2i in the low nibble of byte i. GGUF's
+Q4 blocks store elements 0..15 in low nibbles and 16..31 in high nibbles, so they are repacked.
+Pure numpy; the OpenVINO side lives in ovpool.worker.weights.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES
+from gguf import GGMLQuantizationType as T
+
+from ovpool.errors import UnsupportedModelError
+
+QK_K = 256
+
+
+@dataclass(frozen=True)
+class Packed:
+    codes: np.ndarray  # [rows, cols] (u4/i4: [rows, cols // 2] packed bytes)
+    element: str  # "f32", "f16", "bf16", "i8", "u4", "i4"
+    shape: tuple[int, int]
+    group: int = 0
+    scale: np.ndarray | None = None  # [rows, groups] float16 or float32
+    zero: np.ndarray | None = None  # [rows, groups] uint8 (u4 range)
+    correction: np.ndarray | None = None  # [rows, groups] float32
+
+
+def unpack(ggml_type: T, raw: np.ndarray, shape: tuple[int, ...]) -> Packed:
+    """``raw`` (the tensor's bytes) as a Packed weight; 1-D tensors become one row."""
+    rows, cols = (1, shape[0]) if len(shape) == 1 else (int(np.prod(shape[:-1])), shape[-1])
+    if ggml_type in _FLOATS:
+        codes = raw.view(_FLOATS[ggml_type]).reshape(rows, cols)
+        return Packed(codes, _FLOAT_NAMES[ggml_type], (rows, cols))
+    if ggml_type not in _UNPACKERS:
+        raise UnsupportedModelError(f"weight type {ggml_type.name} is not supported")
+    block, size = GGML_QUANT_SIZES[ggml_type]
+    blocks = raw.reshape(rows * cols // block, size)
+    return _UNPACKERS[ggml_type](blocks, rows, cols)
+
+
+def dequantize(p: Packed) -> np.ndarray:
+    """The float32 matrix ``p`` stands for (tests and the reference use it)."""
+    if p.group == 0:
+        codes = p.codes.view(np.int16) if p.element == "bf16" else p.codes
+        return (codes.astype(np.int32) << 16).view(np.float32) if p.element == "bf16" \
+            else codes.astype(np.float32)
+    rows, cols = p.shape
+    q = unpack_nibbles(p.codes, p.element) if p.element in ("u4", "i4") else p.codes
+    q = q.reshape(rows, cols // p.group, p.group).astype(np.float32)
+    if p.zero is not None:
+        q = q - p.zero[..., None]
+    w = q * p.scale.astype(np.float32)[..., None]
+    if p.correction is not None:
+        w = w + p.correction[..., None]
+    return w.reshape(rows, cols)
+
+
+def permute_rows(p: Packed, order: np.ndarray) -> Packed:
+    """``p`` with its rows in ``order`` (a copy of each per-row array)."""
+    pick = lambda a: None if a is None else np.ascontiguousarray(a[order])  # noqa: E731
+    return replace(p, codes=pick(p.codes), scale=pick(p.scale), zero=pick(p.zero),
+                   correction=pick(p.correction))
+
+
+def pack_nibbles(q: np.ndarray) -> np.ndarray:
+    """u8 values < 16, [rows, cols] → OpenVINO u4 bytes [rows, cols // 2]."""
+    return q[:, 0::2] | (q[:, 1::2] << np.uint8(4))
+
+
+def unpack_nibbles(packed: np.ndarray, element: str) -> np.ndarray:
+    lo, hi = packed & np.uint8(15), packed >> np.uint8(4)
+    q = np.stack([lo, hi], axis=-1).reshape(packed.shape[0], -1)
+    return (q.astype(np.int8) ^ 8) - 8 if element == "i4" else q
+
+
+def _f16(blocks: np.ndarray, start: int, rows: int) -> np.ndarray:
+    return np.ascontiguousarray(blocks[:, start:start + 2]).view(np.float16).reshape(rows, -1)
+
+
+def _q4_nibbles(qs: np.ndarray, rows: int) -> np.ndarray:
+    # A 32-element block: elements 0..15 in the low nibbles, 16..31 in the high nibbles.
+    return np.concatenate([qs & np.uint8(15), qs >> np.uint8(4)], axis=1).reshape(rows, -1)
+
+
+def _affine_u4(q: np.ndarray, scale: np.ndarray, offset: np.ndarray, group: int, dtype) -> Packed:
+    """W = scale * q + offset, as a rounded u4 zero point plus the exact remainder."""
+    scale32 = scale.astype(np.float32)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        zero = np.where(scale32 == 0, 0, np.rint(-offset / scale32))
+    zero = np.clip(np.nan_to_num(zero), 0, 15).astype(np.uint8)
+    correction = (scale32 * zero + offset).astype(np.float32)
+    rows = q.shape[0]
+    return Packed(pack_nibbles(q), "u4", (rows, q.shape[1]), group, scale.astype(dtype), zero,
+                  None if not correction.any() else correction)
+
+
+def _q8_0(blocks, rows, cols) -> Packed:
+    codes = np.ascontiguousarray(blocks[:, 2:]).view(np.int8).reshape(rows, cols)
+    return Packed(codes, "i8", (rows, cols), 32, _f16(blocks, 0, rows))
+
+
+def _q4_0(blocks, rows, cols) -> Packed:
+    # q - 8 as two's-complement i4 is the nibble with its top bit flipped: symmetric, no zero point.
+    q = _q4_nibbles(blocks[:, 2:], rows) ^ np.uint8(8)
+    return Packed(pack_nibbles(q), "i4", (rows, cols), 32, _f16(blocks, 0, rows))
+
+
+def _q4_1(blocks, rows, cols) -> Packed:
+    d, m = _f16(blocks, 0, rows), _f16(blocks, 2, rows)
+    return _affine_u4(_q4_nibbles(blocks[:, 4:], rows), d, m.astype(np.float32), 32, np.float16)
+
+
+def _k_scale_min(scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Q4_K's 12 bytes of 6-bit scales and mins for its 8 sub-blocks (llama.cpp's get_scale_min_k4)."""
+    d, m, md = scales[:, 0:4], scales[:, 4:8], scales[:, 8:12]
+    sc = np.concatenate([d & 0x3F, (md & 0x0F) | ((d >> 2) & 0x30)], axis=1)
+    mn = np.concatenate([m & 0x3F, (md >> 4) | ((m >> 2) & 0x30)], axis=1)
+    return sc, mn
+
+
+def _q4_k(blocks, rows, cols) -> Packed:
+    n = blocks.shape[0]
+    d = _f16(blocks, 0, n).astype(np.float32)
+    dmin = _f16(blocks, 2, n).astype(np.float32)
+    sc, mn = _k_scale_min(blocks[:, 4:16])
+    # Each 64-element chunk: 32 bytes, elements 0..31 in low nibbles, 32..63 in high nibbles.
+    qs = blocks[:, 16:].reshape(n, 4, 1, 32) >> np.array([0, 4], np.uint8).reshape(1, 1, 2, 1)
+    q = (qs & np.uint8(15)).reshape(rows, cols)
+    scale = (d * sc).reshape(rows, -1)
+    offset = -(dmin * mn).reshape(rows, -1)
+    return _affine_u4(q, scale, offset, 32, np.float32)
+
+
+def _q6_k(blocks, rows, cols) -> Packed:
+    n = blocks.shape[0]
+    ql, qh = blocks[:, :128], blocks[:, 128:192]
+    sc = blocks[:, 192:208].view(np.int8).astype(np.float32)
+    d = _f16(blocks, 208, n).astype(np.float32)
+    lo = (ql.reshape(n, 2, 1, 64) >> np.array([0, 4], np.uint8).reshape(1, 1, 2, 1)) & np.uint8(15)
+    hi = (qh.reshape(n, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8).reshape(1, 1, 4, 1)) & np.uint8(3)
+    q = (lo.reshape(n, 2, 4, 32) | (hi.reshape(n, 2, 4, 32) << np.uint8(4))).astype(np.int8) - np.int8(32)
+    return Packed(q.reshape(rows, cols), "i8", (rows, cols), 16, (d * sc).reshape(rows, -1))
+
+
+_FLOATS = {T.F32: np.float32, T.F16: np.float16, T.BF16: np.uint16}
+_FLOAT_NAMES = {T.F32: "f32", T.F16: "f16", T.BF16: "bf16"}
+_UNPACKERS = {T.Q8_0: _q8_0, T.Q4_0: _q4_0, T.Q4_1: _q4_1, T.Q4_K: _q4_k, T.Q6_K: _q6_k}

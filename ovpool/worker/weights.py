@@ -1,0 +1,124 @@
+"""Packed GGUF weights (ovpool.worker.quants) as OpenVINO compressed constants.
+
+Each weight becomes the decompression pattern the CPU plugin fuses into its kernels:
+``Constant(u4/i4/i8) → Convert → [Subtract zero point] → Multiply scale → Reshape → MatMul``
+(or ``→ Gather`` for the embedding table). Float weights wrap the file's memmap without a copy.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import openvino as ov
+import openvino.opset13 as ops
+
+from ovpool.worker.model import GGUFModel
+from ovpool.worker.quants import Packed, permute_rows, unpack
+
+_ELEMENT = {"f32": ov.Type.f32, "f16": ov.Type.f16, "bf16": ov.Type.bf16, "i8": ov.Type.i8,
+            "u4": ov.Type.u4, "i4": ov.Type.i4}
+_NIBBLES = ("u4", "i4")
+
+
+def constant(array: np.ndarray, element: ov.Type | None = None, shape=None) -> ov.Node:
+    """A Constant holding a copy of ``array`` in OpenVINO-owned memory.
+
+    A Constant over numpy memory does not keep the array alive (a crash at compile time once the
+    array is collected), so the bytes are copied once into an ov.Tensor the Constant shares.
+    """
+    array = np.ascontiguousarray(array)
+    if element is None:
+        element, shape = ov.Type(array.dtype), array.shape
+    tensor = ov.Tensor(element, ov.Shape(list(shape)))
+    tensor.data.reshape(-1)[:] = array.reshape(-1).view(tensor.data.dtype)
+    return ops.constant(tensor, shared_memory=True)
+
+
+def load(model: GGUFModel, name: str, head_size: int = 0) -> Weight:
+    """Tensor ``name`` as a Weight; ``head_size`` > 0 un-permutes llama's Q/K rows (see below)."""
+    info = model.tensors[name]
+    packed = unpack(info.ggml_type, model.raw(name), info.shape)
+    if head_size:
+        packed = permute_rows(packed, rope_halves_order(packed.shape[0], head_size))
+    return Weight(packed, name)
+
+
+def rope_halves_order(rows: int, head_size: int) -> np.ndarray:
+    """Row order that turns GGUF's interleaved-pair Q/K rows back into rotate-half order.
+
+    llama.cpp's converter permutes each head's rows so that RoPE rotates adjacent pairs
+    (2i, 2i+1); HF's rotate_half pairs i with i + head_size/2. Row i + j*head_size/2 of the
+    rotate-half layout is row 2i + j of the GGUF layout. Permuting whole quantized rows is exact.
+    """
+    half = head_size // 2
+    i, j = np.meshgrid(np.arange(half), np.arange(2))
+    within = (2 * i + j).reshape(-1)
+    heads = np.arange(rows // head_size)[:, None] * head_size
+    return (heads + within[None, :]).reshape(-1)
+
+
+class Weight:
+    """One [rows, cols] weight as OpenVINO nodes; the f32 matrix is never materialised."""
+
+    def __init__(self, packed: Packed, name: str):
+        self.packed, self.name = packed, name
+        self.rows, self.cols = packed.shape
+        self._matrix: ov.Output | None = None
+        self._correction = None if packed.correction is None else constant(packed.correction)
+
+    def matrix(self) -> ov.Output:
+        """The decompressed [rows, cols] f32 weight (a subgraph the plugin fuses, built once)."""
+        if self._matrix is None:
+            self._matrix = self._decompress()
+        return self._matrix
+
+    def _decompress(self) -> ov.Output:
+        p = self.packed
+        if p.group == 0:
+            node = constant(p.codes, _ELEMENT[p.element], p.shape) if p.element == "bf16" \
+                else constant(p.codes)
+            node.set_friendly_name(self.name)
+            return node.output(0) if p.element == "f32" else ops.convert(node, "f32").output(0)
+        groups = self.cols // p.group
+        codes = constant(p.codes, _ELEMENT[p.element], (self.rows, groups, p.group))
+        codes.set_friendly_name(self.name)
+        work = "f16" if p.scale.dtype == np.float16 else "f32"
+        x = ops.convert(codes, work)
+        if p.zero is not None:
+            zero = constant(_pack_zero(p.zero), ov.Type.u4, (self.rows, groups, 1))
+            x = ops.subtract(x, ops.convert(zero, work))
+        x = ops.multiply(x, constant(p.scale[..., None]))
+        x = ops.reshape(x, ops.constant(np.array([self.rows, self.cols], np.int64)), False)
+        return (ops.convert(x, "f32") if work == "f16" else x).output(0)
+
+    def linear(self, x: ov.Output) -> ov.Output:
+        """x [..., cols] @ W.T → [..., rows]."""
+        y = ops.matmul(x, self.matrix(), False, True)
+        if self._correction is not None:
+            y = ops.add(y, ops.matmul(self._group_sums(x), self._correction, False, True))
+        return y.output(0)
+
+    def lookup(self, ids: ov.Output) -> ov.Output:
+        """Rows ``ids`` [...] → [..., cols] (the embedding table's lookup)."""
+        rows = ops.gather(self.matrix(), ids, ops.constant(np.int64(0)))
+        if self._correction is None:
+            return rows.output(0)
+        p = self.packed
+        corr = ops.unsqueeze(ops.gather(self._correction, ids, ops.constant(np.int64(0))), [-1])
+        grouped = ops.reshape(rows, _shape_const([0, 0, self.cols // p.group, p.group]), True)
+        return ops.reshape(ops.add(grouped, corr), _shape_const([0, 0, self.cols]), True).output(0)
+
+    def _group_sums(self, x: ov.Output) -> ov.Output:
+        g = self.packed.group
+        grouped = ops.reshape(x, _shape_const([0, 0, self.cols // g, g]), True)
+        return ops.reduce_sum(grouped, ops.constant(np.int64(-1)), False).output(0)
+
+
+def _shape_const(dims: list[int]) -> ov.Node:
+    return ops.constant(np.array(dims, np.int64))
+
+
+def _pack_zero(zero: np.ndarray) -> np.ndarray:
+    flat = zero.reshape(-1)
+    if flat.size % 2:
+        flat = np.append(flat, np.uint8(0))
+    return flat[0::2] | (flat[1::2] << np.uint8(4))

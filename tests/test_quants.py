@@ -1,0 +1,77 @@
+"""GGUF quant blocks unpack to codes + scales that mean exactly what gguf.quants dequantizes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gguf import GGML_QUANT_SIZES, quants
+from gguf import GGMLQuantizationType as T
+
+from ovpool.worker.quants import dequantize, pack_nibbles, permute_rows, unpack, unpack_nibbles
+
+# Byte offsets of the f16 scale fields inside one block of each type.
+F16_FIELDS = {T.Q8_0: [0], T.Q4_0: [0], T.Q4_1: [0, 2], T.Q4_K: [0, 2], T.Q6_K: [208]}
+
+
+def random_blocks(qtype: T, rows: int, cols: int, seed: int = 0) -> np.ndarray:
+    """Random bytes for every field, with sane f16 scales (random bits could be inf/NaN)."""
+    rng = np.random.default_rng(seed)
+    block, size = GGML_QUANT_SIZES[qtype]
+    blocks = rng.integers(0, 256, (rows * cols // block, size), dtype=np.uint8)
+    for off in F16_FIELDS[qtype]:
+        values = rng.uniform(-0.05, 0.05, blocks.shape[0]).astype(np.float16)
+        blocks[:, off:off + 2] = values.view(np.uint8).reshape(-1, 2)
+    return blocks.reshape(-1)
+
+
+@pytest.mark.parametrize("qtype", [T.Q8_0, T.Q4_0, T.Q4_1, T.Q4_K, T.Q6_K])
+def test_quantized_blocks_dequantize_like_gguf(qtype):
+    rows, cols = 6, 512
+    raw = random_blocks(qtype, rows, cols)
+    packed = unpack(qtype, raw, (rows, cols))
+    expected = quants.dequantize(raw.reshape(rows, -1), qtype)
+    np.testing.assert_allclose(dequantize(packed), expected, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("qtype,dtype", [(T.F32, np.float32), (T.F16, np.float16)])
+def test_float_weights_are_views(qtype, dtype):
+    values = np.arange(64, dtype=dtype).reshape(2, 32)
+    raw = values.view(np.uint8).reshape(-1)
+    packed = unpack(qtype, raw, (2, 32))
+    assert np.shares_memory(packed.codes, raw)
+    np.testing.assert_array_equal(dequantize(packed), values.astype(np.float32))
+
+
+def test_bf16_dequantizes_like_gguf():
+    raw = quants.quantize(np.linspace(-3, 3, 64, dtype=np.float32).reshape(2, 32), T.BF16)
+    packed = unpack(T.BF16, raw.reshape(-1), (2, 32))
+    np.testing.assert_array_equal(dequantize(packed), quants.dequantize(raw, T.BF16))
+
+
+def test_q4_1_keeps_its_minimum_exactly():
+    # A block whose minimum is far from an integer multiple of its step: rounding it to a u4 zero
+    # point would move every weight by ~half a step.
+    x = (0.13 + 0.01 * (np.arange(32) % 16)).astype(np.float32).reshape(1, 32)
+    raw = quants.quantize(x, T.Q4_1).reshape(-1)
+    packed = unpack(T.Q4_1, raw, (1, 32))
+    assert packed.correction is not None
+    np.testing.assert_allclose(dequantize(packed), x, atol=1e-4)
+
+
+def test_q4_0_needs_no_zero_point_or_correction():
+    packed = unpack(T.Q4_0, random_blocks(T.Q4_0, 2, 64), (2, 64))
+    assert packed.element == "i4" and packed.zero is None and packed.correction is None
+
+
+def test_nibble_packing_round_trips_in_openvino_order():
+    q = np.arange(32, dtype=np.uint8).reshape(2, 16) % 16
+    packed = pack_nibbles(q)
+    assert packed[0, 0] == 0x10  # element 0 low, element 1 high
+    np.testing.assert_array_equal(unpack_nibbles(packed, "u4"), q)
+
+
+def test_permute_rows_moves_every_per_row_array():
+    raw = random_blocks(T.Q4_1, 4, 64)
+    packed = unpack(T.Q4_1, raw, (4, 64))
+    order = np.array([2, 0, 3, 1])
+    np.testing.assert_array_equal(dequantize(permute_rows(packed, order)), dequantize(packed)[order])
