@@ -97,10 +97,11 @@ class Supervisor:
     def exited(self, name: str, code: int, now: float, reason: str = "") -> WorkerState:
         """Record an exit; the returned state says what happens next (backoff, failing, stopped)."""
         w = self._workers[name]
-        w.pid, w.last_exit, w.reason = None, code, reason or f"exited with status {code}"
+        w.pid, w.last_exit = None, code
         if self._stopping:
-            w.state = WorkerState.STOPPED
+            w.state, w.reason = WorkerState.STOPPED, "stopped by serve"
             return w.state
+        w.reason = reason or f"exited with status {code}"
         fast = not w.ready or now - w.started_at < self.policy.stable_after_s
         w.fast_failures = w.fast_failures + 1 if fast else 0
         if w.fast_failures >= self.policy.give_up_after:
@@ -117,8 +118,14 @@ class Supervisor:
     def state(self, name: str) -> WorkerState:
         return self._workers[name].state
 
+    def restart_at(self, name: str) -> float:
+        return self._workers[name].restart_at
+
+    def describe(self, name: str) -> dict:
+        """One worker as serve publishes it for `ovpool status`."""
+        w = self._workers[name]
+        return {"name": w.name, "device": w.device, "state": w.state.value, "pid": w.pid,
+                "restarts": w.restarts, "last_exit": w.last_exit, "reason": w.reason}
+
     def view(self) -> list[dict]:
-        """What serve publishes for `ovpool status`: one plain dict per worker."""
-        return [{"name": w.name, "device": w.device, "state": w.state.value, "pid": w.pid,
-                 "restarts": w.restarts, "last_exit": w.last_exit, "reason": w.reason}
-                for w in self._workers.values()]
+        return [self.describe(name) for name in self._workers]

@@ -1,0 +1,107 @@
+"""``ovpool serve``: the broker and one supervised worker per device, in one command.
+
+``ovpool probe`` reads the state file serve writes, for Kubernetes exec probes.
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+from typing import Any
+
+import click
+
+from ovpool.cli.common import resolve_settings, settings_options
+from ovpool.cli.pool import _stop_on_signals
+from ovpool.errors import BrokerUnavailableError
+from ovpool.serve import state
+from ovpool.serve.spec import DEFAULT_BIND, DEFAULT_MODEL, PoolSpec, default_cache_dir, parse_devices
+
+
+def _available_devices() -> list[str]:
+    import openvino as ov
+
+    return list(ov.Core().available_devices)
+
+
+def _spec(devices: str | None, workers: int | None, bind: str, remote: str | None,
+          settings: Any, **fields: Any) -> PoolSpec:
+    auto = devices is not None and devices.strip().lower() == "auto"
+    listed = parse_devices(devices, workers, _available_devices() if auto else None)
+    return PoolSpec(devices=tuple(listed), bind=None if remote else bind, broker=remote or "",
+                    cache_dir=settings.cache_dir or str(default_cache_dir()),
+                    cache_only=settings.cache_only, **fields)
+
+
+def _status_fn(endpoint: str, settings: Any):
+    from ovpool.client import Client
+
+    client = Client(endpoint, settings=settings)
+
+    def status() -> dict | None:
+        try:
+            return client.status(timeout=1.0)
+        except BrokerUnavailableError:
+            return None
+
+    return client, status
+
+
+def _publisher(state_file: str | None):
+    def publish(view: dict) -> None:
+        if state_file:
+            state.write_state(state_file, view)
+
+    return publish
+
+
+@click.command("serve")
+@click.option("--model", default=DEFAULT_MODEL, show_default=True, envvar="OVPOOL_MODEL",
+              help="GGUF path or alias (env OVPOOL_MODEL).")
+@click.option("--devices", default=None, metavar="LIST",
+              help="One worker per device: CPU,GPU.0,GPU.1 (a device may repeat), or auto (every GPU).")
+@click.option("--workers", type=int, default=None, help="N workers on CPU (instead of --devices).")
+@click.option("--bind", default=DEFAULT_BIND, show_default=True, help="Endpoint the local broker binds.")
+@click.option("--broker", "remote", default=None, metavar="URL",
+              help="Join this broker instead of starting one (workers on another host).")
+@click.option("--cache-dir", default=None,
+              help="Compiled-model cache shared by the workers (default $XDG_CACHE_HOME/ovpool).")
+@click.option("--cache-only", is_flag=True, default=None, help="Workers import from the cache or fail.")
+@click.option("--slots", type=int, default=None, help="Concurrent sequences per worker.")
+@click.option("--metrics-port", type=int, default=0, envvar="OVPOOL_METRICS_PORT",
+              help="The broker's Prometheus /metrics port (0: off).")
+@click.option("--state-file", default=None, type=click.Path(dir_okay=False),
+              help="Write serve's view of its workers here (read by `ovpool probe`).")
+@click.option("--backend", type=click.Choice(["engine", "null"]), default="engine", show_default=True,
+              help="null: workers send fake tokens, to try the pool without a model.")
+@settings_options
+def serve_command(devices: str | None, workers: int | None, bind: str, remote: str | None,
+                  cache_dir: str | None, cache_only: bool | None, state_file: str | None,
+                  assignments: tuple[str, ...], **fields: Any) -> None:
+    """Run a broker and one worker per device on this host; Ctrl-C or SIGTERM stops them all."""
+    from ovpool.serve.pool import Pool
+
+    settings = resolve_settings(assignments, cache_dir=cache_dir, cache_only=cache_only)
+    spec = _spec(devices, workers, bind, remote, settings, assignments=assignments, **fields)
+    click.echo(f"ovpool serve: {spec.model} on {len(spec.devices)} worker(s) ({', '.join(spec.devices)}), "
+               f"broker {spec.endpoint}" + (" (remote)" if remote else "") + f", cache {spec.cache_dir}")
+    sys.stdout.flush()
+    client, status = _status_fn(spec.endpoint, settings)
+    with client, _stop_on_signals() as stop, Pool(spec, status, _publisher(state_file)) as pool:
+        pool.run(stop)
+
+
+@click.command("probe")
+@click.option("--state-file", required=True, type=click.Path(dir_okay=False),
+              help="The file `ovpool serve --state-file` writes.")
+@click.option("--ready", "need_ready", is_flag=True, help="Also require at least one ready worker.")
+def probe_command(state_file: str, need_ready: bool) -> None:
+    """Exit 0 if `ovpool serve` is alive (and with --ready, serving); else 1 (Kubernetes exec probe)."""
+    ok, why = state.check(state.read_state(state_file), need_ready=need_ready)
+    click.echo(f"{socket.gethostname()}: {why}")
+    sys.exit(0 if ok else 1)
+
+
+def register(group: click.Group) -> None:
+    group.add_command(serve_command)
+    group.add_command(probe_command)

@@ -1,0 +1,132 @@
+"""The process layer of ``ovpool serve``: starts the children, feeds the Supervisor, publishes its view.
+
+``Pool`` owns the broker child (unless it joins a remote broker) and one ChildProcess per worker.
+Readiness comes from the broker itself: a worker is ready once the broker's status lists a worker
+with its host and pid, which is the only readiness a client cares about. The supervisor's view
+(including workers that never registered) goes to ``publish`` once per interval.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable
+
+from ovpool import timing
+from ovpool.errors import ConfigError
+from ovpool.serve.child import ChildProcess
+from ovpool.serve.spec import PoolSpec, worker_names
+from ovpool.serve.supervisor import RestartPolicy, Supervisor, WorkerState
+
+log = logging.getLogger(__name__)
+
+StatusFn = Callable[[], "dict | None"]
+PublishFn = Callable[[dict], None]
+
+
+class Pool:
+    """``with Pool(spec, status, publish) as pool: pool.run(stop_event)``; leaving stops every child."""
+
+    def __init__(self, spec: PoolSpec, status: StatusFn, publish: PublishFn,
+                 env: dict[str, str] | None = None, policy: RestartPolicy | None = None,
+                 clock: Callable[[], float] = time.monotonic):
+        self.spec = spec
+        self._status, self._publish, self._env, self._clock = status, publish, env, clock
+        self._devices = worker_names(list(spec.devices))
+        self.supervisor = Supervisor(self._devices, policy or RestartPolicy())
+        self._children: dict[str, ChildProcess] = {}
+        self._broker: ChildProcess | None = None
+        self._broker_status: dict | None = None
+        self._host = socket.gethostname()
+
+    def __enter__(self) -> Pool:
+        if self.spec.bind is not None:
+            self._broker = ChildProcess("broker", self.spec.broker_argv(), env=self._env).__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.supervisor.stop()
+        workers = list(self._children.values())
+        for child in workers:  # all at once: each worker drains its requests in parallel
+            child.signal(signal.SIGTERM)
+        for child in workers:
+            self.supervisor.exited(child.name, child.stop(), self._clock())
+        self._children.clear()
+        if self._broker is not None:
+            self._broker.stop()
+        self._publish_view()
+
+    def run(self, stop: threading.Event) -> None:
+        """Supervise until ``stop`` is set; a broker that cannot start raises ConfigError."""
+        next_check = 0.0
+        while not stop.is_set():
+            now = self._clock()
+            self._check_broker()
+            self._reap(now)
+            for name in self.supervisor.due(now):
+                self._spawn(name, now)
+            if now >= next_check:
+                self._check_ready()
+                self._publish_view()
+                next_check = now + timing.HEARTBEAT_INTERVAL_S / 2
+            stop.wait(timing.POLL_INTERVAL_S)
+
+    def view(self) -> dict:
+        """Serve's picture of the pool: the endpoint and every supervised worker."""
+        loads = {w.get("pid"): w for w in self._registered()}
+        workers = []
+        for entry in self.supervisor.view():
+            registered = loads.get(entry["pid"], {})
+            workers.append({**entry, "worker_id": registered.get("id"), "load": registered.get("load")})
+        return {"host": self._host, "endpoint": self.spec.endpoint, "model": self.spec.model,
+                "updated": time.time(), "workers": workers}
+
+    def _check_broker(self) -> None:
+        if self._broker is None or self._broker.poll() is None:
+            return
+        raise ConfigError(f"the broker exited with status {self._broker.poll()}: "
+                          f"{self._broker.last_error() or 'no output'}")
+
+    def _spawn(self, name: str, now: float) -> None:
+        old = self._children.pop(name, None)
+        if old is not None:
+            old.stop()
+        child = ChildProcess(name, self.spec.worker_argv(name, self._devices[name]), env=self._env)
+        self._children[name] = child.__enter__()
+        self.supervisor.started(name, child.pid, now)
+        log.info("worker %s started (pid %d)", name, child.pid)
+
+    def _reap(self, now: float) -> None:
+        for name, child in list(self._children.items()):
+            code = child.poll()
+            if code is None:
+                continue
+            child.stop()
+            del self._children[name]
+            state = self.supervisor.exited(name, code, now, child.last_error())
+            if state is WorkerState.FAILING:
+                log.error("worker %s is failing and will not be restarted: %s", name,
+                          self.supervisor.describe(name)["reason"])
+            else:
+                log.warning("worker %s exited with status %d; restarting in %.1f s", name, code,
+                            self.supervisor.restart_at(name) - now)
+
+    def _registered(self) -> list[dict]:
+        return [w for w in (self._broker_status or {}).get("workers", []) if w.get("host") == self._host]
+
+    def _check_ready(self) -> None:
+        self._broker_status = self._status()
+        pids = {w.get("pid") for w in self._registered()}
+        for name, child in self._children.items():
+            if child.pid in pids and self.supervisor.state(name) is WorkerState.STARTING:
+                self.supervisor.ready(name)
+                log.info("worker %s is ready", name)
+
+    def _publish_view(self) -> None:
+        try:
+            self._publish(self.view())
+        except Exception:  # publishing is best effort; supervision must go on
+            log.exception("could not publish the pool state")

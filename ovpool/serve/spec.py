@@ -1,0 +1,107 @@
+"""What ``ovpool serve`` runs, as data: the device list, the cache dir, each child's command line.
+
+Pure functions, so the command lines serve would run can be checked without starting anything.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from ovpool.errors import ConfigError
+
+DEFAULT_MODEL = "smollm2"
+DEFAULT_BIND = "tcp://127.0.0.1:5555"
+_WILDCARD_HOSTS = {"*", "0.0.0.0", "::", "[::]"}
+
+
+def default_cache_dir(env: dict[str, str] | None = None) -> Path:
+    """``$XDG_CACHE_HOME/ovpool``, else ``~/.cache/ovpool`` (the XDG base directory convention)."""
+    env = os.environ if env is None else env
+    base = env.get("XDG_CACHE_HOME") or str(Path(env.get("HOME") or Path.home()) / ".cache")
+    return Path(base) / "ovpool"
+
+
+def parse_devices(devices: str | None, workers: int | None, available: list[str] | None = None) -> list[str]:
+    """One entry per worker: ``--devices CPU,GPU.0`` as given, ``--workers N`` as N CPUs.
+
+    ``auto`` is every GPU OpenVINO lists (``available``), or one CPU worker when there is none.
+    """
+    if devices and workers:
+        raise ConfigError("pass --devices or --workers, not both (--workers N starts N CPU workers)")
+    if workers is not None:
+        if workers < 1:
+            raise ConfigError(f"--workers {workers}: need at least 1 worker")
+        return ["CPU"] * workers
+    if not devices:
+        return ["CPU"]
+    if devices.strip().lower() == "auto":
+        gpus = [d for d in (available or []) if d.startswith("GPU")]
+        return gpus or ["CPU"]
+    listed = [d.strip() for d in devices.split(",")]
+    if not all(listed):
+        raise ConfigError(f"--devices {devices!r}: empty device name; e.g. --devices CPU,GPU.0,GPU.1")
+    return listed
+
+
+def worker_names(devices: list[str]) -> dict[str, str]:
+    """Worker name -> device: the device itself when unique, else ``CPU#0``, ``CPU#1``, ..."""
+    names = {}
+    for i, device in enumerate(devices):
+        names[f"{device}#{devices[:i].count(device)}" if devices.count(device) > 1 else device] = device
+    return names
+
+
+def connect_address(bind: str) -> str:
+    """Where local workers and clients connect for a broker bound to ``bind`` (wildcards: loopback)."""
+    parts = urlsplit(bind)
+    if parts.scheme != "tcp" or not parts.port:
+        return bind
+    host = parts.hostname or "*"
+    if host in _WILDCARD_HOSTS or parts.netloc.startswith("*"):
+        host = "[::1]" if host in {"::", "[::]"} else "127.0.0.1"
+    elif ":" in host:
+        host = f"[{host}]"
+    return f"tcp://{host}:{parts.port}"
+
+
+@dataclass(frozen=True)
+class PoolSpec:
+    """One host's pool. ``bind`` None: no local broker, workers join the broker at ``broker``."""
+
+    model: str = DEFAULT_MODEL
+    devices: tuple[str, ...] = ("CPU",)
+    bind: str | None = DEFAULT_BIND
+    broker: str = ""
+    cache_dir: str = ""
+    cache_only: bool = False
+    slots: int | None = None
+    assignments: tuple[str, ...] = ()
+    metrics_port: int = 0
+    backend: str = "engine"
+    python: str = sys.executable
+
+    @property
+    def endpoint(self) -> str:
+        """The broker address workers and clients use."""
+        return self.broker or connect_address(self.bind or DEFAULT_BIND)
+
+    def broker_argv(self) -> list[str]:
+        argv = [self.python, "-m", "ovpool", "broker", "--bind", self.bind or DEFAULT_BIND]
+        return argv + (["--metrics-port", str(self.metrics_port)] if self.metrics_port else [])
+
+    def worker_argv(self, name: str, device: str) -> list[str]:
+        argv = [self.python, "-m", "ovpool", "worker", "--broker", self.endpoint, "--model", self.model,
+                "--device", device, "--name", name, "--backend", self.backend]
+        if self.cache_dir:
+            argv += ["--cache-dir", self.cache_dir]
+        if self.cache_only:
+            argv.append("--cache-only")
+        if self.slots is not None:
+            argv += ["--slots", str(self.slots)]
+        for item in self.assignments:
+            argv += ["--set", item]
+        return argv
