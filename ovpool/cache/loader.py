@@ -23,11 +23,9 @@ from pathlib import Path
 
 import openvino as ov
 
-from ovpool.cache.fingerprint import DeviceKey, GraphIdentity, fingerprint, openvino_version, ports_key
+from ovpool.cache.fingerprint import GraphIdentity, ports_key
 from ovpool.cache.lookup import Lookup
 from ovpool.cache.manifest import Entry, Manifest, is_static
-from ovpool.cache.sources import ContentHashes
-from ovpool.cache.store import CacheStore
 from ovpool.errors import CacheCorruptError, CacheMissError, CacheUnsupportedError, ModelLoadError
 
 log = logging.getLogger("ovpool.cache")
@@ -58,11 +56,7 @@ def load_compiled(core: ov.Core, *, identity: GraphIdentity, device: str, config
         return LoadResult(compile_model(core, build(), device, config), "compiled", None, _since(start))
     if not _cacheable(device, identity, cache_only):
         return LoadResult(compile_model(core, build(), device, config), "compiled", None, _since(start))
-    store = CacheStore(cache_dir)
-    content = ContentHashes(store) if identity.source_identity == "content" else None
-    fp = fingerprint(identity, DeviceKey.probe(core, device), config, ov_version=openvino_version(),
-                     content_hash=content)
-    lookup = Lookup(store, fp, identity.ports)
+    lookup = Lookup.create(core, cache_dir, identity, device, config)
     compiled, found = _try_hit(lookup, core, device, config, cache_only)
     if compiled is not None:
         return LoadResult(compiled, "hit", found, _since(start))

@@ -13,11 +13,20 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
 
 import openvino as ov
 
-from ovpool.cache.fingerprint import Fingerprint
+from ovpool.cache.fingerprint import (
+    DeviceKey,
+    Fingerprint,
+    GraphIdentity,
+    fingerprint,
+    openvino_version,
+)
 from ovpool.cache.manifest import Entry, Manifest, nearest, parse_bounds
+from ovpool.cache.sources import ContentHashes
 from ovpool.cache.store import CacheStore, crc32_of
 from ovpool.errors import CacheCorruptError
 
@@ -31,12 +40,24 @@ class Lookup:
         self.store, self.fp, self.ports = store, fp, list(ports)
         self.family = fp.family
 
-    def find(self) -> tuple[Entry | None, str]:
-        """The usable entry, or None and why not. A garbage manifest is dropped (CacheCorruptError)."""
+    @classmethod
+    def create(cls, core: ov.Core, cache_dir: str | Path, identity: GraphIdentity, device: str,
+               config: Mapping[str, Any]) -> Lookup:
+        """The lookup for ``identity`` compiled for ``device`` with ``config``."""
+        store = CacheStore(cache_dir)
+        content = ContentHashes(store) if identity.source_identity == "content" else None
+        fp = fingerprint(identity, DeviceKey.probe(core, device), config, ov_version=openvino_version(),
+                         content_hash=content)
+        return cls(store, fp, identity.ports)
+
+    def find(self, repair: bool = True) -> tuple[Entry | None, str]:
+        """The usable entry, or None and why not. A bad manifest or entry raises CacheCorruptError
+        and, with ``repair``, is removed."""
         try:
             manifest = self.store.manifest(self.family)
         except CacheCorruptError:
-            self.drop_family()
+            if repair:
+                self.drop_family()
             raise
         if manifest is None:
             return None, self.no_family_reason()
@@ -44,7 +65,8 @@ class Lookup:
         if entry is None:
             return None, _ports_reason(manifest, self.ports)
         if entry.openvino != self.fp.parts["openvino"] or entry.device != self.fp.parts["device type"]:
-            self.drop(entry)
+            if repair:
+                self.drop(entry)
             raise CacheCorruptError(f"entry {entry.id} was compiled by OpenVINO {entry.openvino} for "
                                     f"{entry.device}, this is {self.fp.parts['openvino']} on "
                                     f"{self.fp.parts['device type']}")

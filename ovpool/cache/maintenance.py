@@ -15,6 +15,7 @@ from typing import Any
 
 import filelock
 
+from ovpool.cache.lookup import Lookup
 from ovpool.cache.manifest import Entry, Manifest
 from ovpool.cache.store import CacheStore, crc32_of
 from ovpool.errors import CacheCorruptError, CacheMissError
@@ -72,6 +73,16 @@ def verify(store: CacheStore) -> list[dict[str, Any]]:
             problem = str(exc)
         results.append({"entry": entry.id, "ok": problem is None, "problem": problem})
     return results
+
+
+def explain(lookup: Lookup) -> dict[str, Any]:
+    """The fingerprint's parts, and the entry a load would hit or why it would miss (read-only)."""
+    try:
+        entry, reason = lookup.find(repair=False)
+    except CacheCorruptError as exc:
+        entry, reason = None, str(exc)
+    return {"family": lookup.family, "fingerprint": dict(lookup.fp.parts), "ports": lookup.ports,
+            "hit": entry.id if entry else None, "reason": reason or None}
 
 
 def remove(store: CacheStore, entry_id: str) -> str:
