@@ -1,0 +1,109 @@
+"""Running `ovpool serve` as a real process in tests: start, wait on its state file, find its children."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+# Fast heartbeats make backoff, readiness and expiry quick (every timing constant derives from it).
+FAST_ENV = {"OVPOOL_HEARTBEAT_INTERVAL_S": "0.2", "OVPOOL_LOG_LEVEL": "INFO"}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def descendants(pid: int) -> set[int]:
+    """Every live process below ``pid`` (from /proc parent links)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[-1].split()[1])
+            except (OSError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.add(child)
+            todo.append(child)
+    return {p for p in found if alive(p)}
+
+
+def wait_for(predicate: Callable[[], object], timeout: float, what: str) -> object:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+class Served:
+    """A running `ovpool serve`; its merged output goes to ``log``."""
+
+    def __init__(self, proc: subprocess.Popen, state_file: Path, endpoint: str, log: Path):
+        self.proc, self.state_file, self.endpoint, self.log = proc, state_file, endpoint, log
+
+    def state(self) -> dict:
+        try:
+            return json.loads(self.state_file.read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            return {"workers": []}
+
+    def workers(self) -> dict[str, dict]:
+        return {w["name"]: w for w in self.state()["workers"]}
+
+    def wait_states(self, want: dict[str, str] | str, timeout: float = 60) -> dict[str, dict]:
+        def check():
+            workers = self.workers()
+            states = {n: w["state"] for n, w in workers.items()}
+            ok = (set(states.values()) == {want} if isinstance(want, str) else
+                  all(states.get(n) == s for n, s in want.items()))
+            return workers if workers and ok else None
+
+        return wait_for(check, timeout, f"workers {want} (log:\n{self.output()[-3000:]})")
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+@contextlib.contextmanager
+def serve(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> Iterator[Served]:
+    port = free_port()
+    state_file, log = tmp_path / "serve.json", tmp_path / "serve.log"
+    argv = [sys.executable, "-m", "ovpool", "serve", "--bind", f"tcp://127.0.0.1:{port}",
+            "--state-file", str(state_file), *args]
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
+                                env={**os.environ, **FAST_ENV, **(env or {})})
+    try:
+        yield Served(proc, state_file, f"tcp://127.0.0.1:{port}", log)
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()

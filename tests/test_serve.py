@@ -1,0 +1,82 @@
+"""`ovpool serve` as a user runs it: workers start, crash and restart, fail and stop cleanly.
+
+These use the null backend (fake tokens), so they test supervision, not the engine;
+test_serve_engine.py runs the real engine and cache.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from serve_helpers import alive, descendants, serve, wait_for
+
+from ovpool.client import Client
+
+pytestmark = pytest.mark.slow
+
+
+def test_three_workers_answer_and_sigterm_leaves_no_process(tmp_path):
+    with serve(tmp_path, "--workers", "3", "--backend", "null") as served:
+        workers = served.wait_states("ready")
+        assert sorted(workers) == ["CPU#0", "CPU#1", "CPU#2"]
+        with Client(served.endpoint) as client:
+            assert client.complete("hello", max_tokens=4).usage.completion_tokens == 4
+            status = client.status()
+        assert {w["pid"] for w in status["workers"]} == {w["pid"] for w in workers.values()}
+        children = descendants(served.proc.pid)
+        assert len(children) >= 4  # broker + 3 workers
+        started = time.monotonic()
+        served.proc.send_signal(signal.SIGTERM)
+        assert served.proc.wait(10) == 0
+        wait_for(lambda: not any(alive(p) for p in children), 5, "every child to exit")
+        assert time.monotonic() - started < 6
+        assert {w["state"] for w in served.workers().values()} == {"stopped"}
+
+
+def test_killed_worker_is_restarted(tmp_path):
+    with serve(tmp_path, "--workers", "2", "--backend", "null") as served:
+        before = served.wait_states("ready")
+        victim = before["CPU#1"]["pid"]
+        os.kill(victim, signal.SIGKILL)
+        after = wait_for(lambda: (w := served.workers())["CPU#1"]["restarts"] == 1
+                         and w["CPU#1"]["state"] == "ready" and w, 30, "CPU#1 to come back")
+        assert after["CPU#1"]["pid"] != victim and after["CPU#1"]["last_exit"] == -signal.SIGKILL
+        assert after["CPU#0"]["pid"] == before["CPU#0"]["pid"] and after["CPU#0"]["restarts"] == 0
+        with Client(served.endpoint) as client:
+            assert len(client.status()["workers"]) == 2
+
+
+def test_worker_failing_at_start_is_given_up_and_reported(tmp_path):
+    with serve(tmp_path, "--model", str(tmp_path / "missing.gguf"), "--workers", "1") as served:
+        workers = served.wait_states("failing", timeout=90)
+        failing = workers["CPU"]
+        assert failing["restarts"] == 4 and failing["last_exit"] == 2
+        assert "5 failed starts" in failing["reason"] and "missing.gguf" in failing["reason"]
+        # Given up means left alone: no new start while serve keeps running.
+        time.sleep(1.0)
+        assert served.workers()["CPU"]["restarts"] == 4
+        assert served.proc.poll() is None
+
+
+def test_broker_that_cannot_bind_stops_serve_with_its_error(tmp_path):
+    with serve(tmp_path, "--workers", "1", "--backend", "null") as first:
+        first.wait_states("ready")
+        argv = [sys.executable, "-m", "ovpool", "serve", "--bind", first.endpoint, "--workers", "1",
+                "--backend", "null"]
+        second = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert second.returncode == 2
+    assert "broker exited" in second.stderr and "bind" in second.stderr
+
+
+def test_probe_reads_serve_state(tmp_path):
+    state_file = tmp_path / "serve.json"
+    probe = [sys.executable, "-m", "ovpool", "probe", "--state-file", str(state_file)]
+    assert subprocess.run(probe, capture_output=True).returncode == 1
+    with serve(tmp_path, "--workers", "1", "--backend", "null") as served:
+        served.wait_states("ready")
+        assert subprocess.run(probe + ["--ready"], capture_output=True).returncode == 0
