@@ -59,13 +59,9 @@ class Engine:
         self._idle: list[Session] = []
 
     def _load(self, cache_dir: str | Path | None, cache_only: bool):
-        self.graph_settings = graph.resolve_auto(self.settings, self.device)
-        identity = GraphIdentity.from_model(
-            self.model, ports=graph.port_spec(self.hparams, self.graph_settings),
-            builder_hash=graph.BUILDER_HASH, settings=self.graph_settings,
-            source_identity=self.settings.source_identity)
-        return load_compiled(self.core, identity=identity, device=self.device,
-                             config=graph.compile_config(self.graph_settings),
+        identity, config = cache_identity(self.model, self.settings, self.device, self.core)
+        self.graph_settings = dict(identity.settings)
+        return load_compiled(self.core, identity=identity, device=self.device, config=config,
                              build=lambda: graph.build_model(self.model, self.graph_settings),
                              cache_dir=cache_dir, cache_only=cache_only)
 
@@ -164,6 +160,17 @@ class Engine:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def cache_identity(model: GGUFModel, settings: Settings, device: str,
+                   core: ov.Core) -> tuple[GraphIdentity, dict]:
+    """The cache identity and compile config of ``model`` on ``device``, without building the graph
+    (also used by ``ovpool cache explain``)."""
+    graph_settings = graph.resolve_auto(settings, device, core)
+    identity = GraphIdentity.from_model(
+        model, ports=graph.port_spec(model.hparams, graph_settings), builder_hash=graph.BUILDER_HASH,
+        settings=graph_settings, source_identity=settings.source_identity)
+    return identity, graph.compile_config(graph_settings, device, core)
 
 
 class _phase:

@@ -1,0 +1,168 @@
+"""``ovpool cache``: inspect and maintain a compiled-model cache directory."""
+
+from __future__ import annotations
+
+import datetime
+import functools
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from ovpool.cache import maintenance
+from ovpool.cache.store import CacheStore
+from ovpool.cli.common import emit_json, resolve_settings, settings_options
+from ovpool.errors import ConfigError
+
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def cache_options(func: Callable) -> Callable:
+    """``--cache-dir`` (default: the cache_dir setting, OVPOOL_CACHE_DIR) and ``--json``."""
+
+    @click.option("--cache-dir", default=None, help="Cache directory (default: setting cache_dir, "
+                  "env OVPOOL_CACHE_DIR).")
+    @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+    @functools.wraps(func)
+    def wrapper(*args: Any, cache_dir: str | None, **kwargs: Any) -> Any:
+        chosen = cache_dir or resolve_settings().cache_dir
+        if not chosen:
+            raise ConfigError("no cache directory: pass --cache-dir or set OVPOOL_CACHE_DIR")
+        return func(*args, store=CacheStore(chosen), **kwargs)
+
+    return wrapper
+
+
+def _when(ts: float) -> str:
+    return datetime.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _size(n: int) -> str:
+    return f"{n / (1 << 20):.1f} MiB"
+
+
+def _parse_bytes(text: str | None) -> int | None:
+    if text is None:
+        return None
+    number, unit = text.strip().upper().rstrip("IB"), ""
+    if number and number[-1] in _UNITS:
+        number, unit = number[:-1], number[-1]
+    try:
+        return int(float(number) * _UNITS[unit])
+    except ValueError as exc:
+        raise click.BadParameter(f"{text!r}: expected a size such as 500M or 20G") from exc
+
+
+@click.group("cache")
+def cache_group() -> None:
+    """Inspect and maintain the compiled-model cache (see docs/cache.md)."""
+
+
+@cache_group.command("ls")
+@cache_options
+def ls_command(store: CacheStore, as_json: bool) -> None:
+    """List entries: model file, architecture, device, settings, ports, size, created, last hit."""
+    rows = [maintenance.describe(store, m, e) for m, e in maintenance.entries(store)]
+    if as_json:
+        emit_json(rows)
+        return
+    table = Table(title=f"model cache {store.root}")
+    for col in ("entry", "model", "arch", "device", "settings", "ports", "size", "created", "last hit"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(r["entry"], "\n".join(r["models"]), r["architecture"], r["device"],
+                      " ".join(f"{k}={v}" for k, v in r["settings"].items()),
+                      " ".join(p["name"] + p["partial_shape"] for p in r["ports"])[:60],
+                      _size(r["size"]), _when(r["created"]), _when(r["last_hit"]))
+    Console(width=200).print(table)
+
+
+@cache_group.command("show")
+@click.argument("entry")
+@cache_options
+def show_command(entry: str, store: CacheStore, as_json: bool) -> None:
+    """Everything about one entry (a unique prefix of its id is enough)."""
+    info = maintenance.show(store, entry)
+    if as_json:
+        emit_json(info)
+        return
+    for key in ("entry", "family", "models", "blob", "size", "checksum", "openvino", "device"):
+        click.echo(f"{key}: {info[key]}")
+    click.echo(f"created: {_when(info['created'])}\nlast hit: {_when(info['last_hit'])}\nports:")
+    for p in info["ports"]:
+        click.echo(f"  {p['direction']:3} {p['name']} {p['element_type']}{p['partial_shape']}")
+    click.echo("fingerprint:")
+    for k, v in info["fingerprint"].items():
+        click.echo(f"  {k}: {v}")
+
+
+@cache_group.command("verify")
+@cache_options
+def verify_command(store: CacheStore, as_json: bool) -> None:
+    """Check every manifest and every blob's full checksum; exit status 1 if any is bad."""
+    results = maintenance.verify(store)
+    if as_json:
+        emit_json(results)
+    else:
+        for r in results:
+            click.echo(f"{'ok ' if r['ok'] else 'BAD'} {r['entry'] or r['family']}"
+                       + (f": {r['problem']}" if r["problem"] else ""))
+        click.echo(f"{sum(r['ok'] for r in results)} of {len(results)} ok")
+    if not all(r["ok"] for r in results):
+        sys.exit(1)
+
+
+@cache_group.command("gc")
+@click.option("--max-bytes", default=None, help="Then evict least recently hit entries beyond this "
+              "size (e.g. 20G).")
+@cache_options
+def gc_command(max_bytes: str | None, store: CacheStore, as_json: bool) -> None:
+    """Remove temp files of dead writers, unreadable manifests, unreferenced blobs, LRU entries."""
+    report = maintenance.gc(store, _parse_bytes(max_bytes))
+    if as_json:
+        emit_json(report)
+        return
+    for kind, names in report.items():
+        click.echo(f"removed {len(names)} {kind}" + "".join(f"\n  {n}" for n in names))
+
+
+@cache_group.command("rm")
+@click.argument("entries", nargs=-1, required=True)
+@cache_options
+def rm_command(entries: tuple[str, ...], store: CacheStore, as_json: bool) -> None:
+    """Remove entries (unique id prefixes) and their blobs."""
+    removed = [maintenance.remove(store, e) for e in entries]
+    emit_json(removed) if as_json else click.echo("\n".join(f"removed {e}" for e in removed))
+
+
+@cache_group.command("explain")
+@click.option("--model", required=True, help="GGUF path or alias.")
+@click.option("--device", default=None, help="OpenVINO device (default: the device setting).")
+@settings_options
+@cache_options
+def explain_command(model: str, device: str | None, assignments: tuple[str, ...], store: CacheStore,
+                    as_json: bool) -> None:
+    """The fingerprint of MODEL on DEVICE with these settings, and whether a load would hit."""
+    import openvino as ov
+
+    from ovpool.cache.lookup import Lookup
+    from ovpool.worker.engine import cache_identity
+    from ovpool.worker.model import GGUFModel
+
+    settings, core = resolve_settings(assignments, device=device), ov.Core()
+    identity, config = cache_identity(GGUFModel.open(model), settings, settings.device, core)
+    info = maintenance.explain(Lookup.create(core, store.root, identity, settings.device, config))
+    if as_json:
+        emit_json(info)
+        return
+    click.echo(f"family: {info['family']}")
+    for k, v in info["fingerprint"].items():
+        click.echo(f"  {k}: {v}")
+    click.echo(f"HIT {info['hit']}" if info["hit"] else f"MISS: {info['reason']}")
+
+
+def register(group: click.Group) -> None:
+    group.add_command(cache_group)
