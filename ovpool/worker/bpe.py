@@ -93,27 +93,43 @@ def _split_keep_gaps(pattern: regex.Pattern, text: str) -> list[str]:
 
 
 class BytePairEncoder:
-    """Applies merges by rank to one pre-tokenized word; results are cached per word."""
+    """Applies merges by rank to one pre-tokenized word; results are cached per word.
 
-    def __init__(self, vocab: dict[str, int], merges: list[str]):
+    ``ignore_merges`` (Llama 3): a word that is itself a token is taken whole, as HF does.
+    """
+
+    def __init__(self, vocab: dict[str, int], merges: list[str], ignore_merges: bool = False,
+                 unk_id: int | None = None):
         self._vocab = vocab
         self._ranks: dict[tuple[str, str], int] = {}
         for rank, line in enumerate(merges):
             left, _, right = line.partition(" ")
             self._ranks[(left, right)] = rank
+        self._ignore_merges = ignore_merges
+        self._unk = unk_id
         self._cache: dict[str, tuple[int, ...]] = {}
 
     def encode_word(self, word: str) -> tuple[int, ...]:
-        """``word`` is already in byte characters (see ``to_byte_chars``)."""
         ids = self._cache.get(word)
         if ids is None:
-            ids = tuple(self._vocab[p] for p in self._merge(word))
+            ids = self._encode(to_byte_chars(word))
             if len(self._cache) < 100_000:
                 self._cache[word] = ids
         return ids
 
-    def _merge(self, word: str) -> list[str]:
-        parts = list(word)
+    def _encode(self, chars: str) -> tuple[int, ...]:
+        if self._ignore_merges and chars in self._vocab:
+            return (self._vocab[chars],)
+        ids: list[int] = []
+        for part in self._merge(chars):
+            if part in self._vocab:
+                ids.append(self._vocab[part])
+            else:  # a vocabulary missing some byte tokens: map what exists, the rest to unk
+                ids.extend(i for c in part if (i := self._vocab.get(c, self._unk)) is not None)
+        return tuple(ids)
+
+    def _merge(self, chars: str) -> list[str]:
+        parts = list(chars)
         ranks = self._ranks
         while len(parts) > 1:
             best, best_rank = -1, None
@@ -125,3 +141,16 @@ class BytePairEncoder:
                 break
             parts[best:best + 2] = [parts[best] + parts[best + 1]]
         return parts
+
+
+def token_bytes(token: str) -> bytes:
+    """The bytes a normal byte-level token stands for (a character outside the byte alphabet, as
+    some vocabularies have, stands for its own UTF-8)."""
+    table = unicode_to_bytes()
+    out = bytearray()
+    for c in token:
+        if c in table:
+            out.append(table[c])
+        else:
+            out += c.encode("utf-8")
+    return bytes(out)

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import numpy as np
+
 from ovpool.errors import InvalidRequestError
 
 
@@ -49,3 +51,101 @@ class SamplingParams:
             return cls(**d)
         except TypeError as exc:
             raise InvalidRequestError(f"sampling: {exc}") from exc
+
+
+class Sampler:
+    """Picks the next token from one position's logits: temperature, then top-k, then top-p over
+    the tempered distribution (Hugging Face's order), then a draw from the seeded generator.
+
+    Never sorts the whole vocabulary: top-k and top-p look only at a partitioned head of it.
+    """
+
+    def __init__(self, params: SamplingParams):
+        self.params = params
+        self._rng = np.random.default_rng(params.seed)
+
+    def choose(self, logits: np.ndarray) -> int:
+        p = self.params
+        if p.temperature == 0 or p.top_k == 1:
+            return int(np.argmax(logits))
+        scaled = np.asarray(logits, dtype=np.float32) / np.float32(p.temperature)
+        probs = np.exp(scaled - scaled.max())
+        probs /= probs.sum()
+        keep = self._candidates(probs)
+        if keep is None:
+            return self._draw(probs)
+        return int(keep[self._draw(probs[keep])])
+
+    def _candidates(self, probs: np.ndarray) -> np.ndarray | None:
+        """Token ids that survive top-k and top-p, most probable first; None: all of them."""
+        p, vocab = self.params, len(probs)
+        k = p.top_k if 0 < p.top_k < vocab else vocab
+        if p.top_p >= 1.0:
+            return None if k == vocab else _top_sorted(probs, k)
+        size = k if k < vocab else min(64, vocab)
+        while True:
+            head = _top_sorted(probs, size)
+            mass = np.cumsum(probs[head], dtype=np.float64)
+            total = mass[-1] if k < vocab else 1.0   # top-p is relative to what top-k kept
+            # The smallest prefix whose mass reaches top_p (always at least the best token).
+            n = int(np.searchsorted(mass, p.top_p * total)) + 1
+            if n <= size or size == k:
+                return head[:n]
+            size = min(size * 8, vocab)
+
+    def _draw(self, probs: np.ndarray) -> int:
+        """Inverse-CDF draw in two levels (blocks, then within one block): a float64 cumsum over
+        the whole vocabulary costs more than the rest of sampling together."""
+        starts = np.arange(0, len(probs), _DRAW_BLOCK)
+        block_cdf = np.cumsum(np.add.reduceat(probs, starts), dtype=np.float64)
+        u = self._rng.random() * block_cdf[-1]
+        b = min(int(np.searchsorted(block_cdf, u, side="right")), len(starts) - 1)
+        within = np.cumsum(probs[starts[b]:starts[b] + _DRAW_BLOCK], dtype=np.float64)
+        rest = u - (block_cdf[b - 1] if b else 0.0)
+        return int(starts[b]) + min(int(np.searchsorted(within, rest, side="right")), len(within) - 1)
+
+
+_DRAW_BLOCK = 256
+
+
+def _top_sorted(probs: np.ndarray, size: int) -> np.ndarray:
+    head = np.argpartition(probs, -size)[-size:] if size < len(probs) else np.arange(len(probs))
+    # Stable, so equal probabilities keep one order on every run.
+    return head[np.argsort(-probs[head], kind="stable")]
+
+
+class StopMatcher:
+    """Cuts generated text at the first stop string, across token boundaries: text that could
+    still become a stop string is held back until it cannot; the stop string is never emitted."""
+
+    def __init__(self, stop: tuple[str, ...]):
+        self.stop = tuple(s for s in stop if s)
+        self._longest = max((len(s) for s in self.stop), default=0)
+        self._held = ""
+        self.stopped = False
+
+    def feed(self, text_delta: str) -> tuple[str, bool]:
+        """(text safe to emit now, whether a stop string was reached)."""
+        if self.stopped:
+            return "", True
+        text = self._held + text_delta
+        cut = min((i for s in self.stop if (i := text.find(s)) >= 0), default=-1)
+        if cut >= 0:
+            self._held, self.stopped = "", True
+            return text[:cut], True
+        hold = self._partial_suffix(text)
+        self._held = text[len(text) - hold:]
+        return text[:len(text) - hold], False
+
+    def flush(self) -> str:
+        """The held-back text, when generation ended without reaching a stop string."""
+        held, self._held = self._held, ""
+        return held
+
+    def _partial_suffix(self, text: str) -> int:
+        """Length of the longest end of ``text`` that is a proper prefix of some stop string."""
+        for n in range(min(len(text), self._longest - 1), 0, -1):
+            tail = text[-n:]
+            if any(s.startswith(tail) for s in self.stop):
+                return n
+        return 0

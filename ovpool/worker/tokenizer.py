@@ -1,0 +1,173 @@
+"""The tokenizer a GGUF file carries: byte-level BPE (gpt2) or SentencePiece (llama) vocabularies.
+
+Special tokens (CONTROL and USER_DEFINED) are matched in the text first, so "<|im_start|>" is one
+id; the text between them goes through the pre-tokenizer and BPE (or SentencePiece). Building
+this from metadata does little more than two dict comprehensions: it is on the serving load path.
+"""
+
+from __future__ import annotations
+
+import codecs
+from collections.abc import Iterable
+from typing import Any
+
+import regex
+
+from ovpool.errors import ModelFormatError, UnsupportedModelError
+from ovpool.worker.bpe import BytePairEncoder, PreTokenizer, token_bytes
+from ovpool.worker.spm import SPACE, SentencePieceEncoder
+
+# gguf.TokenType values.
+NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
+# Token texts llama.cpp also treats as end of generation when they are special tokens.
+_EOG_TEXTS = frozenset({"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",
+                        "<|eom_id|>", "<EOT>", "<|end_of_text|>"})
+_K = "tokenizer.ggml."
+
+
+def _required(metadata: dict[str, Any], key: str) -> Any:
+    if key not in metadata:
+        raise ModelFormatError(f"GGUF metadata has no {key!r}: the file carries no usable tokenizer")
+    return metadata[key]
+
+
+class Tokenizer:
+    def __init__(self, metadata: dict[str, Any]):
+        self.model = _required(metadata, _K + "model")
+        self.tokens: list[str] = list(_required(metadata, _K + "tokens"))
+        self.vocab_size = len(self.tokens)
+        types = metadata.get(_K + "token_type")
+        self._types = [NORMAL] * self.vocab_size if types is None else [int(t) for t in types]
+        self._vocab = {t: i for i, t in enumerate(self.tokens)}
+        self.bos_id = metadata.get(_K + "bos_token_id")
+        unk = metadata.get(_K + "unknown_token_id")
+        spm = self.model == "llama"
+        self.add_bos = bool(metadata.get(_K + "add_bos_token", spm)) and self.bos_id is not None
+        self.add_eos = bool(metadata.get(_K + "add_eos_token", False))
+        self.add_space_prefix = spm and bool(metadata.get(_K + "add_space_prefix", True))
+        self.eos_ids = self._end_of_generation_ids(metadata)
+        self._eos_id = metadata.get(_K + "eos_token_id")
+        self._specials = [i for i, t in enumerate(self._types) if t in (CONTROL, USER_DEFINED)]
+        texts = sorted((self.tokens[i] for i in self._specials if self.tokens[i]), key=len, reverse=True)
+        self._special_re = regex.compile("|".join(map(regex.escape, texts))) if texts else None
+        self._piece_cache: dict[int, bytes] = {}
+        if self.model == "gpt2":
+            pre = PreTokenizer(metadata.get(_K + "pre"))
+            merges = list(_required(metadata, _K + "merges"))
+            self._pre = pre
+            self._bpe = BytePairEncoder(self._vocab, merges, pre.name in ("llama-bpe", "llama3"), unk)
+        elif spm:
+            scores = metadata.get(_K + "scores")
+            scores = [0.0] * self.vocab_size if scores is None else [float(s) for s in scores]
+            byte_ids = {int(self.tokens[i][3:5], 16): i for i, t in enumerate(self._types) if t == BYTE}
+            self._spm = SentencePieceEncoder(self._vocab, scores, byte_ids, unk)
+        else:
+            raise UnsupportedModelError(
+                f"tokenizer.ggml.model={self.model!r} is not supported; known: gpt2 (BPE), llama (SPM)")
+
+    @classmethod
+    def from_metadata(cls, metadata: dict[str, Any]) -> Tokenizer:
+        return cls(metadata)
+
+    @property
+    def bos_token(self) -> str:
+        """BOS as text (for chat templates); "" when the model has none."""
+        return "" if self.bos_id is None else self.tokens[self.bos_id]
+
+    @property
+    def eos_token(self) -> str:
+        return "" if self._eos_id is None else self.tokens[self._eos_id]
+
+    def _end_of_generation_ids(self, metadata: dict[str, Any]) -> frozenset[int]:
+        ids = {metadata.get(_K + k) for k in ("eos_token_id", "eot_token_id", "eom_token_id")}
+        ids |= {i for t in _EOG_TEXTS if (i := self._vocab.get(t)) is not None
+                and self._types[i] == CONTROL}
+        return frozenset(i for i in ids if i is not None)
+
+    def encode(self, text: str, add_special: bool = True) -> list[int]:
+        """Token ids of ``text``; special-token texts in it become their ids. ``add_special`` adds
+        BOS/EOS as the model's add_bos_token/add_eos_token flags say."""
+        ids: list[int] = [self.bos_id] if add_special and self.add_bos else []
+        after_special = True
+        for piece, special_id in self._split_special(text):
+            if special_id is not None:
+                ids.append(special_id)
+                after_special = True
+            else:
+                ids.extend(self._encode_plain(piece, after_special))
+                after_special = False
+        if add_special and self.add_eos and self._eos_id is not None:
+            ids.append(self._eos_id)
+        return ids
+
+    def _split_special(self, text: str) -> Iterable[tuple[str, int | None]]:
+        if self._special_re is None:
+            yield text, None
+            return
+        pos = 0
+        for m in self._special_re.finditer(text):
+            if m.start() > pos:
+                yield text[pos:m.start()], None
+            yield m.group(), self._vocab[m.group()]
+            pos = m.end()
+        if pos < len(text):
+            yield text[pos:], None
+
+    def _encode_plain(self, text: str, after_special: bool) -> list[int]:
+        if self.model == "llama":
+            # llama.cpp gives a space prefix to text at the start or right after a special token.
+            return self._spm.encode(" " + text if self.add_space_prefix and after_special else text)
+        encode_word = self._bpe.encode_word
+        return [i for word in self._pre.split(text) for i in encode_word(word)]
+
+    def piece(self, token_id: int, skip_special: bool = True) -> bytes:
+        """The bytes one token stands for (b"" for a skipped special token)."""
+        if not 0 <= token_id < self.vocab_size:
+            raise ModelFormatError(f"token id {token_id} is outside the vocabulary (size {self.vocab_size})")
+        kind = self._types[token_id]
+        if kind in (CONTROL, UNKNOWN, UNUSED) and skip_special:
+            return b""
+        cached = self._piece_cache.get(token_id)
+        if cached is None:
+            cached = self._piece_uncached(token_id, kind)
+            self._piece_cache[token_id] = cached
+        return cached
+
+    def _piece_uncached(self, token_id: int, kind: int) -> bytes:
+        text = self.tokens[token_id]
+        if kind in (CONTROL, USER_DEFINED, UNKNOWN, UNUSED):
+            return text.encode("utf-8")
+        if self.model == "gpt2":
+            return token_bytes(text)
+        if kind == BYTE:
+            return bytes([int(text[3:5], 16)])
+        return text.replace(SPACE, " ").encode("utf-8")
+
+    def decode(self, ids: Iterable[int], skip_special: bool = True) -> str:
+        stream = self.stream_decoder(skip_special)
+        return "".join(stream.push(i) for i in ids) + stream.flush()
+
+    def stream_decoder(self, skip_special: bool = True) -> StreamDecoder:
+        return StreamDecoder(self, skip_special)
+
+
+class StreamDecoder:
+    """Turns token ids into text as they come, holding back an incomplete UTF-8 sequence until the
+    token that completes it arrives (bytes that can never complete become U+FFFD)."""
+
+    def __init__(self, tokenizer: Tokenizer, skip_special: bool = True):
+        self._tokenizer = tokenizer
+        self._skip_special = skip_special
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._strip_space = tokenizer.add_space_prefix
+
+    def push(self, token_id: int) -> str:
+        text = self._utf8.decode(self._tokenizer.piece(token_id, self._skip_special))
+        if self._strip_space and text:
+            # The space SentencePiece put before the first word is not part of the text.
+            self._strip_space = False
+            text = text[1:] if text.startswith(" ") else text
+        return text
+
+    def flush(self) -> str:
+        return self._utf8.decode(b"", final=True)
