@@ -1,0 +1,108 @@
+"""The cache across real processes: racing starts on a cold cache, SIGKILL mid-export, gc."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import cache_toy
+import pytest
+
+from ovpool.cache.store import PAUSE_ENV, CacheStore
+
+OVPOOL = [sys.executable, "-m", "ovpool"]
+TOY = [sys.executable, str(Path(cache_toy.__file__))]
+
+
+@pytest.fixture
+def model_file(tmp_path):
+    path = tmp_path / "toy.gguf"
+    path.write_bytes(os.urandom(8192))
+    return path
+
+
+def files(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.iterdir()) if directory.is_dir() else []
+
+
+@pytest.mark.slow
+def test_eight_processes_on_a_cold_cache_export_once(tiny_model, tmp_path):
+    cache = CacheStore(tmp_path / "cache")
+    command = [*OVPOOL, "generate", "--model", str(tiny_model()), "--cache-dir", str(cache.root),
+               "--max-tokens", "8", "Once upon a time"]
+    procs = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(8)]
+    outputs = [p.communicate(timeout=600) for p in procs]
+    assert [p.returncode for p in procs] == [0] * 8, outputs[0][1]
+    logs = "".join(err for _, err in outputs)
+    assert logs.count("model cache WROTE ") == 1 and logs.count("model cache HIT ") == 7
+    assert len(files(cache.blobs_dir)) == 1 and files(cache.tmp_dir) == []
+    texts = {out for out, _ in outputs}
+    assert len(texts) == 1 and texts.pop().strip()
+
+
+def start_paused(cache_dir: Path, model_file: Path, phase: str) -> subprocess.Popen:
+    """A toy exporter stopped at ``phase`` by the test hook (it waits there until killed)."""
+    proc = subprocess.Popen([*TOY, str(cache_dir), str(model_file)], stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, PAUSE_ENV: phase})
+    for line in proc.stderr:
+        if line.strip() == f"OVPOOL_CACHE_TEST_PAUSED {phase}":
+            return proc
+    raise AssertionError(f"the exporter never reached {phase} (exit {proc.wait()})")
+
+
+LEFTOVERS = {"blob-write": ("tmp", 1, 0), "blob-renamed": ("blobs", 0, 1), "manifest-write": ("both", 1, 1)}
+
+
+@pytest.mark.parametrize("phase", list(LEFTOVERS))
+def test_sigkill_during_export_leaves_no_hit_and_gc_cleans_up(tmp_path, model_file, phase):
+    cache = CacheStore(tmp_path / "cache")
+    proc = start_paused(cache.root, model_file, phase)
+    proc.kill()
+    proc.wait()
+    _, temps, blobs = LEFTOVERS[phase]
+    assert (len(files(cache.tmp_dir)), len(files(cache.blobs_dir))) == (temps, blobs)
+    assert files(cache.manifests_dir) == []
+
+    cache_only = subprocess.run([*TOY, str(cache.root), str(model_file), "--cache-only"],
+                                capture_output=True, text=True, timeout=120)
+    assert cache_only.returncode != 0 and "CacheMissError" in cache_only.stderr
+
+    gc = subprocess.run([*OVPOOL, "cache", "gc", "--cache-dir", str(cache.root), "--json"],
+                        capture_output=True, text=True, timeout=120, check=True)
+    report = json.loads(gc.stdout)
+    assert (len(report["temp"]), len(report["blobs"])) == (temps, blobs)
+    assert files(cache.tmp_dir) == [] and files(cache.blobs_dir) == []
+
+    again = subprocess.run([*TOY, str(cache.root), str(model_file)], capture_output=True, text=True,
+                           timeout=120, check=True)
+    assert again.stdout.split()[1] == "wrote"
+
+
+def test_gc_spares_a_live_writers_temp_and_an_exporting_family(tmp_path, model_file):
+    cache = CacheStore(tmp_path / "cache")
+    proc = start_paused(cache.root, model_file, "manifest-write")
+    try:
+        gc = subprocess.run([*OVPOOL, "cache", "gc", "--cache-dir", str(cache.root), "--json"],
+                            capture_output=True, text=True, timeout=120, check=True)
+        assert json.loads(gc.stdout) == {"temp": [], "manifests": [], "blobs": [], "entries": []}
+        assert len(files(cache.tmp_dir)) == 1 and len(files(cache.blobs_dir)) == 1
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_gc_evicts_least_recently_hit_beyond_max_bytes(tmp_path, model_file):
+    cache = CacheStore(tmp_path / "cache")
+    entries = []
+    for kv in ("f16", "u8", "f32"):
+        out = subprocess.run([*TOY, str(cache.root), str(model_file), "--set", f"kv_cache_precision={kv}"],
+                             capture_output=True, text=True, timeout=120, check=True)
+        entries.append(out.stdout.split()[2])
+    os.utime(cache.blob_path(entries[0] + ".blob"), (1, 1))  # the oldest hit
+    size = cache.blob_path(entries[0] + ".blob").stat().st_size
+    gc = subprocess.run([*OVPOOL, "cache", "gc", "--cache-dir", str(cache.root), "--json",
+                         "--max-bytes", str(2 * size)], capture_output=True, text=True, check=True)
+    assert json.loads(gc.stdout)["entries"] == [entries[0]]
+    assert sorted(files(cache.blobs_dir)) == sorted(e + ".blob" for e in entries[1:])
