@@ -13,10 +13,13 @@ counts once.
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sized
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+from ovpool.errors import ConfigError
+from ovpool.protocol import Error, Final, Partial, Ready, Request, Submit
 
 # Seconds; a streamed first token on CPU lands between a few ms and several seconds.
 _TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -85,6 +88,59 @@ class BrokerMetrics:
         self.last_load_seconds.labels(worker, device).set(seconds)
 
 
+class BrokerObserver:
+    """Feeds BrokerMetrics from the broker's traffic, so the routing core stays free of metrics.
+
+    The broker calls ``incoming`` for each decoded message, ``outgoing`` for each message it
+    sends and ``tick`` with its router on every timer round. Only messages the router let through
+    reach ``outgoing`` (duplicate tokens are already dropped), so each request ends exactly once.
+    """
+
+    def __init__(self, metrics: BrokerMetrics):
+        self.metrics = metrics
+        self._started: dict[str, tuple[str, float]] = {}  # request id -> (model, submit time)
+        self._first_token: dict[str, float] = {}
+
+    def incoming(self, msg: object, now: float) -> None:
+        if isinstance(msg, Submit):
+            self._started.setdefault(msg.request_id, (msg.model, now))
+        elif isinstance(msg, Ready):
+            load = getattr(msg, "load", None) or {}
+            if load.get("outcome"):
+                self.metrics.observe_worker_load(msg.worker_id, msg.device, load["outcome"],
+                                                 float(load.get("seconds", 0.0)))
+
+    def outgoing(self, msg: object, now: float) -> None:
+        if isinstance(msg, Partial):
+            self._first_token.setdefault(msg.request_id, now)
+        elif isinstance(msg, Final):
+            usage = msg.completion.get("usage") or {}
+            self._end(msg.request_id, "ok", now, usage.get("completion_tokens", 0))
+        elif isinstance(msg, Error) and msg.request_id:
+            self._end(msg.request_id, msg.code, now, 0)
+        elif isinstance(msg, Request) and msg.request_id in self._started:
+            # The submit may leave the model blank ("the only one served"); the dispatch names it.
+            self._started[msg.request_id] = (msg.model, self._started[msg.request_id][1])
+
+    def tick(self, queues: Mapping[str, Sized], workers: Iterable[tuple[int, int]]) -> None:
+        """Queue depth per model; workers as (in flight, slots) pairs: busy when every slot is taken."""
+        for model, queue in queues.items():
+            self.metrics.set_queue_depth(model, len(queue))
+        counts = {"ready": 0, "busy": 0}
+        for inflight, slots in workers:
+            counts["busy" if inflight >= slots else "ready"] += 1
+        self.metrics.set_workers(counts)
+
+    def _end(self, request_id: str, outcome: str, now: float, tokens: int) -> None:
+        started = self._started.pop(request_id, None)
+        first = self._first_token.pop(request_id, None)
+        if started is None:
+            return
+        model, t0 = started
+        self.metrics.observe_final(model or "unrouted", outcome, latency_s=now - t0,
+                                   ttft_s=None if first is None else first - t0, completion_tokens=tokens)
+
+
 class MetricsServer:
     """The ``/metrics`` HTTP endpoint of one registry, on a background thread; a context manager."""
 
@@ -100,7 +156,11 @@ class MetricsServer:
         return self._server.server_port
 
     def __enter__(self) -> MetricsServer:
-        self._server, self._thread = start_http_server(self._port, self._host, registry=self._registry)
+        try:
+            self._server, self._thread = start_http_server(self._port, self._host, registry=self._registry)
+        except OSError as exc:
+            raise ConfigError(f"cannot serve metrics on {self._host}:{self._port}: {exc}; "
+                              "pick another --metrics-port (0 turns metrics off)") from exc
         return self
 
     def __exit__(self, *exc: object) -> None:

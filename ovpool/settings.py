@@ -79,6 +79,7 @@ _SETTINGS = [
     Setting("source_identity", str, "metadata", "how a GGUF is identified in the cache fingerprint",
             choices=("metadata", "content")),
     Setting("slots", int, 8, "concurrent sequences one worker serves", minimum=1),
+    Setting("metrics_port", int, 0, "broker: Prometheus /metrics HTTP port (0: off)", minimum=0),
     Setting("queue_limit", int, 256, "requests the broker queues per model before QueueFull", minimum=0),
     Setting("max_prompt_tokens", int, 8192, "longest prompt a worker accepts", minimum=1),
     Setting("max_new_tokens", int, 4096, "largest max_tokens a request may ask for", minimum=1),

@@ -78,3 +78,37 @@ def test_server_stops_on_exit():
         assert scrape(port) is not None
     with pytest.raises(OSError):
         urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2)
+
+
+def test_observer_turns_broker_traffic_into_request_metrics():
+    from ovpool.metrics import BrokerObserver
+    from ovpool.protocol import Error, Final, Partial, Ready, Request, Submit
+
+    metrics = BrokerMetrics()
+    obs = BrokerObserver(metrics)
+    obs.incoming(Submit("r1", "", {}, prompt="hi"), 10.0)
+    obs.incoming(Submit("r1", "", {}, prompt="hi"), 10.5)  # a client resend keeps the first time
+    obs.outgoing(Request("r1", "smollm2", {}, prompt="hi"), 10.6)
+    obs.outgoing(Partial("r1", 0, 5, "a"), 11.0)
+    obs.outgoing(Partial("r1", 1, 6, "b"), 11.5)
+    obs.outgoing(Final("r1", {"usage": {"prompt_tokens": 2, "completion_tokens": 2}}), 12.0)
+    obs.incoming(Submit("r2", "smollm2", {}, prompt="x"), 20.0)
+    obs.outgoing(Error("r2", "request.queue_full", "full"), 20.001)
+    obs.outgoing(Error("", "protocol.malformed", "junk"), 21.0)  # not a request: not counted
+    obs.tick({"smollm2": ["r3", "r4"]}, [(8, 8), (1, 8), (0, 8)])
+
+    def value(name: str, **labels: str) -> float | None:
+        return metrics.registry.get_sample_value(name, labels)
+
+    assert value("ovpool_requests_total", model="smollm2", outcome="ok") == 1
+    assert value("ovpool_requests_total", model="smollm2", outcome="request.queue_full") == 1
+    assert value("ovpool_request_latency_seconds_sum", model="smollm2") == pytest.approx(2.0 + 0.001)
+    assert value("ovpool_time_to_first_token_seconds_sum", model="smollm2") == pytest.approx(1.0)
+    assert value("ovpool_request_tokens_per_second_sum", model="smollm2") == pytest.approx(1.0)
+    assert value("ovpool_queue_depth", model="smollm2") == 2
+    assert (value("ovpool_workers", state="busy"), value("ovpool_workers", state="ready")) == (1, 2)
+    assert value("ovpool_requests_total", model="unrouted", outcome="protocol.malformed") is None
+    if "load" in Ready.__dataclass_fields__:
+        ready = Ready("w0@h:1", ["smollm2"], "CPU", 8, "h", 1, load={"outcome": "hit", "seconds": 0.2})
+        obs.incoming(ready, 30.0)
+        assert value("ovpool_worker_cache_total", worker="w0@h:1", device="CPU", event="hits") == 1

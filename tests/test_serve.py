@@ -11,9 +11,11 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 
 import pytest
-from serve_helpers import alive, descendants, serve, wait_for
+from prometheus_client.parser import text_string_to_metric_families
+from serve_helpers import alive, descendants, free_port, serve, wait_for
 
 from ovpool.client import Client
 
@@ -80,3 +82,27 @@ def test_probe_reads_serve_state(tmp_path):
     with serve(tmp_path, "--workers", "1", "--backend", "null") as served:
         served.wait_states("ready")
         assert subprocess.run(probe + ["--ready"], capture_output=True).returncode == 0
+
+
+def test_broker_metrics_endpoint_is_scraped_and_parsed(tmp_path):
+    port = free_port()
+    with serve(tmp_path, "--workers", "1", "--backend", "null", "--metrics-port", str(port)) as served:
+        served.wait_states("ready")
+        with Client(served.endpoint) as client:
+            for _ in range(2):
+                client.complete("hello", max_tokens=5)
+            assert len(list(client.stream("hi", max_tokens=3))) >= 1
+        families = wait_for(lambda: (f := scrape(port)) and f.get(
+            ("ovpool_requests_total", (("model", "smollm2"), ("outcome", "ok")))) == 3 and f,
+            10, "three finished requests in the metrics")
+    assert families[("ovpool_tokens_generated_total", (("model", "smollm2"),))] == 13
+    assert families[("ovpool_time_to_first_token_seconds_count", (("model", "smollm2"),))] == 3
+    assert families[("ovpool_workers", (("state", "ready"),))] == 1
+    assert families[("ovpool_queue_depth", (("model", "smollm2"),))] == 0
+
+
+def scrape(port: int) -> dict:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}

@@ -17,6 +17,7 @@ from ovpool import timing
 from ovpool.auth import ServerSecurity
 from ovpool.broker.router import Output, Router
 from ovpool.errors import ConfigError, ProtocolError
+from ovpool.metrics import BrokerMetrics, BrokerObserver, MetricsServer
 from ovpool.protocol import decode, encode
 from ovpool.settings import Settings
 
@@ -39,6 +40,9 @@ class Broker:
         self._socket: zmq.Socket | None = None
         self.router = Router(now=time.monotonic(), queue_limit=self.settings.queue_limit,
                              max_new_tokens=self.settings.max_new_tokens)
+        self.metrics = BrokerObserver(BrokerMetrics())
+        self._metrics_server = (MetricsServer(self.metrics.metrics.registry, self.settings.metrics_port)
+                                if self.settings.metrics_port else None)
 
     def __enter__(self) -> Broker:
         try:
@@ -50,6 +54,8 @@ class Broker:
             sock.maxmsgsize = _MAX_MESSAGE
             self._security.apply(sock, self.bind)
             sock.bind(self.bind)
+            if self._metrics_server is not None:
+                self._metrics_server.__enter__()
         except zmq.ZMQError as exc:
             self.__exit__(None, None, None)
             raise ConfigError(f"broker cannot bind {self.bind}: {exc}") from exc
@@ -61,6 +67,8 @@ class Broker:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        if self._metrics_server is not None:
+            self._metrics_server.__exit__()
         if self._socket is not None:
             self._send(self.router.shutdown())
             self._socket.close()
@@ -77,6 +85,8 @@ class Broker:
             now = time.monotonic()
             if now >= next_tick:
                 self._send(self.router.tick(now))
+                self.metrics.tick(self.router.queues,
+                                  ((len(w.inflight), w.info.slots) for w in self.router.workers.values()))
                 next_tick = now + timing.POLL_INTERVAL_S
             if not poller.poll(max(0.0, next_tick - now) * 1000):
                 continue
@@ -96,6 +106,7 @@ class Broker:
             msg = decode(frames[1:])
         except ProtocolError as exc:
             return self.router.malformed(peer, exc)
+        self.metrics.incoming(msg, now)
         try:
             return self.router.handle(peer, msg, now)
         except Exception:  # a routing bug must cost one message, never the broker
@@ -104,7 +115,9 @@ class Broker:
 
     def _send(self, out: Output) -> None:
         send = self._socket.send_multipart
+        now = time.monotonic()
         for peer, msg in out:
+            self.metrics.outgoing(msg, now)
             try:
                 send([peer, *encode(msg)], zmq.NOBLOCK)
             except zmq.ZMQError:

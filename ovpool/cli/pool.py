@@ -36,16 +36,19 @@ def _stop_on_signals() -> Iterator[threading.Event]:
 @click.command("broker")
 @click.option("--bind", default="tcp://127.0.0.1:5555", show_default=True, help="Endpoint to bind.")
 @click.option("--queue-limit", type=int, default=None, help="Requests queued per model before QueueFull.")
+@click.option("--metrics-port", type=int, default=None,
+              help="Serve Prometheus /metrics on this port (setting metrics_port; 0: off).")
 @_secret_option
 @click.option("--curve-allowed-keys", default=None, type=click.Path(file_okay=False),
               help="Directory of public keys allowed to connect (enables CURVE with --curve-secret-key).")
 @settings_options
-def broker_command(bind: str, queue_limit: int | None, curve_secret_key: str | None,
+def broker_command(bind: str, queue_limit: int | None, metrics_port: int | None, curve_secret_key: str | None,
                    curve_allowed_keys: str | None, assignments: tuple[str, ...]) -> None:
     """Run the broker: queues, routing, heartbeats and re-dispatch (stop with SIGTERM or Ctrl-C)."""
     from ovpool.broker.server import Broker
 
-    settings = resolve_settings(assignments, queue_limit=queue_limit, curve_secret_key=curve_secret_key,
+    settings = resolve_settings(assignments, queue_limit=queue_limit, metrics_port=metrics_port,
+                                curve_secret_key=curve_secret_key,
                                 curve_allowed_keys=curve_allowed_keys)
     with _stop_on_signals() as stop, Broker(bind, settings) as broker:
         broker.serve(stop)

@@ -30,7 +30,7 @@ def _spec(devices: str | None, workers: int | None, bind: str, remote: str | Non
     listed = parse_devices(devices, workers, _available_devices() if auto else None)
     return PoolSpec(devices=tuple(listed), bind=None if remote else bind, broker=remote or "",
                     cache_dir=settings.cache_dir or str(default_cache_dir()),
-                    cache_only=settings.cache_only, **fields)
+                    cache_only=settings.cache_only, metrics_port=settings.metrics_port, **fields)
 
 
 def _status_fn(endpoint: str, settings: Any):
@@ -68,20 +68,21 @@ def _publisher(state_file: str | None):
               help="Compiled-model cache shared by the workers (default $XDG_CACHE_HOME/ovpool).")
 @click.option("--cache-only", is_flag=True, default=None, help="Workers import from the cache or fail.")
 @click.option("--slots", type=int, default=None, help="Concurrent sequences per worker.")
-@click.option("--metrics-port", type=int, default=0, envvar="OVPOOL_METRICS_PORT",
-              help="The broker's Prometheus /metrics port (0: off).")
+@click.option("--metrics-port", type=int, default=None,
+              help="The broker's Prometheus /metrics port (setting metrics_port; 0: off).")
 @click.option("--state-file", default=None, type=click.Path(dir_okay=False),
               help="Write serve's view of its workers here (read by `ovpool probe`).")
 @click.option("--backend", type=click.Choice(["engine", "null"]), default="engine", show_default=True,
               help="null: workers send fake tokens, to try the pool without a model.")
 @settings_options
 def serve_command(devices: str | None, workers: int | None, bind: str, remote: str | None,
-                  cache_dir: str | None, cache_only: bool | None, state_file: str | None,
-                  assignments: tuple[str, ...], **fields: Any) -> None:
+                  cache_dir: str | None, cache_only: bool | None, metrics_port: int | None,
+                  state_file: str | None, assignments: tuple[str, ...], **fields: Any) -> None:
     """Run a broker and one worker per device on this host; Ctrl-C or SIGTERM stops them all."""
     from ovpool.serve.pool import Pool
 
-    settings = resolve_settings(assignments, cache_dir=cache_dir, cache_only=cache_only)
+    settings = resolve_settings(assignments, cache_dir=cache_dir, cache_only=cache_only,
+                                metrics_port=metrics_port)
     spec = _spec(devices, workers, bind, remote, settings, assignments=assignments, **fields)
     click.echo(f"ovpool serve: {spec.model} on {len(spec.devices)} worker(s) ({', '.join(spec.devices)}), "
                f"broker {spec.endpoint}" + (" (remote)" if remote else "") + f", cache {spec.cache_dir}")
