@@ -30,16 +30,28 @@ BUILDER_HASH = hashlib.sha256(b"".join(
     (Path(__file__).parent / name).read_bytes() for name in _SOURCES)).hexdigest()
 
 _MAX = np.iinfo(np.int64).max
-_TYPES = {"i64": ov.Type.i64, "i32": ov.Type.i32, "f32": ov.Type.f32}
+_TYPES = {"i64": ov.Type.i64, "i32": ov.Type.i32, "f32": ov.Type.f32, "dynamic": ov.Type.dynamic}
 
 
 def _kv_names(h: HParams) -> list[str]:
     return [f"{i}.{kind}" for i in range(h.n_layers) for kind in ("key", "value")]
 
 
-def port_spec(hparams: HParams, settings=None) -> list[dict]:
-    """The graph's ports, computed from hparams and settings alone (no weights, no build)."""
+def port_spec(hparams: HParams, settings=None, attention=None) -> list[dict]:
+    """The graph's ports, computed from hparams and settings alone (no weights, no build).
+
+    ``attention`` (e.g. ovpool.worker.paged.PagedAttention) replaces the KV cache, the attention
+    mask and ``logits_from`` with its own inputs: ``ports(hparams)`` lists them,
+    ``attend(params, layer, q, k, v)`` takes q/k/v [batch, heads, seq, head_dim] after RoPE and
+    returns [batch, seq, heads*head_dim], ``select(params, x)`` picks the rows that get logits.
+    """
     s = Settings.coerce(settings)
+    if attention is not None:
+        return [{"name": "input_ids", "direction": "in", "element_type": "i64", "partial_shape": "[?,?]"},
+                {"name": "position_ids", "direction": "in", "element_type": "i64", "partial_shape": "[?,?]"},
+                *attention.ports(hparams),
+                {"name": "logits", "direction": "out", "element_type": "f32",
+                 "partial_shape": f"[?,?,{hparams.vocab_size}]"}]
     kv_shape = f"[?,{hparams.n_kv_heads},?,{hparams.head_dim}]"
     ins = [("input_ids", "i64", "[?,?]"), ("attention_mask", "i64", "[?,?]"),
            ("position_ids", "i64", "[?,?]")]
@@ -70,30 +82,37 @@ class _Context:
     params: dict[str, ov.Node]
     cos: ov.Output
     sin: ov.Output
-    mask: ov.Output
+    mask: ov.Output | None
     sinks: list
     results: list
+    attention: object = None
 
     @property
     def h(self) -> HParams:
         return self.model.hparams
 
 
-def build_model(model: GGUFModel, settings=None) -> ov.Model:
-    """The model's OpenVINO graph (reads the weights; the constants share their memory)."""
+def build_model(model: GGUFModel, settings=None, attention=None) -> ov.Model:
+    """The model's OpenVINO graph (reads the weights; the constants share their memory).
+
+    ``attention``: see port_spec."""
     s = Settings.coerce(settings)
     h = model.hparams
     if h.rope_dim != h.head_dim:
         raise UnsupportedModelError(f"partial RoPE ({h.rope_dim} of {h.head_dim} dims) is not supported")
-    params = {p["name"]: _parameter(p) for p in port_spec(h, s) if p["direction"] == "in"}
+    params = {p["name"]: _parameter(p) for p in port_spec(h, s, attention) if p["direction"] == "in"}
     embed = W.load(model, "token_embd.weight")
     x = embed.lookup(params["input_ids"].output(0))
     cos, sin = L.rope_tables(params["position_ids"].output(0), h)
-    mask = L.attention_mask(params["attention_mask"].output(0), params["input_ids"].output(0))
-    ctx = _Context(model, s, params, cos, sin, mask, [], [])
+    mask = None if attention else L.attention_mask(params["attention_mask"].output(0),
+                                                   params["input_ids"].output(0))
+    ctx = _Context(model, s, params, cos, sin, mask, [], [], attention)
     for i in range(h.n_layers):
         x = _block(ctx, i, x)
-    x = ops.slice(x, params["logits_from"], const_i64([_MAX]), const_i64([1]), const_i64([1]))
+    if attention is not None:
+        x = attention.select(params, x)
+    else:
+        x = ops.slice(x, params["logits_from"], const_i64([_MAX]), const_i64([1]), const_i64([1]))
     x = L.rms_norm(x, _vector(model, "output_norm.weight"), h.rms_eps)
     head = embed if h.tied_embeddings else W.load(model, "output.weight")
     logits = ops.result(head.linear(x))
@@ -136,9 +155,13 @@ def _block(ctx: _Context, i: int, x: ov.Output) -> ov.Output:
     k = L.split_heads(_projection(ctx, b + "attn_k", n, h.n_kv_heads), h.n_kv_heads, h.head_dim)
     v = L.split_heads(_projection(ctx, b + "attn_v", n), h.n_kv_heads, h.head_dim)
     q, k = L.apply_rope(q, ctx.cos, ctx.sin), L.apply_rope(k, ctx.cos, ctx.sin)
-    k, v = _cache(ctx, i, "key", k), _cache(ctx, i, "value", v)
-    a = L.attend(q, k, v, ctx.mask, h, ctx.settings.attention == "manual")
-    x = ops.add(x, _projection(ctx, b + "attn_output", L.merge_heads(a, h.n_heads * h.head_dim)))
+    if ctx.attention is not None:
+        a = ctx.attention.attend(ctx.params, i, q, k, v)
+    else:
+        k, v = _cache(ctx, i, "key", k), _cache(ctx, i, "value", v)
+        a = L.merge_heads(L.attend(q, k, v, ctx.mask, h, ctx.settings.attention == "manual"),
+                          h.n_heads * h.head_dim)
+    x = ops.add(x, _projection(ctx, b + "attn_output", a))
     n = L.rms_norm(x, _vector(ctx.model, b + "ffn_norm.weight"), h.rms_eps)
     gate, up = _projection(ctx, b + "ffn_gate", n), _projection(ctx, b + "ffn_up", n)
     return ops.add(x, _projection(ctx, b + "ffn_down", L.swiglu(gate, up))).output(0)
@@ -160,3 +183,32 @@ def _cache(ctx: _Context, layer: int, kind: str, new: ov.Output) -> ov.Output:
         result.output(0).get_tensor().set_names({f"present.{layer}.{kind}"})
         ctx.results.append(result)
     return full.output(0)
+
+
+def resolve_auto(settings=None, device: str = "CPU", core: ov.Core | None = None) -> dict:
+    """Effective graph settings: ``auto`` replaced by what the device runs by default (its own
+    choice of fastest: f32 on AVX2 CPUs, bf16 with AMX/AVX-512 BF16, f16 on GPUs)."""
+    s = Settings.coerce(settings)
+    values = s.graph_values()
+    core = core or ov.Core()
+    for name, prop in (("inference_precision", "INFERENCE_PRECISION_HINT"),
+                       ("kv_cache_precision", "KV_CACHE_PRECISION")):
+        if values[name] == "auto":
+            values[name] = _type_name(core.get_property(_device_type(device), prop))
+    return values
+
+
+def compile_config(settings=None, device: str = "CPU", core: ov.Core | None = None) -> dict:
+    """OpenVINO compile properties for ``settings`` on ``device``."""
+    values = resolve_auto(settings, device, core)
+    config = {"INFERENCE_PRECISION_HINT": values["inference_precision"],
+              "KV_CACHE_PRECISION": values["kv_cache_precision"]}
+    return config
+
+
+def _device_type(device: str) -> str:
+    return device.split(".")[0]
+
+
+def _type_name(element) -> str:
+    return element.get_type_name() if isinstance(element, ov.Type) else str(element)

@@ -1,0 +1,127 @@
+"""The OpenVINO graph matches the NumPy reference for every weight type, architecture and layout,
+and its KV cache (stateful or explicit) gives the logits of re-scoring the whole sequence."""
+
+from __future__ import annotations
+
+import numpy as np
+import openvino as ov
+import pytest
+
+from ovpool.settings import Settings
+from ovpool.testing.reference import Reference
+from ovpool.testing.tiny import WEIGHT_TYPES
+from ovpool.worker.graph import build_model, compile_config, model_ports, port_spec
+from ovpool.worker.model import GGUFModel
+
+EXACT = {"inference_precision": "f32", "kv_cache_precision": "f32"}
+
+
+def compile_graph(path, **settings):
+    s = Settings.coerce({**EXACT, **settings})
+    model = GGUFModel.open(path)
+    core = ov.Core()
+    graph = build_model(model, s)
+    assert model_ports(graph) == port_spec(model.hparams, s)
+    compiled = core.compile_model(graph, "CPU", compile_config(s, "CPU", core))
+    return model, compiled.create_infer_request()
+
+
+def feeds(ids, past: int, logits_from: int = 0, stateful: bool = True) -> dict:
+    ids = np.asarray(ids, np.int64).reshape(1, -1)
+    n = ids.shape[1]
+    f = {"input_ids": ids, "attention_mask": np.ones((1, past + n), np.int64),
+         "position_ids": np.arange(past, past + n, dtype=np.int64)[None],
+         "logits_from": np.array([logits_from], np.int64)}
+    if stateful:
+        f["beam_idx"] = np.zeros(1, np.int32)
+    return f
+
+
+def score(request, ids) -> np.ndarray:
+    request.reset_state()
+    return request.infer(feeds(ids, 0))["logits"][0].copy()
+
+
+def prompt(model, n=13, seed=1):
+    return np.random.default_rng(seed).integers(0, model.hparams.vocab_size, n)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("weight_type", WEIGHT_TYPES)
+@pytest.mark.parametrize("tied", [True, False])
+def test_logits_match_the_numpy_reference(tiny_model, arch, weight_type, tied):
+    model, request = compile_graph(tiny_model(arch, weight_type, tied))
+    ids = prompt(model)
+    expected = Reference(model).logits(ids)
+    np.testing.assert_allclose(score(request, ids), expected, atol=2e-4 * np.abs(expected).max())
+
+
+@pytest.mark.parametrize("prompt_len", [1, 5, 16])
+def test_incremental_decoding_equals_rescoring(tiny_model, prompt_len):
+    model, request = compile_graph(tiny_model("qwen2", "Q4_K", False))
+    ids = prompt(model, prompt_len + 6)
+    full = score(request, ids)
+    request.reset_state()
+    first = request.infer(feeds(ids[:prompt_len], 0, prompt_len - 1))["logits"][0]
+    steps = [first[-1]] + [request.infer(feeds(ids[i:i + 1], i))["logits"][0, -1].copy()
+                           for i in range(prompt_len, len(ids))]
+    np.testing.assert_allclose(np.stack(steps), full[prompt_len - 1:], atol=1e-4)
+
+
+def test_logits_from_returns_only_the_tail(tiny_model):
+    model, request = compile_graph(tiny_model("llama", "Q8_0"))
+    ids = prompt(model, 9)
+    request.reset_state()
+    tail = request.infer(feeds(ids, 0, 6))["logits"][0]
+    assert tail.shape == (3, model.hparams.vocab_size)
+    np.testing.assert_allclose(tail, score(request, ids)[6:], atol=1e-5)
+
+
+def test_manual_attention_agrees_with_sdpa(tiny_model):
+    path = tiny_model("llama", "Q4_1")
+    model, sdpa = compile_graph(path)
+    _, manual = compile_graph(path, attention="manual")
+    ids = prompt(model)
+    np.testing.assert_allclose(score(manual, ids), score(sdpa, ids), atol=1e-4)
+
+
+def test_explicit_kv_ports_agree_with_state(tiny_model):
+    path = tiny_model("llama", "Q4_0")
+    model, stateful = compile_graph(path)
+    _, stateless = compile_graph(path, stateful=False)
+    ids, h = prompt(model, 8), model.hparams
+    past = {f"past_key_values.{i}.{kind}": np.zeros((1, h.n_kv_heads, 0, h.head_dim), np.float32)
+            for i in range(h.n_layers) for kind in ("key", "value")}
+    rows = []
+    for i, token in enumerate(ids):
+        out = stateless.infer({**feeds([token], i, stateful=False), **past})
+        rows.append(out["logits"][0, -1].copy())
+        past = {name: out[name.replace("past_key_values", "present")].copy() for name in past}
+    assert past["past_key_values.0.key"].shape == (1, h.n_kv_heads, len(ids), h.head_dim)
+    np.testing.assert_allclose(np.stack(rows), score(stateful, ids), atol=1e-4)
+
+
+def test_batch_rows_with_left_padding_match_single_rows(tiny_model):
+    model, request = compile_graph(tiny_model("llama", "F16"))
+    long, short = prompt(model, 7, seed=2), prompt(model, 4, seed=3)
+    ids = np.stack([long, np.concatenate([np.zeros(3, np.int64), short])])
+    mask = np.array([[1] * 7, [0] * 3 + [1] * 4])
+    positions = np.stack([np.arange(7), np.concatenate([np.zeros(3), np.arange(4)])]).astype(np.int64)
+    request.reset_state()
+    out = request.infer({"input_ids": ids, "attention_mask": mask, "position_ids": positions,
+                         "beam_idx": np.arange(2, dtype=np.int32),
+                         "logits_from": np.array([6])})["logits"][:, -1]
+    np.testing.assert_allclose(out[0], score(request, long)[-1], atol=1e-4)
+    np.testing.assert_allclose(out[1], score(request, short)[-1], atol=1e-4)
+
+
+@pytest.mark.slow
+def test_smollm2_top1_agrees_with_the_reference(smollm2_path):
+    model, request = compile_graph(smollm2_path)
+    reference = Reference(model)
+    agree = total = 0
+    for seed, n in ((0, 48), (1, 32), (2, 24)):
+        ids = prompt(model, n, seed)
+        agree += int((score(request, ids).argmax(-1) == reference.logits(ids).argmax(-1)).sum())
+        total += n
+    assert agree / total >= 0.99
