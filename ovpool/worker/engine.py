@@ -22,7 +22,7 @@ from ovpool.completion import Completion, Delta
 from ovpool.errors import InvalidRequestError
 from ovpool.settings import Settings
 from ovpool.worker import graph
-from ovpool.worker.chat import render
+from ovpool.worker.chat import check_messages, render
 from ovpool.worker.generation import Generation, check_prompt
 from ovpool.worker.model import GGUFModel
 from ovpool.worker.sampling import SamplingParams
@@ -93,15 +93,9 @@ class Engine:
                                   "({'role': ..., 'content': ...})")
 
     def render_chat(self, messages: Sequence[Mapping[str, Any]]) -> str:
-        tokens = self.model.metadata.get("tokenizer.ggml.tokens") or []
-
-        def text(token_id):
-            return tokens[token_id] if token_id is not None and token_id < len(tokens) else ""
-
-        eos = self.model.metadata.get("tokenizer.ggml.eos_token_id")
-        return render(self.model.metadata.get("tokenizer.chat_template"), list(messages),
-                      add_generation_prompt=True, bos_token=text(self.tokenizer.bos_id),
-                      eos_token=text(eos))
+        return render(self.model.metadata.get("tokenizer.chat_template"), messages,
+                      add_generation_prompt=True, bos_token=self.tokenizer.bos_token,
+                      eos_token=self.tokenizer.eos_token)
 
     def logits(self, ids: Sequence[int]) -> np.ndarray:
         """Teacher-forced logits: row i scores the token after ``ids[:i + 1]``; float32 [len(ids), vocab]."""
@@ -136,9 +130,7 @@ class Engine:
             return gen.completion()
 
     def chat(self, messages: Sequence[Mapping[str, Any]], **sampling: Any) -> Completion:
-        if isinstance(messages, str) or not all(isinstance(m, Mapping) for m in messages):
-            raise InvalidRequestError("chat messages are a list of {'role': ..., 'content': ...} dicts")
-        return self.complete(list(messages), **sampling)
+        return self.complete(check_messages(messages), **sampling)
 
     def _check(self, ids: Sequence[int], new_tokens: int) -> None:
         check_prompt(ids, vocab_size=self.hparams.vocab_size, context_length=self.hparams.context_length,
