@@ -50,6 +50,15 @@ def test_top_p_keeps_smallest_prefix_reaching_the_mass():
     assert seen == {0, 1}
 
 
+def test_top_p_on_a_flat_distribution_with_a_wide_nucleus():
+    # Thousands of tokens in the nucleus: more than the sampler's partitioned head holds.
+    logits = -np.linspace(0, 3, 5000).astype(np.float32)
+    probs = np.exp(logits) / np.exp(logits).sum()
+    nucleus = int(np.searchsorted(np.cumsum(probs), 0.5)) + 1
+    seen = draws(SamplingParams(temperature=1.0, top_p=0.5, seed=0), logits, 1000)
+    assert max(seen) < nucleus and max(seen) > 0.9 * nucleus > 600
+
+
 @pytest.mark.parametrize("temperature", [0.5, 1.0, 2.0])
 def test_temperature_draws_follow_the_tempered_softmax(temperature):
     logits = np.array([2.0, 1.0, 0.0, -1.0], np.float32)
@@ -79,9 +88,13 @@ def test_held_text_is_released_when_it_cannot_be_a_stop():
     assert not stopped and out == ["", "Help me", ""]
 
 
-def test_earliest_of_several_stops_wins():
+def test_first_stop_to_complete_wins():
     out, stopped = run(("world", "lo"), ["hello world"])
     assert stopped and "".join(out) == "hel"
+    # "b" completes before "XbX" does, so the text is cut the same way in one chunk or three.
+    for chunks in (["XbX"], ["X", "b", "X"]):
+        out, stopped = run(("XbX", "b"), chunks)
+        assert stopped and "".join(out) == "X"
 
 
 @given(st.text(alphabet="abXY", max_size=30), st.lists(st.integers(0, 30), max_size=8),
@@ -90,6 +103,7 @@ def test_stop_matcher_equals_cutting_the_whole_text(text, cuts, stops):
     bounds = sorted({0, len(text), *(c for c in cuts if c <= len(text))})
     deltas = [text[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
     out, stopped = run(tuple(stops), deltas)
-    hits = [i for s in stops if (i := text.find(s)) >= 0]
+    # Whatever the chunking: cut where the first stop string to complete starts.
+    hits = [(i + len(s), i) for s in stops if (i := text.find(s)) >= 0]
     assert stopped == bool(hits)
-    assert "".join(out) == (text[:min(hits)] if hits else text)
+    assert "".join(out) == (text[:min(hits)[1]] if hits else text)

@@ -101,10 +101,9 @@ class BytePairEncoder:
     def __init__(self, vocab: dict[str, int], merges: list[str], ignore_merges: bool = False,
                  unk_id: int | None = None):
         self._vocab = vocab
-        self._ranks: dict[tuple[str, str], int] = {}
-        for rank, line in enumerate(merges):
-            left, _, right = line.partition(" ")
-            self._ranks[(left, right)] = rank
+        # Keyed by the merge line itself ("left right"): byte-level tokens never hold a real
+        # space, and building this dict is then one C-level zip (it is on the model load path).
+        self._ranks: dict[str, int] = dict(zip(merges, range(len(merges)), strict=True))
         self._ignore_merges = ignore_merges
         self._unk = unk_id
         self._cache: dict[str, tuple[int, ...]] = {}
@@ -134,7 +133,7 @@ class BytePairEncoder:
         while len(parts) > 1:
             best, best_rank = -1, None
             for i in range(len(parts) - 1):
-                r = ranks.get((parts[i], parts[i + 1]))
+                r = ranks.get(parts[i] + " " + parts[i + 1])
                 if r is not None and (best_rank is None or r < best_rank):
                     best, best_rank = i, r
             if best < 0:

@@ -11,6 +11,7 @@ import codecs
 from collections.abc import Iterable
 from typing import Any
 
+import numpy as np
 import regex
 
 from ovpool.errors import ModelFormatError, UnsupportedModelError
@@ -37,8 +38,8 @@ class Tokenizer:
         self.tokens: list[str] = list(_required(metadata, _K + "tokens"))
         self.vocab_size = len(self.tokens)
         types = metadata.get(_K + "token_type")
-        self._types = [NORMAL] * self.vocab_size if types is None else [int(t) for t in types]
-        self._vocab = {t: i for i, t in enumerate(self.tokens)}
+        self._types = [NORMAL] * self.vocab_size if types is None else np.asarray(types).tolist()
+        self._vocab = dict(zip(self.tokens, range(self.vocab_size), strict=True))
         self.bos_id = metadata.get(_K + "bos_token_id")
         unk = metadata.get(_K + "unknown_token_id")
         spm = self.model == "llama"
@@ -47,8 +48,8 @@ class Tokenizer:
         self.add_space_prefix = spm and bool(metadata.get(_K + "add_space_prefix", True))
         self.eos_ids = self._end_of_generation_ids(metadata)
         self._eos_id = metadata.get(_K + "eos_token_id")
-        self._specials = [i for i, t in enumerate(self._types) if t in (CONTROL, USER_DEFINED)]
-        texts = sorted((self.tokens[i] for i in self._specials if self.tokens[i]), key=len, reverse=True)
+        specials = np.flatnonzero(np.isin(self._types, (CONTROL, USER_DEFINED))).tolist()
+        texts = sorted((self.tokens[i] for i in specials if self.tokens[i]), key=len, reverse=True)
         self._special_re = regex.compile("|".join(map(regex.escape, texts))) if texts else None
         self._piece_cache: dict[int, bytes] = {}
         if self.model == "gpt2":
