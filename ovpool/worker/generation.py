@@ -10,6 +10,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator, Sequence
 
+import numpy as np
+
 from ovpool.completion import Completion, Delta, Usage
 from ovpool.errors import InvalidRequestError
 from ovpool.worker.sampling import Sampler, SamplingParams, StopMatcher
@@ -35,8 +37,9 @@ def check_prompt(ids: Sequence[int], *, vocab_size: int, context_length: int, ma
 class Generation:
     """Generate from ``prompt_ids`` with ``params``. Use as a context manager, or call ``close()``."""
 
-    def __init__(self, session: Session, release: Callable[[Session], None], prompt_ids: Sequence[int],
-                 params: SamplingParams, tokenizer, *, context_length: int, prefill_chunk: int | None = None):
+    def __init__(self, session: Session | None, release: Callable[[Session], None] | None,
+                 prompt_ids: Sequence[int], params: SamplingParams, tokenizer, *, context_length: int,
+                 prefill_chunk: int | None = None):
         self._session, self._release = session, release
         self.prompt_ids, self.params = list(prompt_ids), params
         self._pending = list(prompt_ids)
@@ -67,7 +70,14 @@ class Generation:
                 return None
         else:
             logits = self._session.forward(self.token_ids[-1:], logits_from=0)
-        return self._accept(self._sampler.choose(logits[-1]))
+        return self.feed(logits[-1])
+
+    def feed(self, logits: np.ndarray) -> Delta | None:
+        """Sample the next token from its logits [vocab] (from any forward pass) and accept it.
+
+        A Generation driven from outside (a batched forward pass) is built with session=None.
+        """
+        return self._accept(self._sampler.choose(logits))
 
     def __iter__(self) -> Iterator[Delta]:
         """Step to the end, yielding each Delta with new text."""
