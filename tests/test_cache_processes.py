@@ -7,9 +7,13 @@ import sys
 from pathlib import Path
 
 import cache_toy
+import openvino as ov
 import pytest
+from click.testing import CliRunner
 
+from ovpool.cache.loader import load_compiled
 from ovpool.cache.store import PAUSE_ENV, CacheStore
+from ovpool.cli import main
 
 OVPOOL = [sys.executable, "-m", "ovpool"]
 TOY = [sys.executable, str(Path(cache_toy.__file__))]
@@ -20,6 +24,12 @@ def model_file(tmp_path):
     path = tmp_path / "toy.gguf"
     path.write_bytes(os.urandom(8192))
     return path
+
+
+def cli_json(*args: str):
+    result = CliRunner().invoke(main, [*args, "--json"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return json.loads(result.output)
 
 
 def files(directory: Path) -> list[str]:
@@ -69,9 +79,7 @@ def test_sigkill_during_export_leaves_no_hit_and_gc_cleans_up(tmp_path, model_fi
                                 capture_output=True, text=True, timeout=120)
     assert cache_only.returncode != 0 and "CacheMissError" in cache_only.stderr
 
-    gc = subprocess.run([*OVPOOL, "cache", "gc", "--cache-dir", str(cache.root), "--json"],
-                        capture_output=True, text=True, timeout=120, check=True)
-    report = json.loads(gc.stdout)
+    report = cli_json("cache", "gc", "--cache-dir", str(cache.root))
     assert (len(report["temp"]), len(report["blobs"])) == (temps, blobs)
     assert files(cache.tmp_dir) == [] and files(cache.blobs_dir) == []
 
@@ -84,9 +92,8 @@ def test_gc_spares_a_live_writers_temp_and_an_exporting_family(tmp_path, model_f
     cache = CacheStore(tmp_path / "cache")
     proc = start_paused(cache.root, model_file, "manifest-write")
     try:
-        gc = subprocess.run([*OVPOOL, "cache", "gc", "--cache-dir", str(cache.root), "--json"],
-                            capture_output=True, text=True, timeout=120, check=True)
-        assert json.loads(gc.stdout) == {"temp": [], "manifests": [], "blobs": [], "entries": []}
+        nothing = {"temp": [], "manifests": [], "blobs": [], "entries": []}
+        assert cli_json("cache", "gc", "--cache-dir", str(cache.root)) == nothing
         assert len(files(cache.tmp_dir)) == 1 and len(files(cache.blobs_dir)) == 1
     finally:
         proc.kill()
@@ -95,14 +102,12 @@ def test_gc_spares_a_live_writers_temp_and_an_exporting_family(tmp_path, model_f
 
 def test_gc_evicts_least_recently_hit_beyond_max_bytes(tmp_path, model_file):
     cache = CacheStore(tmp_path / "cache")
-    entries = []
-    for kv in ("f16", "u8", "f32"):
-        out = subprocess.run([*TOY, str(cache.root), str(model_file), "--set", f"kv_cache_precision={kv}"],
-                             capture_output=True, text=True, timeout=120, check=True)
-        entries.append(out.stdout.split()[2])
+    entries = [load_compiled(ov.Core(), identity=cache_toy.identity(model_file, {"kv_cache_precision": kv}),
+                             device="CPU", config={}, build=cache_toy.build, cache_dir=cache.root,
+                             cache_only=False).entry
+               for kv in ("f16", "u8", "f32")]
     os.utime(cache.blob_path(entries[0] + ".blob"), (1, 1))  # the oldest hit
-    size = cache.blob_path(entries[0] + ".blob").stat().st_size
-    gc = subprocess.run([*OVPOOL, "cache", "gc", "--cache-dir", str(cache.root), "--json",
-                         "--max-bytes", str(2 * size)], capture_output=True, text=True, check=True)
-    assert json.loads(gc.stdout)["entries"] == [entries[0]]
+    budget = sum(cache.blob_path(e + ".blob").stat().st_size for e in entries[1:])
+    report = cli_json("cache", "gc", "--cache-dir", str(cache.root), "--max-bytes", str(budget))
+    assert report["entries"] == [entries[0]]
     assert sorted(files(cache.blobs_dir)) == sorted(e + ".blob" for e in entries[1:])
