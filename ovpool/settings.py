@@ -87,6 +87,10 @@ _SETTINGS = [
     Setting("curve_server_key", str, "", "the broker's CURVE public key file (clients and workers)"),
     Setting("curve_allowed_keys", str, "", "broker: directory of public keys allowed to connect"),
     Setting("prefill_chunk", int, 256, "prompt tokens prefilled per step while others decode", minimum=1),
+    Setting("batching", str, "paged", "how a worker runs its sequences: paged (one batched forward pass "
+            "per step, continuous batching) or interleaved (one pass per sequence)",
+            choices=("paged", "interleaved")),
+    Setting("kv_cache_mb", int, 512, "MiB of paged KV-cache blocks per worker (batching=paged)", minimum=1),
     # Graph-changing: these enter the cache fingerprint.
     Setting("inference_precision", str, "auto", "compute precision (auto: fastest correct on the device)",
             choices=("auto", "f32", "bf16", "f16"), graph=True),
