@@ -51,7 +51,8 @@ class Reference:
         """x [seq, heads, head_dim] rotated by position, in the GGUF row layout of the arch."""
         d = self.h.head_dim
         theta = pos[:, None] * self.h.rope_base ** (-np.arange(0, d, 2) / d)  # [seq, d/2]
-        cos, sin = np.cos(theta)[:, None, :], np.sin(theta)[:, None, :]
+        cos = np.cos(theta)[:, None, :].astype(np.float32)
+        sin = np.sin(theta)[:, None, :].astype(np.float32)
         if self.model.architecture == "llama":
             a, b = x[..., 0::2], x[..., 1::2]
         else:

@@ -136,35 +136,50 @@ def _vector(model: GGUFModel, name: str) -> np.ndarray:
     return dequantize(unpack(info.ggml_type, model.raw(name), info.shape)).reshape(-1)
 
 
-def _projection(ctx: _Context, name: str, x: ov.Output, heads: int = 0) -> ov.Output:
-    """x @ W.T (+ bias); ``heads`` > 0 marks llama Q/K rows to un-permute for rotate-half RoPE."""
-    permute = ctx.h.head_dim if heads and ctx.model.architecture == "llama" else 0
-    y = W.load(ctx.model, name + ".weight", permute).linear(x)
-    if name + ".bias" in ctx.model.tensors:
-        bias = _vector(ctx.model, name + ".bias")
-        if permute:
-            bias = bias[W.rope_halves_order(bias.size, permute)]
-        y = ops.add(y, L.const(bias)).output(0)
-    return y
+def _projections(ctx: _Context, names: list[str], x: ov.Output, heads: list[int]) -> list[ov.Output]:
+    """x @ W.T (+ bias) for each of ``names`` (sharing input x), as one stacked MatMul when the
+    weights are encoded alike. ``heads`` > 0 marks llama Q/K rows to un-permute for RoPE."""
+    llama = ctx.model.architecture == "llama"
+    permutes = [ctx.h.head_dim if n and llama else 0 for n in heads]
+    stacked = W.load_stacked(ctx.model, [n + ".weight" for n in names], permutes)
+    if stacked is None:
+        outs = [W.load(ctx.model, n + ".weight", p).linear(x) for n, p in zip(names, permutes, strict=True)]
+    else:
+        sizes = [ctx.model.tensors[n + ".weight"].shape[0] for n in names]
+        y = stacked.linear(x)
+        outs = [y] if len(names) == 1 else ops.variadic_split(y, const_i64(-1), const_i64(sizes)).outputs()
+    return [_bias(ctx, n, y, p) for n, y, p in zip(names, outs, permutes, strict=True)]
+
+
+def _bias(ctx: _Context, name: str, y: ov.Output, permute: int) -> ov.Output:
+    if name + ".bias" not in ctx.model.tensors:
+        return y
+    bias = _vector(ctx.model, name + ".bias")
+    if permute:
+        bias = bias[W.rope_halves_order(bias.size, permute)]
+    return ops.add(y, L.const(bias)).output(0)
 
 
 def _block(ctx: _Context, i: int, x: ov.Output) -> ov.Output:
     h, b = ctx.h, f"blk.{i}."
     n = L.rms_norm(x, _vector(ctx.model, b + "attn_norm.weight"), h.rms_eps)
-    q = L.split_heads(_projection(ctx, b + "attn_q", n, h.n_heads), h.n_heads, h.head_dim)
-    k = L.split_heads(_projection(ctx, b + "attn_k", n, h.n_kv_heads), h.n_kv_heads, h.head_dim)
-    v = L.split_heads(_projection(ctx, b + "attn_v", n), h.n_kv_heads, h.head_dim)
-    q, k = L.apply_rope(q, ctx.cos, ctx.sin), L.apply_rope(k, ctx.cos, ctx.sin)
-    if ctx.attention is not None:
+    q, k, v = _projections(ctx, [b + "attn_q", b + "attn_k", b + "attn_v"], n,
+                           [h.n_heads, h.n_kv_heads, 0])
+    q = L.apply_rope(L.split_heads(q, h.n_heads, h.head_dim), ctx.cos, ctx.sin)
+    k = L.apply_rope(L.split_heads(k, h.n_kv_heads, h.head_dim), ctx.cos, ctx.sin)
+    v = L.split_heads(v, h.n_kv_heads, h.head_dim)
+    if ctx.attention is not None:  # e.g. paged attention (see port_spec)
         a = ctx.attention.attend(ctx.params, i, q, k, v)
     else:
         k, v = _cache(ctx, i, "key", k), _cache(ctx, i, "value", v)
         a = L.merge_heads(L.attend(q, k, v, ctx.mask, h, ctx.settings.attention == "manual"),
                           h.n_heads * h.head_dim)
-    x = ops.add(x, _projection(ctx, b + "attn_output", a))
+    (o,) = _projections(ctx, [b + "attn_output"], a, [0])
+    x = ops.add(x, o)
     n = L.rms_norm(x, _vector(ctx.model, b + "ffn_norm.weight"), h.rms_eps)
-    gate, up = _projection(ctx, b + "ffn_gate", n), _projection(ctx, b + "ffn_up", n)
-    return ops.add(x, _projection(ctx, b + "ffn_down", L.swiglu(gate, up))).output(0)
+    gate, up = _projections(ctx, [b + "ffn_gate", b + "ffn_up"], n, [0, 0])
+    (down,) = _projections(ctx, [b + "ffn_down"], L.swiglu(gate, up), [0])
+    return ops.add(x, down).output(0)
 
 
 def _cache(ctx: _Context, layer: int, kind: str, new: ov.Output) -> ov.Output:

@@ -78,6 +78,26 @@ def permute_rows(p: Packed, order: np.ndarray) -> Packed:
                    correction=pick(p.correction))
 
 
+def concat_rows(parts: list[Packed]) -> Packed | None:
+    """One Packed with the rows of ``parts`` stacked (one MatMul instead of several), or None
+    when their encodings differ."""
+    first = parts[0]
+    same = all(p.element == first.element and p.group == first.group and p.shape[1] == first.shape[1]
+               and (p.scale is None) == (first.scale is None)
+               and (p.scale is None or p.scale.dtype == first.scale.dtype)
+               and (p.zero is None) == (first.zero is None) for p in parts)
+    if not same:
+        return None
+    cat = lambda arrays: None if arrays[0] is None else np.concatenate(arrays)  # noqa: E731
+    corrections = [p.correction for p in parts]
+    if any(c is not None for c in corrections):
+        corrections = [np.zeros(p.scale.shape, np.float32) if c is None else c
+                       for p, c in zip(parts, corrections, strict=True)]
+    rows = sum(p.shape[0] for p in parts)
+    return Packed(cat([p.codes for p in parts]), first.element, (rows, first.shape[1]), first.group,
+                  cat([p.scale for p in parts]), cat([p.zero for p in parts]), cat(corrections))
+
+
 def pack_nibbles(q: np.ndarray) -> np.ndarray:
     """u8 values < 16, [rows, cols] → OpenVINO u4 bytes [rows, cols // 2]."""
     return q[:, 0::2] | (q[:, 1::2] << np.uint8(4))

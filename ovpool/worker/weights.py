@@ -12,7 +12,7 @@ import openvino as ov
 import openvino.opset13 as ops
 
 from ovpool.worker.model import GGUFModel
-from ovpool.worker.quants import Packed, permute_rows, unpack
+from ovpool.worker.quants import Packed, concat_rows, permute_rows, unpack
 
 _ELEMENT = {"f32": ov.Type.f32, "f16": ov.Type.f16, "bf16": ov.Type.bf16, "i8": ov.Type.i8,
             "u4": ov.Type.u4, "i4": ov.Type.i4}
@@ -35,11 +35,22 @@ def constant(array: np.ndarray, element: ov.Type | None = None, shape=None) -> o
 
 def load(model: GGUFModel, name: str, head_size: int = 0) -> Weight:
     """Tensor ``name`` as a Weight; ``head_size`` > 0 un-permutes llama's Q/K rows (see below)."""
+    return Weight(_packed(model, name, head_size), name)
+
+
+def load_stacked(model: GGUFModel, names: list[str], head_sizes: list[int]) -> Weight | None:
+    """Tensors sharing an input (Q, K, V; gate, up) as one Weight with their rows stacked, so one
+    MatMul kernel runs where there were several; None if their encodings differ."""
+    packed = concat_rows([_packed(model, n, hs) for n, hs in zip(names, head_sizes, strict=True)])
+    return None if packed is None else Weight(packed, "+".join(names))
+
+
+def _packed(model: GGUFModel, name: str, head_size: int) -> Packed:
     info = model.tensors[name]
     packed = unpack(info.ggml_type, model.raw(name), info.shape)
     if head_size:
         packed = permute_rows(packed, rope_halves_order(packed.shape[0], head_size))
-    return Weight(packed, name)
+    return packed
 
 
 def rope_halves_order(rows: int, head_size: int) -> np.ndarray:
