@@ -21,6 +21,7 @@ from gguf.constants import GGUF_DEFAULT_ALIGNMENT, GGUF_MAGIC
 from ovpool.errors import ModelFormatError
 
 _SUPPORTED_VERSIONS = (2, 3)
+_HEADER_PREFETCH = 1 << 20
 
 # struct format and numpy dtype of each fixed-size value type (little-endian files only).
 _SCALARS: dict[GGUFValueType, tuple[str, np.dtype]] = {
@@ -157,9 +158,18 @@ def read_header(path: str | Path) -> GGUFHeader:
             if size < 24:
                 raise ModelFormatError(f"{path}: {size} bytes is too short to be a GGUF file")
             with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+                _no_readahead_past_header(buf)
                 return _parse(_Cursor(buf, path), size)
     except OSError as exc:
         raise ModelFormatError(f"{path}: cannot read the file: {exc.strerror or exc}") from exc
+
+
+def _no_readahead_past_header(buf: mmap.mmap) -> None:
+    # The kernel's fault read-ahead (8 MiB on some disks) would pull megabytes of weights into the
+    # page cache behind the header, which a cache-only start must not read (tests count them with
+    # mincore). Random access stops it; WILLNEED still fetches the first MiB in one go.
+    buf.madvise(mmap.MADV_RANDOM)
+    buf.madvise(mmap.MADV_WILLNEED, 0, min(len(buf), _HEADER_PREFETCH))
 
 
 def _parse(cur: _Cursor, size: int) -> GGUFHeader:
