@@ -28,7 +28,7 @@ from ovpool.protocol import Cancel, Message, Status, Submit, decode, encode
 from ovpool.settings import Settings
 
 
-def _dealer(context: zmq.Context, broker: str, settings: Settings) -> zmq.Socket:
+def dealer(context: zmq.Context, broker: str, settings: Settings) -> zmq.Socket:
     sock = context.socket(zmq.DEALER)
     sock.linger = 0
     sock.sndhwm = sock.rcvhwm = 100_000
@@ -37,14 +37,14 @@ def _dealer(context: zmq.Context, broker: str, settings: Settings) -> zmq.Socket
     return sock
 
 
-def _safe_decode(frames: list[bytes]) -> Message | None:
+def safe_decode(frames: list[bytes]) -> Message | None:
     try:
         return decode(frames)
     except errors.ProtocolError:
         return None  # a newer broker's message this client cannot read: its request times out
 
 
-class _Base:
+class ClientBase:
     def __init__(self, broker: str | None, model: str, timeout: float | None,
                  settings: Settings | dict | None):
         self.settings = Settings.coerce(settings)
@@ -59,14 +59,14 @@ class _Base:
                            timeout if timeout is not None else self.timeout, sampling)
 
 
-class Client(_Base):
+class Client(ClientBase):
     """``with Client("tcp://127.0.0.1:5555") as c: c.complete("Hello", max_tokens=16)``."""
 
     def __init__(self, broker: str | None = None, *, model: str = "", timeout: float | None = None,
                  settings: Settings | dict | None = None):
         super().__init__(broker, model, timeout, settings)
         self._context = zmq.Context()
-        self._socket = _dealer(self._context, self.broker, self.settings)
+        self._socket = dealer(self._context, self.broker, self.settings)
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)
@@ -196,7 +196,7 @@ class Client(_Base):
                 frames = self._socket.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return
-            msg = _safe_decode(frames)
+            msg = safe_decode(frames)
             if msg is not None:
                 self._send(self._pending.on_message(msg, now))
 

@@ -86,8 +86,8 @@ class _Pending:
 
 
 class PendingRequests:
-    def __init__(self, now: float, unavailable_s: float = timing.CLIENT_UNAVAILABLE_S):
-        self.unavailable_s = unavailable_s
+    def __init__(self, now: float, unavailable_s: float | None = None):
+        self._unavailable_s = unavailable_s
         self._pending: dict[str, _Pending] = {}
         self._status_waiters: deque[Any] = deque()
         self._last_heard = now
@@ -145,9 +145,10 @@ class PendingRequests:
         """Local deadlines, broker silence, and the periodic PING while anything is outstanding."""
         if not self._pending and not self._status_waiters:
             return []
-        if now - self._last_heard >= self.unavailable_s:
+        unavailable_s = self._unavailable_s or timing.CLIENT_UNAVAILABLE_S
+        if now - self._last_heard >= unavailable_s:
             self._fail_all(errors.BrokerUnavailableError(
-                f"no reply from the broker for {self.unavailable_s:.1f}s; is it running, and do the"
+                f"no reply from the broker for {unavailable_s:.1f}s; is it running, and do the"
                 " CURVE keys match?"))
             return []
         for rid in [r for r, p in self._pending.items() if now >= p.deadline]:

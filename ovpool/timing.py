@@ -35,7 +35,7 @@ SHUTDOWN_GRACE_S: float = HEARTBEAT_EXPIRY_S
 # A restarted broker queues requests for models it has not seen yet for this long, so that
 # workers can register again before clients get ModelNotFound; an orphaned queue (no live worker
 # for its model) fails after the same grace.
-BROKER_GRACE_S: float = HEARTBEAT_EXPIRY_S * 2
+BROKER_GRACE_S: float = HEARTBEAT_EXPIRY_S * 5
 
 # A client fails its requests with BrokerUnavailable after hearing nothing for this long.
 CLIENT_UNAVAILABLE_S: float = HEARTBEAT_EXPIRY_S * 10

@@ -13,6 +13,7 @@ Every method takes ``now`` (monotonic seconds) so tests drive time by hand. Inva
 
 from __future__ import annotations
 
+import dataclasses
 import secrets
 from collections import deque
 
@@ -145,12 +146,15 @@ class Router:
 
     def _resolve_model(self, model: str, now: float) -> str:
         served = [m for m, ws in self._by_model.items() if ws]
+        starting = now < self.started + timing.BROKER_GRACE_S
         if not model:
             if len(served) == 1:
                 return served[0]
+            if not served and starting:
+                return ""  # the only model is decided when the first worker registers
             raise errors.InvalidRequestError(
                 f"name a model: this broker serves {sorted(served) or 'none yet'}")
-        if model not in served and now >= self.started + timing.BROKER_GRACE_S:
+        if model not in served and not starting:
             raise errors.ModelNotFoundError(f"no worker serves model {model!r}; served: {sorted(served)}")
         return model
 
@@ -181,8 +185,22 @@ class Router:
         self.workers[peer] = worker
         for model in msg.models:
             self._by_model.setdefault(model, []).append(worker)
+        self._adopt_unnamed()
         for model in msg.models:
             self._dispatch(model, out)
+
+    def _adopt_unnamed(self) -> None:
+        """Requests that named no model while none was served go to the only one served now."""
+        served = [m for m, ws in self._by_model.items() if ws]
+        unnamed = self.queues.get("")
+        if not unnamed or len(served) != 1:
+            return
+        target = self.queues.setdefault(served[0], deque())
+        for rid in unnamed:
+            job = self.jobs[rid]
+            job.request = dataclasses.replace(job.request, model=served[0])
+            target.append(rid)
+        unnamed.clear()
 
     def _on_partial(self, peer: bytes, msg: Partial, now: float, out: Output) -> None:
         job = self._job_on(peer, msg.request_id, out)
@@ -307,6 +325,8 @@ class Router:
 
     def _orphaned(self, job: Job) -> errors.RequestError:
         served = sorted(m for m, ws in self._by_model.items() if ws)
+        if not job.model:
+            return errors.InvalidRequestError(f"name a model: this broker serves {served or 'none'}")
         if job.attempts:
             return errors.WorkerLostError(f"the workers serving {job.model!r} are gone; served: {served}")
         return errors.ModelNotFoundError(f"no worker serves model {job.model!r}; served: {served}")

@@ -1,0 +1,122 @@
+"""AsyncClient: the Client API as coroutines and async iterators (zmq.asyncio, one event loop).
+
+``async with AsyncClient(endpoint) as c: await c.complete("Hi")``. One reader task delivers
+replies and one timer task pings and enforces deadlines; the protocol logic is PendingRequests,
+shared with the threaded Client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+from ovpool import errors, timing
+from ovpool.client import ClientBase, dealer, safe_decode
+from ovpool.completion import Completion, Delta
+from ovpool.pending import END, FutureSink, StreamSink
+from ovpool.protocol import Cancel, Message, Status, Submit, encode
+from ovpool.settings import Settings
+
+
+class AsyncClient(ClientBase):
+    def __init__(self, broker: str | None = None, *, model: str = "", timeout: float | None = None,
+                 settings: Settings | dict | None = None):
+        super().__init__(broker, model, timeout, settings)
+        self._context = zmq.asyncio.Context()
+        self._socket = dealer(self._context, self.broker, self.settings)
+        self._tasks: list[asyncio.Task] = []
+
+    async def __aenter__(self) -> AsyncClient:
+        self._tasks = [asyncio.create_task(self._read()), asyncio.create_task(self._timers())]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks = []
+        self._pending._fail_all(errors.BrokerUnavailableError("the client was closed"))
+        self._socket.close()
+        self._context.term()
+
+    def submit(self, prompt: str | list, *, model: str | None = None, timeout: float | None = None,
+               **sampling: Any) -> asyncio.Future:
+        """Send a request now; await the returned Future for the Completion."""
+        msg = self._submit_msg(prompt, model, timeout, sampling)
+        future = asyncio.get_running_loop().create_future()
+        future.request_id = msg.request_id
+        self._start(msg, FutureSink(future))
+        return future
+
+    async def complete(self, prompt: str, **kwargs: Any) -> Completion:
+        return await self.submit(prompt, **kwargs)
+
+    async def chat(self, messages: list[dict[str, str]], **kwargs: Any) -> Completion:
+        return await self.submit(messages, **kwargs)
+
+    def stream(self, prompt: str | list, *, model: str | None = None, timeout: float | None = None,
+               **sampling: Any) -> AsyncIterator[Delta]:
+        """``async for delta in client.stream(...)``; leaving the loop early cancels the request."""
+        msg = self._submit_msg(prompt, model, timeout, sampling)
+        items: asyncio.Queue = asyncio.Queue()
+        self._start(msg, StreamSink(items.put_nowait))
+        return self._iterate(msg.request_id, items)
+
+    async def _iterate(self, request_id: str, items: asyncio.Queue) -> AsyncIterator[Delta]:
+        finished = False
+        try:
+            while (item := await items.get()) is not END:
+                if isinstance(item, Exception):
+                    finished = True
+                    raise item
+                yield item
+            finished = True
+        finally:
+            if not finished:
+                self._pending.forget(request_id)
+                self._send([Cancel(request_id)])
+
+    async def cancel(self, request: str | asyncio.Future) -> None:
+        self._send([Cancel(getattr(request, "request_id", request))])
+
+    async def status(self, timeout: float = 10.0) -> dict:
+        future = asyncio.get_running_loop().create_future()
+        self._pending.add_status_waiter(FutureSink(future), time.monotonic())
+        self._send([Status()])
+        try:
+            return await asyncio.wait_for(future, timeout)
+        except asyncio.TimeoutError as exc:
+            raise errors.BrokerUnavailableError(f"no status reply from {self.broker} in {timeout}s") from exc
+
+    def _start(self, msg: Submit, sink: Any) -> None:
+        if not self._tasks:
+            raise errors.BrokerUnavailableError("use `async with AsyncClient(...)` before sending")
+        self._pending.add(msg, sink, time.monotonic())
+        self._send([msg])
+
+    def _send(self, msgs: list[Message]) -> None:
+        for msg in msgs:
+            with contextlib.suppress(zmq.Again):
+                self._socket.send_multipart(encode(msg), zmq.NOBLOCK)
+
+    async def _read(self) -> None:
+        while True:
+            msg = safe_decode(await self._socket.recv_multipart())
+            if msg is not None:
+                self._send(self._pending.on_message(msg, time.monotonic()))
+
+    async def _timers(self) -> None:
+        while True:
+            self._send(self._pending.tick(time.monotonic()))
+            await asyncio.sleep(timing.POLL_INTERVAL_S)
