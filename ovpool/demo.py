@@ -1,0 +1,134 @@
+"""``make demo``: the main job on a fresh machine, end to end, in about a minute.
+
+Starts ``ovpool serve`` with the default model on CPU, waits until its worker is ready, streams one
+prompt to the terminal, asks one chat question, shows ``ovpool status`` and ``ovpool cache ls``, and
+stops everything. The first run compiles the model and writes it to the cache
+(``model cache WROTE``); a second run imports it (``model cache HIT``) and is ready much sooner.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from ovpool.serve.spec import DEFAULT_MODEL, default_cache_dir
+from ovpool.settings import Settings
+
+READY_TIMEOUT_S = 600
+_CACHE_LINE = re.compile(r"model cache (HIT|WROTE|MISS)\b.*")
+
+
+def say(text: str) -> None:
+    print(f"\n\033[1m== {text}\033[0m", flush=True)
+
+
+def ovpool(*args: str) -> None:
+    """Run an ovpool command the way a user would, showing the command line."""
+    print(f"$ ovpool {' '.join(args)}", flush=True)
+    subprocess.run([sys.executable, "-m", "ovpool", *args], check=True)
+
+
+def free_endpoint() -> str:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"tcp://127.0.0.1:{s.getsockname()[1]}"
+
+
+@contextlib.contextmanager
+def serving(workdir: Path, endpoint: str) -> Iterator[subprocess.Popen]:
+    """`ovpool serve` in the background, its log in ``workdir``; SIGTERM on the way out."""
+    argv = [sys.executable, "-m", "ovpool", "serve", "--bind", endpoint,
+            "--state-file", str(workdir / "serve.json")]
+    print(f"$ ovpool serve --bind {endpoint}   (log: {workdir / 'serve.log'})", flush=True)
+    with open(workdir / "serve.log", "wb") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        yield proc
+    finally:
+        stop(proc)
+
+
+def wait_ready(proc: subprocess.Popen, workdir: Path) -> float:
+    """Seconds until serve's worker is ready; the model's cache outcome is printed on the way."""
+    started, state_file = time.monotonic(), workdir / "serve.json"
+    while time.monotonic() - started < READY_TIMEOUT_S:
+        if proc.poll() is not None:
+            raise SystemExit(f"ovpool serve exited:\n{(workdir / 'serve.log').read_text()[-3000:]}")
+        with contextlib.suppress(FileNotFoundError, json.JSONDecodeError):
+            workers = json.loads(state_file.read_text())["workers"]
+            if workers and all(w["state"] == "ready" for w in workers):
+                return time.monotonic() - started
+            failing = [w for w in workers if w["state"] == "failing"]
+            if failing:
+                raise SystemExit(f"worker failing: {failing[0]['reason']}")
+        time.sleep(0.2)
+    raise SystemExit(f"no worker ready after {READY_TIMEOUT_S} s; see {workdir / 'serve.log'}")
+
+
+def report_load(log: Path, seconds: float) -> None:
+    """How the worker got its compiled model(s), from its `model cache ...` log lines."""
+    outcomes = [m.group(0) for m in _CACHE_LINE.finditer(log.read_text())]
+    print(f"worker ready {seconds:.1f} s after start")
+    for line in outcomes:
+        print(f"  {line}")
+    if outcomes and all(o.startswith("model cache HIT") for o in outcomes):
+        print("-> imported from the cache: no graph build, no compile")
+    else:
+        print("-> compiled and exported to the cache; run `make demo` again to see it imported (HIT)")
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def ask(endpoint: str) -> None:
+    from ovpool.client import Client
+
+    with Client(endpoint, model=DEFAULT_MODEL) as client:
+        say("streamed completion: 'The three primary colors are'")
+        for delta in client.stream("The three primary colors are", max_tokens=40):
+            print(delta.text, end="", flush=True)
+        print()
+        say("chat: 'What is the capital of France? Answer in one sentence.'")
+        answer = client.chat([{"role": "user", "content": "What is the capital of France? "
+                               "Answer in one sentence."}], max_tokens=40)
+        print(answer.text.strip())
+        print(f"({answer.usage.completion_tokens} tokens, {answer.timings})")
+
+
+def main() -> None:
+    endpoint = free_endpoint()
+    cache = Settings.resolve().cache_dir or default_cache_dir()
+    with tempfile.TemporaryDirectory(prefix="ovpool-demo-") as tmp:
+        workdir = Path(tmp)
+        say(f"starting ovpool serve: model {DEFAULT_MODEL} on CPU, cache {cache}")
+        with serving(workdir, endpoint) as proc:
+            seconds = wait_ready(proc, workdir)
+            report_load(workdir / "serve.log", seconds)
+            ask(endpoint)
+            say("pool status")
+            ovpool("status", "--broker", endpoint)
+            say("compiled-model cache")
+            ovpool("cache", "ls", "--cache-dir", str(cache))
+            say("stopping (SIGTERM to ovpool serve)")
+        print(f"ovpool serve exited with status {proc.returncode}")
+
+
+if __name__ == "__main__":
+    main()

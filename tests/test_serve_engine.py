@@ -1,0 +1,57 @@
+"""`ovpool serve` with the real engine and a shared cache dir, on a tiny generated model."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+
+import pytest
+from serve_helpers import serve, wait_for
+
+from ovpool.client import Client
+
+pytestmark = pytest.mark.slow
+
+
+def cache_lines(text: str, kind: str) -> list[str]:
+    """Pids of the workers that logged ``model cache KIND``."""
+    return re.findall(rf"\[(\d+)\]: model cache {kind} ", text)
+
+
+def test_cold_cache_three_workers_compile_once_and_a_killed_worker_imports(tmp_path, tiny_model):
+    model, cache = tiny_model(), tmp_path / "cache"
+    with serve(tmp_path, "--model", str(model), "--workers", "3", "--cache-dir", str(cache)) as served:
+        workers = served.wait_states("ready", timeout=120)
+        log = served.output()
+        assert len(cache_lines(log, "WROTE")) == 1, log
+        assert len(cache_lines(log, "HIT")) == 2, log
+        with Client(served.endpoint) as client:
+            assert client.complete("hello", model=str(model), max_tokens=3).usage.completion_tokens >= 1
+
+        victim = workers["CPU#1"]["pid"]
+        os.kill(victim, signal.SIGKILL)
+        wait_for(lambda: served.workers()["CPU#1"]["restarts"] == 1
+                 and served.workers()["CPU#1"]["state"] == "ready", 60, "the killed worker to return")
+        new_pid = served.workers()["CPU#1"]["pid"]
+        assert new_pid != victim
+        log = served.output()
+        assert str(new_pid) in cache_lines(log, "HIT"), "the restarted worker did not import the blob"
+        assert len(cache_lines(log, "WROTE")) == 1
+    ls = [sys.executable, "-m", "ovpool", "cache", "ls", "--cache-dir", str(cache), "--json"]
+    listed = subprocess.run(ls, capture_output=True, text=True, check=True)
+    entries = json.loads(listed.stdout)
+    assert len(entries) == 1 and entries[0]["models"] == [str(model)]
+
+
+def test_cache_only_miss_is_reported_failing_not_retried_forever(tmp_path, tiny_model):
+    args = ("--model", str(tiny_model()), "--workers", "1", "--cache-dir", str(tmp_path / "empty"),
+            "--cache-only")
+    with serve(tmp_path, *args) as served:
+        worker = served.wait_states("failing", timeout=120)["CPU"]
+    assert worker["restarts"] == 4
+    assert "MISS" in worker["reason"] or "miss" in worker["reason"], worker["reason"]
+    assert "model cache WROTE" not in served.output()
