@@ -7,7 +7,14 @@ import pytest
 from gguf import GGML_QUANT_SIZES, quants
 from gguf import GGMLQuantizationType as T
 
-from ovpool.worker.quants import dequantize, pack_nibbles, permute_rows, unpack, unpack_nibbles
+from ovpool.worker.quants import (
+    dequantize,
+    pack_nibbles,
+    permute_rows,
+    requantize,
+    unpack,
+    unpack_nibbles,
+)
 
 # Byte offsets of the f16 scale fields inside one block of each type.
 F16_FIELDS = {T.Q8_0: [0], T.Q4_0: [0], T.Q4_1: [0, 2], T.Q4_K: [0, 2], T.Q6_K: [208]}
@@ -75,3 +82,20 @@ def test_permute_rows_moves_every_per_row_array():
     packed = unpack(T.Q4_1, raw, (4, 64))
     order = np.array([2, 0, 3, 1])
     np.testing.assert_array_equal(dequantize(permute_rows(packed, order)), dequantize(packed)[order])
+
+
+@pytest.mark.parametrize("scheme,element,steps", [("q8_sym32", "i8", 127), ("q4_asym32", "u4", 15)])
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K])
+def test_requantized_k_quants_stay_within_a_rounding_step(qtype, scheme, element, steps):
+    packed = unpack(qtype, random_blocks(qtype, 4, 256), (4, 256))
+    exact = dequantize(packed)
+    again = requantize(packed, scheme)
+    assert again.element == element and again.group == 32 and again.correction is None
+    groups = exact.reshape(4, -1, 32)
+    lo, hi = groups.min(-1, keepdims=True), groups.max(-1, keepdims=True)
+    step = (np.maximum(-lo, hi) if element == "i8" else hi - lo) / steps
+    err = np.abs(dequantize(again).reshape(4, -1, 32) - groups)
+    # Half a step of rounding (a whole one where the rounded zero point clips the range), plus
+    # the f16 rounding of the scale times the largest code.
+    rounding = 0.5 if element == "i8" else 1.0
+    assert (err <= step * (rounding + steps * 2.0**-11) + 1e-7).all()

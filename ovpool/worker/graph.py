@@ -101,7 +101,7 @@ def build_model(model: GGUFModel, settings=None, attention=None) -> ov.Model:
     if h.rope_dim != h.head_dim:
         raise UnsupportedModelError(f"partial RoPE ({h.rope_dim} of {h.head_dim} dims) is not supported")
     params = {p["name"]: _parameter(p) for p in port_spec(h, s, attention) if p["direction"] == "in"}
-    embed = W.load(model, "token_embd.weight")
+    embed = W.load(model, "token_embd.weight", requant=s.kquant_requant)
     x = embed.lookup(params["input_ids"].output(0))
     cos, sin = L.rope_tables(params["position_ids"].output(0), h)
     mask = None if attention else L.attention_mask(params["attention_mask"].output(0),
@@ -114,7 +114,7 @@ def build_model(model: GGUFModel, settings=None, attention=None) -> ov.Model:
     else:
         x = ops.slice(x, params["logits_from"], const_i64([_MAX]), const_i64([1]), const_i64([1]))
     x = L.rms_norm(x, _vector(model, "output_norm.weight"), h.rms_eps)
-    head = embed if h.tied_embeddings else W.load(model, "output.weight")
+    head = embed if h.tied_embeddings else W.load(model, "output.weight", requant=s.kquant_requant)
     logits = ops.result(head.linear(x))
     logits.output(0).get_tensor().set_names({"logits"})
     return ov.Model([logits, *ctx.results], ctx.sinks, list(params.values()), model.name)
@@ -141,9 +141,11 @@ def _projections(ctx: _Context, names: list[str], x: ov.Output, heads: list[int]
     weights are encoded alike. ``heads`` > 0 marks llama Q/K rows to un-permute for RoPE."""
     llama = ctx.model.architecture == "llama"
     permutes = [ctx.h.head_dim if n and llama else 0 for n in heads]
-    stacked = W.load_stacked(ctx.model, [n + ".weight" for n in names], permutes)
+    requant = ctx.settings.kquant_requant
+    stacked = W.load_stacked(ctx.model, [n + ".weight" for n in names], permutes, requant)
     if stacked is None:
-        outs = [W.load(ctx.model, n + ".weight", p).linear(x) for n, p in zip(names, permutes, strict=True)]
+        outs = [W.load(ctx.model, n + ".weight", p, requant).linear(x)
+                for n, p in zip(names, permutes, strict=True)]
     else:
         sizes = [ctx.model.tensors[n + ".weight"].shape[0] for n in names]
         y = stacked.linear(x)

@@ -98,6 +98,28 @@ def concat_rows(parts: list[Packed]) -> Packed | None:
                   cat([p.scale for p in parts]), cat([p.zero for p in parts]), cat(corrections))
 
 
+def requantize(p: Packed, scheme: str) -> Packed:
+    """A K-quant weight re-encoded (lossy) in a scheme with 32-element groups: ``q8_sym32`` (i8,
+    symmetric) or ``q4_asym32`` (u4 with a u4 zero point, GenAI's form, no correction term).
+    The float rows exist only transiently, one tensor at a time."""
+    rows, cols = p.shape
+    w = dequantize(p).reshape(rows, cols // 32, 32)
+    lo, hi = w.min(-1), w.max(-1)
+    if scheme == "q8_sym32":
+        scale = (np.maximum(-lo, hi) / 127).astype(np.float16)
+        q = np.rint(_safe_div(w, scale)).clip(-127, 127).astype(np.int8)
+        return Packed(q.reshape(rows, cols), "i8", p.shape, 32, scale)
+    scale = ((hi - lo) / 15).astype(np.float16)
+    zero = np.rint(_safe_div(-lo[..., None], scale))[..., 0].clip(0, 15).astype(np.uint8)
+    q = (np.rint(_safe_div(w, scale)) + zero[..., None]).clip(0, 15).astype(np.uint8)
+    return Packed(pack_nibbles(q.reshape(rows, cols)), "u4", p.shape, 32, scale, zero)
+
+
+def _safe_div(x: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    s = scale.astype(np.float32)[..., None]
+    return np.where(s == 0, 0, x / np.where(s == 0, 1, s))
+
+
 def pack_nibbles(q: np.ndarray) -> np.ndarray:
     """u8 values < 16, [rows, cols] → OpenVINO u4 bytes [rows, cols // 2]."""
     return q[:, 0::2] | (q[:, 1::2] << np.uint8(4))

@@ -10,9 +10,10 @@ from __future__ import annotations
 import numpy as np
 import openvino as ov
 import openvino.opset13 as ops
+from gguf import GGMLQuantizationType as T
 
 from ovpool.worker.model import GGUFModel
-from ovpool.worker.quants import Packed, concat_rows, permute_rows, unpack
+from ovpool.worker.quants import Packed, concat_rows, permute_rows, requantize, unpack
 
 _ELEMENT = {"f32": ov.Type.f32, "f16": ov.Type.f16, "bf16": ov.Type.bf16, "i8": ov.Type.i8,
             "u4": ov.Type.u4, "i4": ov.Type.i4}
@@ -33,21 +34,26 @@ def constant(array: np.ndarray, element: ov.Type | None = None, shape=None) -> o
     return ops.constant(tensor, shared_memory=True)
 
 
-def load(model: GGUFModel, name: str, head_size: int = 0) -> Weight:
-    """Tensor ``name`` as a Weight; ``head_size`` > 0 un-permutes llama's Q/K rows (see below)."""
-    return Weight(_packed(model, name, head_size), name)
+def load(model: GGUFModel, name: str, head_size: int = 0, requant: str = "none") -> Weight:
+    """Tensor ``name`` as a Weight; ``head_size`` > 0 un-permutes llama's Q/K rows (see below);
+    ``requant`` re-encodes K-quant weights (setting kquant_requant)."""
+    return Weight(_packed(model, name, head_size, requant), name)
 
 
-def load_stacked(model: GGUFModel, names: list[str], head_sizes: list[int]) -> Weight | None:
+def load_stacked(model: GGUFModel, names: list[str], head_sizes: list[int],
+                 requant: str = "none") -> Weight | None:
     """Tensors sharing an input (Q, K, V; gate, up) as one Weight with their rows stacked, so one
     MatMul kernel runs where there were several; None if their encodings differ."""
-    packed = concat_rows([_packed(model, n, hs) for n, hs in zip(names, head_sizes, strict=True)])
+    parts = [_packed(model, n, hs, requant) for n, hs in zip(names, head_sizes, strict=True)]
+    packed = concat_rows(parts)
     return None if packed is None else Weight(packed, "+".join(names))
 
 
-def _packed(model: GGUFModel, name: str, head_size: int) -> Packed:
+def _packed(model: GGUFModel, name: str, head_size: int, requant: str) -> Packed:
     info = model.tensors[name]
     packed = unpack(info.ggml_type, model.raw(name), info.shape)
+    if requant != "none" and info.ggml_type in (T.Q4_K, T.Q6_K):
+        packed = requantize(packed, requant)
     if head_size:
         packed = permute_rows(packed, rope_halves_order(packed.shape[0], head_size))
     return packed
