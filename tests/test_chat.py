@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from ovpool.errors import InvalidRequestError, ModelFormatError
-from ovpool.testing.tiny import CHATML_TEMPLATE
+from ovpool.testing.tiny_vocab import CHATML_TEMPLATE
 from ovpool.worker.chat import render
 from ovpool.worker.model import GGUFModel
 

@@ -6,7 +6,8 @@ import gguf
 import numpy as np
 import pytest
 
-from ovpool.testing.tiny import SPECIAL_TOKENS, WEIGHT_TYPES, TinySpec
+from ovpool.testing.tiny import WEIGHT_TYPES, TinySpec
+from ovpool.testing.tiny_vocab import SPECIAL_TOKENS
 
 # Largest |dequantized - written| allowed, as a fraction of the largest |weight| in its block (one
 # element for float types): half a quantization step, a whole one for Q4_0 (its grid is -8..7 so

@@ -11,12 +11,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ovpool.errors import ModelFormatError, UnsupportedModelError
-from ovpool.testing.tiny import SPECIAL_TOKENS
+from ovpool.testing.tiny import TinySpec
+from ovpool.testing.tiny_vocab import SPECIAL_TOKENS
 from ovpool.worker.bpe import PRE_TOKENIZERS, PreTokenizer, bytes_to_unicode
 from ovpool.worker.model import GGUFModel
 from ovpool.worker.tokenizer import BYTE, CONTROL, NORMAL, Tokenizer
 
-GOLDEN = json.loads((Path(__file__).parent / "data" / "tokenizer_golden_smollm2.json").read_text())
+DATA = Path(__file__).parent / "data"
+GOLDEN = json.loads((DATA / "tokenizer_golden_smollm2.json").read_text())
+TINY_GOLDEN = json.loads((DATA / "tokenizer_golden_tiny.json").read_text())
 
 
 @pytest.fixture(scope="module")
@@ -35,6 +38,16 @@ def test_ids_equal_openvino_genai_and_round_trip(smollm2_tokenizer, case):
     ids = smollm2_tokenizer.encode(case["text"])
     assert ids == case["ids"]
     assert smollm2_tokenizer.decode(ids, skip_special=False) == case["text"]
+
+
+@pytest.mark.parametrize("golden", TINY_GOLDEN, ids=lambda g: g["spec"]["pre"])
+def test_pre_tokenizers_equal_openvino_genai_on_the_tiny_vocabulary(tiny_model, golden):
+    spec = TinySpec(**golden["spec"])
+    assert spec.vocab.digest() == golden["vocab_sha256"], \
+        "the tiny vocabulary changed: rerun tests/data/make_tokenizer_golden.py"
+    tok = Tokenizer.from_metadata(GGUFModel.open(tiny_model(**golden["spec"])).metadata)
+    for case in golden["cases"]:
+        assert tok.encode(case["text"]) == case["ids"], case["text"]
 
 
 @pytest.mark.slow
@@ -93,6 +106,7 @@ def test_stream_decoder_flush_replaces_a_dangling_sequence(tiny_tokenizer):
 @pytest.mark.parametrize("pre,text,words", [
     ("smollm", "abc 123", ["abc", " ", "1", "2", "3"]),
     ("llama-bpe", "Hello 12345 world!!\n\n", ["Hello", " ", "123", "45", " world", "!!\n\n"]),
+    ("llama-bpe", "you're\n    x", ["you", "'re", "\n", "   ", " x"]),
     ("qwen2", "x 42", ["x", " ", "4", "2"]),
     ("default", "a 1234567", ["a", " ", "123", "456", "7"]),
     ("gpt2", "I'm  here", ["I", "'m", " ", " here"]),
@@ -108,6 +122,18 @@ def test_unknown_pre_tokenizer_and_model_are_clear_errors():
         Tokenizer.from_metadata({"tokenizer.ggml.model": "t5", "tokenizer.ggml.tokens": ["a"]})
     with pytest.raises(ModelFormatError, match="tokenizer.ggml.tokens"):
         Tokenizer.from_metadata({"tokenizer.ggml.model": "gpt2"})
+
+
+def test_tiny_sentencepiece_fixture_round_trips_the_corpus(tiny_model):
+    tok = Tokenizer.from_metadata(GGUFModel.open(tiny_model(tokenizer="spm")).metadata)
+    assert tok.model == "llama" and tok.add_space_prefix
+    for text in (c["text"] for c in GOLDEN["cases"] if "<|" not in c["text"]):
+        ids = tok.encode(text)
+        assert ids[0] == tok.bos_id and tok.decode(ids) == text
+    # As llama.cpp (and HF's legacy Llama tokenizer): text after a special token gets a '▁' too.
+    assert tok.decode(tok.encode("<|im_start|>hi"), skip_special=False) == "<s><|im_start|> hi"
+    pieces = [tok.tokens[i] for i in tok.encode("and the Ω", add_special=False)]
+    assert "▁and" in pieces and "<0xCE>" in pieces        # learned merges; no Greek in the corpus
 
 
 SPM_PIECES = {"▁": -1.0, "h": -1.0, "e": -1.0, "l": -1.0, "o": -1.0, "w": -1.0, "ll": -1.0,

@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections import Counter
 from functools import lru_cache
 
+import regex
+
 from ovpool.worker.bpe import PreTokenizer, bytes_to_unicode, to_byte_chars
 
 CORPUS = """\
@@ -40,17 +42,33 @@ in text. <html><body class="main">Hello</body></html> {"key": [1, 2, 3]}
 
 @lru_cache(maxsize=4)
 def train(n_merges: int = 300, corpus: str = CORPUS) -> tuple[list[str], list[str]]:
-    """Returns (tokens, merges): the 256 byte tokens then one token per merge, in rank order."""
+    """Byte-level BPE: (tokens, merges), the 256 byte tokens then the merged ones, in rank order."""
     words = Counter(to_byte_chars(w) for w in PreTokenizer("gpt2").split(corpus))
+    base = list(bytes_to_unicode().values())
+    merged, merges = learn_merges(words, n_merges, set(base))
+    return base + merged, [f"{a} {b}" for a, b in merges]
+
+
+@lru_cache(maxsize=4)
+def train_sentencepiece(n_merges: int = 300, corpus: str = CORPUS) -> tuple[list[str], list[str]]:
+    """SentencePiece-style BPE (spaces as '▁' starting each word): (characters, merged pieces in
+    rank order). A SentencePiece BPE model scores its pieces by rank, so merging by score is BPE."""
+    words = Counter(regex.findall(r"\u2581*[^\u2581]+|\u2581+", corpus.replace(" ", "\u2581")))
+    chars = sorted({c for w in words for c in w})
+    merged, _ = learn_merges(words, n_merges, set(chars))
+    return chars, merged
+
+
+def learn_merges(words: Counter, n_merges: int, known: set[str]) -> tuple[list[str], list[tuple[str, str]]]:
+    """(new tokens, merges): the most frequent adjacent pair, merged ``n_merges`` times."""
     splits = {w: list(w) for w in words}
-    tokens = list(bytes_to_unicode().values())
-    known = set(tokens)
-    merges: list[str] = []
+    tokens: list[str] = []
+    merges: list[tuple[str, str]] = []
     for _ in range(n_merges):
         pair = _most_frequent_pair(words, splits)
         if pair is None:
             break
-        merges.append(f"{pair[0]} {pair[1]}")
+        merges.append(pair)
         if pair[0] + pair[1] not in known:  # ("ab","c") and ("a","bc") both give "abc"
             known.add(pair[0] + pair[1])
             tokens.append(pair[0] + pair[1])

