@@ -1,0 +1,195 @@
+"""The broker's routing core, driven by hand: messages in, (peer, message) out, time as a number."""
+
+from __future__ import annotations
+
+import pytest
+
+from ovpool import errors, timing
+from ovpool.broker.router import Router
+from ovpool.protocol import (
+    Cancel,
+    Disconnect,
+    Error,
+    Final,
+    Heartbeat,
+    Partial,
+    Ping,
+    Pong,
+    Ready,
+    Request,
+    Status,
+    StatusReply,
+    Submit,
+)
+
+C1, C2, W1, W2 = b"client-1", b"client-2", b"worker-1", b"worker-2"
+LATE = 1000.0  # well past the broker's start-up grace
+
+
+def ready(slots=2, models=("m",)):
+    return Ready("w", list(models), "CPU", slots, "host", 1)
+
+
+def submit(rid, model="m", timeout_s=0.0, **params):
+    return Submit(rid, model, {"max_tokens": 4, **params}, prompt="hi", timeout_s=timeout_s)
+
+
+def of(out, cls):
+    return [(peer, m) for peer, m in out if isinstance(m, cls)]
+
+
+@pytest.fixture
+def router():
+    r = Router(now=0.0, queue_limit=2, max_new_tokens=100)
+    r.handle(W1, ready(), LATE)
+    return r
+
+
+def test_requests_go_to_the_least_loaded_worker_with_a_free_slot(router):
+    router.handle(W2, ready(slots=4), LATE)
+    peers = [of(router.handle(C1, submit(f"r{i}"), LATE), Request)[0][0] for i in range(6)]
+    # W1 has 2 slots, W2 has 4: the ratio of busy slots decides, never more than the slots.
+    assert peers.count(W1) == 2 and peers.count(W2) == 4
+    assert of(router.handle(C1, submit("r6"), LATE), Request) == []
+    assert router.status(LATE)["queues"] == {"m": 1}
+
+
+def test_queue_is_fifo_bounded_and_overflow_is_rejected_at_once(router):
+    for i in range(4):  # 2 run, 2 wait
+        router.handle(C1, submit(f"r{i}"), LATE)
+    (peer, err), = router.handle(C1, submit("r4"), LATE)
+    assert peer == C1 and err.code == errors.QueueFullError.code and "queue_limit" in err.message
+    out = router.handle(W1, Final("r0", {}), LATE)
+    assert of(out, Final) == [(C1, Final("r0", {}))]
+    assert [m.request_id for _, m in of(out, Request)] == ["r2"]
+
+
+def test_unknown_model_fails_at_once_after_the_grace_but_waits_during_it():
+    r = Router(now=0.0)
+    (_, err), = r.handle(C1, submit("a", model="nope"), timing.BROKER_GRACE_S + 1)
+    assert err.code == errors.ModelNotFoundError.code and "'nope'" in err.message
+    r = Router(now=0.0)
+    assert r.handle(C1, submit("b", model="later"), 0.1) == []  # a restarted broker's workers re-register
+    out = r.handle(W1, ready(models=("later",)), 0.2)
+    assert [m.request_id for _, m in of(out, Request)] == ["b"]
+
+
+def test_unnamed_model_is_the_only_one_served_and_ambiguity_is_an_error(router):
+    assert of(router.handle(C1, submit("a", model=""), LATE), Request)[0][1].model == "m"
+    router.handle(W2, ready(models=("other",)), LATE)
+    (_, err), = router.handle(C1, submit("b", model=""), LATE)
+    assert err.code == errors.InvalidRequestError.code and "name a model" in err.message
+
+
+@pytest.mark.parametrize("bad, why", [
+    (submit("x", max_tokens=101), "max_new_tokens"),
+    (submit("x", temperature="hot"), "temperature"),
+    (submit("x", seed=-1), "seed"),
+    (Submit("x", "m", {}, prompt=None), "prompt or messages"),
+    (Submit("x", "m", {}, messages=[{"role": 1}]), "messages"),
+    (Submit("", "m", {}, prompt="p"), "request_id"),
+])
+def test_invalid_requests_are_answered_with_a_clear_error(router, bad, why):
+    (peer, err), = router.handle(C1, bad, LATE)
+    assert peer == C1 and err.code == errors.InvalidRequestError.code and why in err.message
+
+
+def test_seedless_requests_get_a_seed_so_a_replay_repeats_the_tokens(router):
+    (_, req), = router.handle(C1, submit("r", seed=None), LATE)
+    assert isinstance(req.params["seed"], int)
+
+
+def test_each_token_index_reaches_the_client_once_across_a_re_dispatch(router):
+    router.handle(W2, ready(), LATE)
+    (w, _), = router.handle(C1, submit("r"), LATE)
+    other = W2 if w == W1 else W1
+    assert of(router.handle(w, Partial("r", 0, 7, "a"), LATE), Partial)
+    assert of(router.handle(w, Partial("r", 1, 8, "b"), LATE), Partial)
+    router.handle(other, Heartbeat(), LATE + 0.02)
+    out = router.tick(LATE + timing.HEARTBEAT_EXPIRY_S + 0.01)  # w goes silent: expired
+    assert of(out, Request) == [(other, Request("r", "m", out[-1][1].params, "hi", None))]
+    assert router.handle(other, Partial("r", 0, 7, "a"), LATE + 1) == []
+    assert router.handle(other, Partial("r", 1, 8, "b"), LATE + 1) == []
+    fresh = Partial("r", 2, 9, "c")
+    assert of(router.handle(other, fresh, LATE + 1), Partial) == [(C1, fresh)]
+
+
+def test_attempts_are_bounded_then_worker_lost(router):
+    router.handle(C1, submit("r"), LATE)
+    now = LATE
+    for attempt in range(2, 5):  # attempt 1 was dispatched at submit
+        now += timing.HEARTBEAT_EXPIRY_S + 0.01
+        out = router.tick(now)
+        out += router.handle(W1, ready(), now)
+        if attempt <= 3:
+            assert of(out, Request), f"attempt {attempt} should be dispatched"
+    lost = of(out, Error)
+    assert lost and lost[0][0] == C1 and lost[0][1].code == errors.WorkerLostError.code
+
+
+def test_disconnect_hands_requests_back_without_costing_an_attempt(router):
+    router.handle(C1, submit("r"), LATE)
+    for _ in range(5):
+        out = router.handle(W1, Disconnect(["r"]), LATE)
+        out = router.handle(W1, ready(), LATE)
+        assert of(out, Request)
+    assert router.counters.requeued == 5 and router.counters.failed == 0
+
+
+def test_cancel_reaches_the_worker_and_frees_its_slot_at_once(router):
+    router.handle(C1, submit("a"), LATE)
+    router.handle(C1, submit("b"), LATE)
+    router.handle(C1, submit("c"), LATE)  # queued behind a and b
+    out = router.handle(C1, Cancel("a"), LATE)
+    assert (W1, Cancel("a")) in out
+    assert [e.code for _, e in of(out, Error)] == [errors.CancelledError.code]
+    assert [m.request_id for _, m in of(out, Request)] == ["c"]
+    assert router.handle(C2, Cancel("b"), LATE) == []  # only the owner may cancel
+
+
+def test_deadlines_expire_in_the_queue_and_while_generating(router):
+    router.handle(C1, submit("run", timeout_s=5), LATE)
+    router.handle(C1, submit("other"), LATE)
+    router.handle(C1, submit("wait", timeout_s=1), LATE)
+    out = router.tick(LATE + 1)
+    assert [(p, e.request_id, e.code) for p, e in of(out, Error)] == [(C1, "wait", "request.timeout")]
+    router.handle(W1, Heartbeat(), LATE + 4)
+    out = router.tick(LATE + 5)
+    assert (W1, Cancel("run")) in out and of(out, Error)[0][1].code == "request.timeout"
+
+
+def test_stale_and_unknown_workers_are_told_once(router):
+    assert router.handle(W2, Heartbeat(), LATE) == [(W2, Disconnect())]
+    assert router.handle(W2, Heartbeat(), LATE) == []
+    assert router.handle(W1, Partial("ghost", 0, 1, "x"), LATE) == [(W1, Cancel("ghost"))]
+
+
+def test_resent_submit_is_not_run_twice_and_ping_names_forgotten_requests(router):
+    router.handle(C1, submit("r"), LATE)
+    assert router.handle(C1, submit("r"), LATE) == []
+    assert router.counters.submitted == 1
+    assert router.handle(C1, Ping(["r", "gone"]), LATE) == [(C1, Pong(["gone"]))]
+
+
+def test_heartbeats_go_to_workers_each_interval(router):
+    assert of(router.tick(LATE), Heartbeat) == [(W1, Heartbeat())]
+    assert of(router.tick(LATE + timing.HEARTBEAT_INTERVAL_S / 2), Heartbeat) == []
+
+
+def test_status_reports_workers_queues_and_counters(router):
+    for i in range(3):
+        router.handle(C1, submit(f"r{i}"), LATE)
+    (_, reply), = router.handle(C2, Status(), LATE)
+    assert isinstance(reply, StatusReply)
+    s = reply.status
+    assert s["queues"] == {"m": 1} and s["in_flight"] == 2
+    assert s["workers"][0]["active"] == 2 and s["workers"][0]["slots"] == 2
+    assert s["counters"]["submitted"] == 3 and s["counters"]["dispatched"] == 2
+
+
+def test_orphaned_queue_fails_after_the_grace(router):
+    router.handle(C1, submit("a"), LATE)
+    router.handle(W1, Disconnect(["a"]), LATE)
+    assert of(router.tick(LATE + timing.BROKER_GRACE_S / 2), Error) == []
+    (_, err), = of(router.tick(LATE + timing.BROKER_GRACE_S), Error)
+    assert err.code == errors.ModelNotFoundError.code

@@ -1,0 +1,86 @@
+"""The client's bookkeeping without sockets: dedupe, resend after a broker restart, deadlines."""
+
+from __future__ import annotations
+
+import pytest
+
+from ovpool import errors, timing
+from ovpool.completion import Completion, Usage
+from ovpool.pending import PendingRequests, make_submit
+from ovpool.protocol import Error, Final, Partial, Ping, Pong, StatusReply
+
+
+class Recorder:
+    def __init__(self):
+        self.deltas, self.result, self.error = [], None, None
+
+    def delta(self, d):
+        self.deltas.append(d)
+
+    def done(self, c):
+        self.result = c
+
+    def fail(self, e):
+        self.error = e
+
+
+def final(rid):
+    return Final(rid, Completion("ab", [1, 2], "length", Usage(1, 2)).to_dict())
+
+
+def test_make_submit_validates_and_fixes_a_seed():
+    s = make_submit("hi", "m", 5.0, {"max_tokens": 3})
+    assert s.params["max_tokens"] == 3 and isinstance(s.params["seed"], int) and s.timeout_s == 5.0
+    assert make_submit([{"role": "user", "content": "x"}], "", None, {}).messages
+    with pytest.raises(errors.InvalidRequestError, match="temperature"):
+        make_submit("hi", "m", None, {"temperature": -1})
+    with pytest.raises(errors.InvalidRequestError, match="timeout"):
+        make_submit("hi", "m", 0, {})
+
+
+def test_token_indices_are_delivered_once_in_order():
+    p, rec = PendingRequests(0.0), Recorder()
+    sub = make_submit("hi", "m", None, {})
+    p.add(sub, rec, 0.0)
+    for i in (0, 1, 0, 1, 2):  # a replay after a re-dispatch repeats 0 and 1
+        p.on_message(Partial(sub.request_id, i, i, str(i)), 0.1)
+    p.on_message(final(sub.request_id), 0.2)
+    assert [d.index for d in rec.deltas] == [0, 1, 2]
+    assert rec.result.text == "ab" and len(p) == 0
+
+
+def test_requests_a_restarted_broker_forgot_are_resent_unchanged():
+    p = PendingRequests(0.0)
+    a, b = make_submit("a", "m", None, {}), make_submit("b", "m", None, {})
+    p.add(a, Recorder(), 0.0)
+    p.add(b, Recorder(), 0.0)
+    (ping,) = p.tick(0.0)
+    assert isinstance(ping, Ping) and set(ping.request_ids) == {a.request_id, b.request_id}
+    assert p.on_message(Pong([b.request_id, "not-mine"]), 0.1) == [b]
+
+
+def test_remote_errors_come_back_as_their_class():
+    p, rec = PendingRequests(0.0), Recorder()
+    sub = make_submit("a", "m", None, {})
+    p.add(sub, rec, 0.0)
+    p.on_message(Error(sub.request_id, "request.queue_full", "full"), 0.1)
+    assert isinstance(rec.error, errors.QueueFullError) and str(rec.error) == "full"
+
+
+def test_local_deadline_and_broker_silence_fail_requests():
+    p, timed, other = PendingRequests(0.0, unavailable_s=100.0), Recorder(), Recorder()
+    p.add(make_submit("a", "m", 1.0, {}), timed, 0.0)
+    p.add(make_submit("b", "m", None, {}), other, 0.0)
+    p.tick(1.0 + timing.HEARTBEAT_EXPIRY_S)
+    assert isinstance(timed.error, errors.RequestTimeoutError) and other.error is None
+    p.tick(100.0)
+    assert isinstance(other.error, errors.BrokerUnavailableError)
+
+
+def test_status_replies_go_to_waiters_in_order():
+    p, first, second = PendingRequests(0.0), Recorder(), Recorder()
+    p.add_status_waiter(first, 0.0)
+    p.add_status_waiter(second, 0.0)
+    p.on_message(StatusReply({"n": 1}), 0.1)
+    p.on_message(StatusReply({"n": 2}), 0.1)
+    assert first.result == {"n": 1} and second.result == {"n": 2}

@@ -1,0 +1,105 @@
+"""Wire messages: every one round-trips, and anything malformed is a ProtocolError, never a crash."""
+
+from __future__ import annotations
+
+import msgpack
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ovpool import errors
+from ovpool.protocol import (
+    VERSION,
+    Cancel,
+    Disconnect,
+    Error,
+    Final,
+    Heartbeat,
+    Partial,
+    Ping,
+    Pong,
+    Ready,
+    Request,
+    Status,
+    StatusReply,
+    Submit,
+    decode,
+    encode,
+    sampling_from_wire,
+)
+
+EXAMPLES = [
+    Submit("r1", "m", {"max_tokens": 3, "seed": 7}, prompt="hi", timeout_s=2.5),
+    Submit("r2", "", {}, messages=[{"role": "user", "content": "hé"}]),
+    Cancel("r1"), Status(), Ping(["a", "b"]), Pong([]),
+    Partial("r1", 3, 42, " wörld"),
+    Final("r1", {"text": "x", "token_ids": [1], "finish_reason": "stop",
+                 "usage": {"prompt_tokens": 1, "completion_tokens": 1}, "timings": {"total_s": 0.5}}),
+    Error("r1", "request.timeout", "too slow"), StatusReply({"workers": []}),
+    Ready("w", ["m", "alias"], "GPU.1", 4, "host", 123), Heartbeat(), Disconnect(["r1"]),
+    Request("r1", "m", {"max_tokens": 3}, prompt="hi"),
+]
+
+
+@pytest.mark.parametrize("msg", EXAMPLES, ids=lambda m: type(m).__name__)
+def test_every_message_round_trips(msg):
+    frames = encode(msg)
+    assert frames[0] == VERSION and len(frames) == 3
+    assert decode(frames) == msg
+
+
+def test_commands_are_distinct():
+    assert len({encode(m)[1] for m in EXAMPLES}) == len({type(m) for m in EXAMPLES})
+
+
+@pytest.mark.parametrize("frames, error, words", [
+    ([b"OVP2", b"\x01", b"\x80"], errors.UnsupportedVersionError, "OVP2"),
+    ([VERSION, b"\xff", b"\x80"], errors.MalformedMessageError, "unknown command"),
+    ([VERSION, b"", b"\x80"], errors.MalformedMessageError, "unknown command"),
+    ([VERSION, b"\x02"], errors.MalformedMessageError, "3 frames"),
+    ([VERSION, b"\x02", b"\xc1"], errors.MalformedMessageError, "msgpack"),
+    ([VERSION, b"\x02", msgpack.packb([1])], errors.MalformedMessageError, "map"),
+    ([VERSION, b"\x02", msgpack.packb({})], errors.MalformedMessageError, "missing field 'request_id'"),
+    ([VERSION, b"\x02", msgpack.packb({"request_id": 5})], errors.MalformedMessageError, "request_id"),
+    ([VERSION, b"\x10", msgpack.packb({"request_id": "r", "index": True, "token_id": 1, "text": ""})],
+     errors.MalformedMessageError, "index"),
+])
+def test_malformed_frames_name_what_is_wrong(frames, error, words):
+    with pytest.raises(error, match=words):
+        decode(frames)
+
+
+def test_unknown_extra_fields_are_ignored_for_forward_compatibility():
+    body = msgpack.packb({"request_id": "r", "added_in_a_later_version": 1})
+    assert decode([VERSION, b"\x02", body]) == Cancel("r")
+
+
+@pytest.mark.parametrize("params, words", [
+    ({"max_tokens": "9"}, "max_tokens"), ({"temperature": float("nan")}, "temperature"),
+    ({"seed": 2**64}, "seed"), ({"ignore_eos": 1}, "ignore_eos"), ({"top_k": 1.5}, "top_k"),
+    ({"stop": [""]}, "stop"), ({"bogus": 1}, "bogus"),
+])
+def test_sampling_params_from_the_wire_are_validated(params, words):
+    with pytest.raises(errors.InvalidRequestError, match=words):
+        sampling_from_wire(params)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.binary(max_size=64), max_size=5))
+def test_random_frames_raise_only_protocol_errors(frames):
+    try:
+        decode(frames)
+    except errors.ProtocolError:
+        pass
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from(EXAMPLES), st.dictionaries(st.text(max_size=12), st.recursive(
+    st.none() | st.booleans() | st.integers(-2**63, 2**64 - 1) | st.floats() | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+    max_leaves=6), max_size=6))
+def test_valid_commands_with_wrong_bodies_raise_only_protocol_errors(example, body):
+    try:
+        decode([VERSION, encode(example)[1], msgpack.packb(body)])
+    except errors.ProtocolError:
+        pass
