@@ -19,7 +19,7 @@ from wsgiref.simple_server import WSGIServer
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from ovpool.errors import ConfigError
-from ovpool.protocol import Error, Final, Partial, Ready, Request, Submit
+from ovpool.protocol import Error, Final, Partial, Request, Submit
 
 # Seconds; a streamed first token on CPU lands between a few ms and several seconds.
 _TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -104,11 +104,6 @@ class BrokerObserver:
     def incoming(self, msg: object, now: float) -> None:
         if isinstance(msg, Submit):
             self._started.setdefault(msg.request_id, (msg.model, now))
-        elif isinstance(msg, Ready):
-            load = getattr(msg, "load", None) or {}
-            if load.get("outcome"):
-                self.metrics.observe_worker_load(msg.worker_id, msg.device, load["outcome"],
-                                                 float(load.get("seconds", 0.0)))
 
     def outgoing(self, msg: object, now: float) -> None:
         if isinstance(msg, Partial):

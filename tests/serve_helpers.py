@@ -10,8 +10,11 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
 
 # Fast heartbeats make backoff, readiness and expiry quick (every timing constant derives from it).
 FAST_ENV = {"OVPOOL_HEARTBEAT_INTERVAL_S": "0.2", "OVPOOL_LOG_LEVEL": "INFO"}
@@ -49,7 +52,15 @@ def descendants(pid: int) -> set[int]:
     return {p for p in found if alive(p)}
 
 
-def wait_for(predicate: Callable[[], object], timeout: float, what: str) -> object:
+def scrape(port: int) -> dict[tuple[str, tuple], float]:
+    """Every sample at ``/metrics`` as {(name, sorted labels): value}, parsed as Prometheus does."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def wait_for(predicate: Callable[[], object], timeout: float = 10.0, what: str = "a condition") -> object:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()

@@ -5,17 +5,9 @@ from __future__ import annotations
 import urllib.request
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
+from serve_helpers import scrape
 
 from ovpool.metrics import BrokerMetrics, MetricsServer
-
-
-def scrape(port: int) -> dict[tuple[str, tuple], float]:
-    """Every sample at ``/metrics`` as {(name, sorted labels): value}."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
-        text = resp.read().decode()
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
 
 
 @pytest.fixture
@@ -82,7 +74,7 @@ def test_server_stops_on_exit():
 
 def test_observer_turns_broker_traffic_into_request_metrics():
     from ovpool.metrics import BrokerObserver
-    from ovpool.protocol import Error, Final, Partial, Ready, Request, Submit
+    from ovpool.protocol import Error, Final, Partial, Request, Submit
 
     metrics = BrokerMetrics()
     obs = BrokerObserver(metrics)
@@ -108,7 +100,3 @@ def test_observer_turns_broker_traffic_into_request_metrics():
     assert value("ovpool_queue_depth", model="smollm2") == 2
     assert (value("ovpool_workers", state="busy"), value("ovpool_workers", state="ready")) == (1, 2)
     assert value("ovpool_requests_total", model="unrouted", outcome="protocol.malformed") is None
-    if "load" in Ready.__dataclass_fields__:
-        ready = Ready("w0@h:1", ["smollm2"], "CPU", 8, "h", 1, load={"outcome": "hit", "seconds": 0.2})
-        obs.incoming(ready, 30.0)
-        assert value("ovpool_worker_cache_total", worker="w0@h:1", device="CPU", event="hits") == 1

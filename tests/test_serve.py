@@ -11,11 +11,9 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
-from serve_helpers import alive, descendants, free_port, serve, wait_for
+from serve_helpers import alive, descendants, free_port, scrape, serve, wait_for
 
 from ovpool.client import Client
 
@@ -100,9 +98,3 @@ def test_broker_metrics_endpoint_is_scraped_and_parsed(tmp_path):
     assert families[("ovpool_workers", (("state", "ready"),))] == 1
     assert families[("ovpool_queue_depth", (("model", "smollm2"),))] == 0
 
-
-def scrape(port: int) -> dict:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
-        text = resp.read().decode()
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}

@@ -9,26 +9,11 @@ import subprocess
 import sys
 import time
 
+from serve_helpers import alive, wait_for
+
 from ovpool.serve.child import ChildProcess
 
 SLEEPER = [sys.executable, "-c", "import time; print('up', flush=True); time.sleep(600)"]
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
-def wait_for(predicate, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return predicate()
 
 
 def test_failing_child_reports_its_error_line_and_status():
