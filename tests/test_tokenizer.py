@@ -158,6 +158,14 @@ def test_sentencepiece_merges_by_score_with_byte_fallback(spm_tokenizer):
     assert tok.decode(tok.encode("hello hell wé")) == "hello hell wé"
 
 
+def test_sentencepiece_generated_text_keeps_its_leading_space(spm_tokenizer):
+    # A whole sequence drops the prefix encode added; a continuation ("hello" -> " world") keeps it.
+    ids = spm_tokenizer.encode("hello", add_special=False) + spm_tokenizer.encode("w", add_special=False)
+    assert spm_tokenizer.decode(ids) == "hello w"
+    stream = spm_tokenizer.stream_decoder()
+    assert "".join(stream.push(i) for i in ids[1:]) + stream.flush() == " w"
+
+
 @settings(max_examples=100, deadline=None)
 @given(st.text(alphabet=st.sampled_from("helowé 世😀\n"), max_size=30))
 def test_sentencepiece_round_trips(spm_tokenizer, text):

@@ -35,13 +35,15 @@ def _required(metadata: dict[str, Any], key: str) -> Any:
 class Tokenizer:
     def __init__(self, metadata: dict[str, Any]):
         self.model = _required(metadata, _K + "model")
+        if self.model not in ("gpt2", "llama"):
+            raise UnsupportedModelError(
+                f"tokenizer.ggml.model={self.model!r} is not supported; known: gpt2 (BPE), llama (SPM)")
         self.tokens: list[str] = list(_required(metadata, _K + "tokens"))
         self.vocab_size = len(self.tokens)
         types = metadata.get(_K + "token_type")
         self._types = [NORMAL] * self.vocab_size if types is None else np.asarray(types).tolist()
         self._vocab = dict(zip(self.tokens, range(self.vocab_size), strict=True))
         self.bos_id = metadata.get(_K + "bos_token_id")
-        unk = metadata.get(_K + "unknown_token_id")
         spm = self.model == "llama"
         self.add_bos = bool(metadata.get(_K + "add_bos_token", spm)) and self.bos_id is not None
         self.add_eos = bool(metadata.get(_K + "add_eos_token", False))
@@ -52,19 +54,20 @@ class Tokenizer:
         texts = sorted((self.tokens[i] for i in specials if self.tokens[i]), key=len, reverse=True)
         self._special_re = regex.compile("|".join(map(regex.escape, texts))) if texts else None
         self._piece_cache: dict[int, bytes] = {}
+        self._build_encoder(metadata)
+
+    def _build_encoder(self, metadata: dict[str, Any]) -> None:
+        unk = metadata.get(_K + "unknown_token_id")
         if self.model == "gpt2":
-            pre = PreTokenizer(metadata.get(_K + "pre"))
+            self._pre = PreTokenizer(metadata.get(_K + "pre"))
             merges = list(_required(metadata, _K + "merges"))
-            self._pre = pre
-            self._bpe = BytePairEncoder(self._vocab, merges, pre.name in ("llama-bpe", "llama3"), unk)
-        elif spm:
+            ignore_merges = self._pre.name in ("llama-bpe", "llama3")
+            self._bpe = BytePairEncoder(self._vocab, merges, ignore_merges, unk)
+        else:
             scores = metadata.get(_K + "scores")
-            scores = [0.0] * self.vocab_size if scores is None else [float(s) for s in scores]
+            scores = [0.0] * self.vocab_size if scores is None else np.asarray(scores, float).tolist()
             byte_ids = {int(self.tokens[i][3:5], 16): i for i, t in enumerate(self._types) if t == BYTE}
             self._spm = SentencePieceEncoder(self._vocab, scores, byte_ids, unk)
-        else:
-            raise UnsupportedModelError(
-                f"tokenizer.ggml.model={self.model!r} is not supported; known: gpt2 (BPE), llama (SPM)")
 
     @classmethod
     def from_metadata(cls, metadata: dict[str, Any]) -> Tokenizer:
@@ -145,10 +148,12 @@ class Tokenizer:
         return text.replace(SPACE, " ").encode("utf-8")
 
     def decode(self, ids: Iterable[int], skip_special: bool = True) -> str:
-        stream = self.stream_decoder(skip_special)
+        """Text of a whole sequence: the inverse of ``encode`` (SentencePiece's space prefix goes)."""
+        stream = StreamDecoder(self, skip_special, strip_space_prefix=self.add_space_prefix)
         return "".join(stream.push(i) for i in ids) + stream.flush()
 
     def stream_decoder(self, skip_special: bool = True) -> StreamDecoder:
+        """Incremental text of generated tokens: a continuation, so a leading space is kept."""
         return StreamDecoder(self, skip_special)
 
 
@@ -156,11 +161,11 @@ class StreamDecoder:
     """Turns token ids into text as they come, holding back an incomplete UTF-8 sequence until the
     token that completes it arrives (bytes that can never complete become U+FFFD)."""
 
-    def __init__(self, tokenizer: Tokenizer, skip_special: bool = True):
+    def __init__(self, tokenizer: Tokenizer, skip_special: bool = True, strip_space_prefix: bool = False):
         self._tokenizer = tokenizer
         self._skip_special = skip_special
         self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        self._strip_space = tokenizer.add_space_prefix
+        self._strip_space = strip_space_prefix
 
     def push(self, token_id: int) -> str:
         text = self._utf8.decode(self._tokenizer.piece(token_id, self._skip_special))
