@@ -70,12 +70,13 @@ def ls_command(store: CacheStore, as_json: bool) -> None:
         emit_json(rows)
         return
     table = Table(title=f"model cache {store.root}")
-    for col in ("entry", "model", "arch", "device", "settings", "ports", "size", "created", "last hit"):
-        table.add_column(col)
+    table.add_column("entry", no_wrap=True)  # show and rm need it whole
+    for col in ("model", "arch", "device", "settings", "ports", "size", "created", "last hit"):
+        table.add_column(col, overflow="fold")
     for r in rows:
         table.add_row(r["entry"], "\n".join(r["models"]), r["architecture"], r["device"],
                       " ".join(f"{k}={v}" for k, v in r["settings"].items()),
-                      " ".join(p["name"] + p["partial_shape"] for p in r["ports"])[:60],
+                      f"{len(r['ports'])} ports",
                       _size(r["size"]), _when(r["created"]), _when(r["last_hit"]))
     Console(width=200).print(table)
 

@@ -1,0 +1,71 @@
+"""``ovpool cache ls|show|verify|gc|rm|explain`` on a cache populated by the real Engine."""
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from ovpool.cache.store import CacheStore
+from ovpool.cli import main
+from ovpool.worker.engine import Engine
+
+
+@pytest.fixture(scope="module")
+def populated(tiny_model, tmp_path_factory):
+    root = tmp_path_factory.mktemp("cache")
+    with Engine(tiny_model(), cache_dir=root) as engine:
+        assert engine.load_report["outcome"] == "wrote"
+        return root, tiny_model(), engine.load_report["entry"]
+
+
+def cli(*args, env=None, code=0):
+    result = CliRunner().invoke(main, list(args), env=env, catch_exceptions=False)
+    assert result.exit_code == code, result.output
+    return result.output
+
+
+def test_ls_reports_what_an_operator_needs(populated):
+    root, model, entry = populated
+    [row] = json.loads(cli("cache", "ls", "--cache-dir", str(root), "--json"))
+    assert (row["entry"], row["models"], row["architecture"]) == (entry, [str(model)], "llama")
+    assert row["device"].startswith("CPU") and "kv_cache_precision" in row["settings"]
+    assert {p["name"] for p in row["ports"]} >= {"input_ids", "logits"}
+    assert row["size"] == CacheStore(root).blob_path(entry + ".blob").stat().st_size
+    assert row["last_hit"] >= row["created"]
+    assert entry in cli("cache", "ls", env={"OVPOOL_CACHE_DIR": str(root)})
+
+
+def test_show_accepts_a_unique_prefix(populated):
+    root, _, entry = populated
+    info = json.loads(cli("cache", "show", entry[:10], "--cache-dir", str(root), "--json"))
+    assert info["entry"] == entry and info["fingerprint"]["architecture"] == "llama"
+    assert "no entry" not in cli("cache", "show", entry[:10], "--cache-dir", str(root))
+
+
+def test_explain_says_hit_or_names_the_difference(populated):
+    root, model, entry = populated
+    hit = json.loads(cli("cache", "explain", "--model", str(model), "--cache-dir", str(root), "--json"))
+    assert hit["hit"] == entry and hit["fingerprint"]["model[0] st_ino"]
+    miss = cli("cache", "explain", "--model", str(model), "--cache-dir", str(root),
+               "--set", "attention=manual")
+    assert "MISS" in miss and "setting attention: manual here, sdpa in cache" in miss
+
+
+def test_a_missing_cache_dir_is_a_clear_error():
+    result = CliRunner().invoke(main, ["cache", "ls"], env={"OVPOOL_CACHE_DIR": ""})
+    assert result.exit_code != 0 and "--cache-dir" in str(result.exception)
+
+
+def test_verify_finds_a_flipped_bit_and_rm_removes_the_entry(tiny_model, tmp_path):
+    with Engine(tiny_model(), cache_dir=tmp_path) as engine:
+        entry = engine.load_report["entry"]
+    store = CacheStore(tmp_path)
+    assert json.loads(cli("cache", "verify", "--cache-dir", str(tmp_path), "--json"))[0]["ok"]
+    blob = store.blob_path(entry + ".blob")
+    data = bytearray(blob.read_bytes())
+    data[-100] ^= 1
+    blob.write_bytes(data)
+    [bad] = json.loads(cli("cache", "verify", "--cache-dir", str(tmp_path), "--json", code=1))
+    assert bad["entry"] == entry and "checksum" in bad["problem"]
+    assert json.loads(cli("cache", "rm", entry, "--cache-dir", str(tmp_path), "--json")) == [entry]
+    assert not blob.exists() and store.families() == []
