@@ -93,7 +93,7 @@ def test_requantized_k_quants_stay_within_a_rounding_step(qtype, scheme, element
     assert again.element == element and again.group == 32 and again.correction is None
     groups = exact.reshape(4, -1, 32)
     lo, hi = groups.min(-1, keepdims=True), groups.max(-1, keepdims=True)
-    step = (np.maximum(-lo, hi) if element == "i8" else hi - lo) / steps
+    step = (np.maximum(-lo, hi) if element == "i8" else np.maximum(hi, 0) - np.minimum(lo, 0)) / steps
     err = np.abs(dequantize(again).reshape(4, -1, 32) - groups)
     # Half a step of rounding (a whole one where the rounded zero point clips the range), plus
     # the f16 rounding of the scale times the largest code.

@@ -109,6 +109,8 @@ def requantize(p: Packed, scheme: str) -> Packed:
         scale = (np.maximum(-lo, hi) / 127).astype(np.float16)
         q = np.rint(_safe_div(w, scale)).clip(-127, 127).astype(np.int8)
         return Packed(q.reshape(rows, cols), "i8", p.shape, 32, scale)
+    # s * (q - zero) with q, zero in 0..15 always represents 0, so the range must reach it.
+    lo, hi = np.minimum(lo, 0), np.maximum(hi, 0)
     scale = ((hi - lo) / 15).astype(np.float16)
     zero = np.rint(_safe_div(-lo[..., None], scale))[..., 0].clip(0, 15).astype(np.uint8)
     q = (np.rint(_safe_div(w, scale)) + zero[..., None]).clip(0, 15).astype(np.uint8)
