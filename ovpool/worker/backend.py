@@ -3,42 +3,27 @@ all of them by one token per ``step()``.
 
 ``NullBackend`` fakes a model (tokens derived from the seed and prompt, optional per-step delay)
 so the broker, worker and client can be tested and benchmarked without OpenVINO.
-``EngineBackend`` interleaves ``Engine.generation`` objects, one forward pass each per step.
+``EngineBackend`` runs an Engine's generations: one batched forward pass per step (continuous
+batching, ovpool.worker.batcher), or interleaved, one pass per generation per step.
 """
 
 from __future__ import annotations
 
+import logging
 import random
 import time
-from dataclasses import dataclass
+import zlib
 from typing import Any, Protocol
 
 from ovpool.completion import Completion, Delta, Usage
-from ovpool.errors import InvalidRequestError, ModelLoadError, OvpoolError
+from ovpool.errors import CacheError, InvalidRequestError, ModelLoadError, OvpoolError
+from ovpool.worker.events import Event, Failed, Finished, Token
 from ovpool.worker.sampling import SamplingParams
 
+__all__ = ["Backend", "EngineBackend", "Event", "Failed", "Finished", "NullBackend", "Token"]
+log = logging.getLogger("ovpool.worker")
+
 PromptOrMessages = str | list[dict[str, Any]]
-
-
-@dataclass(frozen=True)
-class Token:
-    request_id: str
-    delta: Delta
-
-
-@dataclass(frozen=True)
-class Finished:
-    request_id: str
-    completion: Completion
-
-
-@dataclass(frozen=True)
-class Failed:
-    request_id: str
-    error: OvpoolError
-
-
-Event = Token | Finished | Failed
 
 
 class Backend(Protocol):
@@ -64,8 +49,8 @@ class _NullSession:
     def __init__(self, prompt_tokens: int, params: SamplingParams, text: str):
         self.params = params
         self.prompt_tokens = prompt_tokens
-        # str seeds hash with sha512: the same seed and prompt give the same tokens in any process.
-        self.rng = random.Random(f"{params.seed}\x00{text}")
+        # crc32, unlike hash(), is the same in every process: same seed and prompt, same tokens.
+        self.rng = random.Random((params.seed or 0) ^ zlib.crc32(text.encode()))
         self.token_ids: list[int] = []
         self.started = time.perf_counter()
 
@@ -120,13 +105,53 @@ class NullBackend:
 
 
 class EngineBackend:
-    """Interleaves up to ``slots`` Engine generations; each ``step()`` advances each by one pass."""
+    """Up to ``slots`` generations of one Engine.
+
+    With ``batching=paged`` (the default) each ``step()`` is ONE forward pass over all of them
+    (ovpool.worker.batcher: continuous batching); with ``interleaved``, or in cache-only mode when
+    the paged graph is not in the cache, each generation runs its own pass on its own InferRequest.
+    """
 
     def __init__(self, engine: Any, slots: int = 8, max_prompt_tokens: int = 8192,
                  aliases: list[str] | None = None):
         self.engine = engine
         self.models = list(dict.fromkeys([engine.name, *(aliases or [])]))
         self.slots = slots
+        self.runs = _runs(engine, slots, max_prompt_tokens)
+
+    @property
+    def active(self) -> int:
+        return self.runs.active
+
+    def add(self, request_id: str, prompt: PromptOrMessages, params: SamplingParams) -> None:
+        _check_room(self.active, self.slots)
+        _translated(self.runs.add, request_id, prompt, params)
+
+    def cancel(self, request_id: str) -> None:
+        self.runs.cancel(request_id)
+
+    def step(self) -> list[Event]:
+        return self.runs.step()
+
+
+def _runs(engine: Any, slots: int, max_prompt_tokens: int) -> Any:
+    if engine.settings.batching == "paged":
+        from ovpool.worker.batcher import Batcher  # OpenVINO: not for NullBackend users
+
+        try:
+            return Batcher.load(engine, slots, max_prompt_tokens)
+        except CacheError as exc:
+            if not engine.settings.cache_only:
+                raise
+            log.warning("continuous batching is off: %s; running each sequence on its own", exc)
+    return Interleaved(engine, max_prompt_tokens)
+
+
+class Interleaved:
+    """Engine generations side by side, each advanced by its own forward pass per ``step()``."""
+
+    def __init__(self, engine: Any, max_prompt_tokens: int):
+        self.engine = engine
         self.max_prompt_tokens = max_prompt_tokens
         self._generations: dict[str, Any] = {}
 
@@ -135,9 +160,8 @@ class EngineBackend:
         return len(self._generations)
 
     def add(self, request_id: str, prompt: PromptOrMessages, params: SamplingParams) -> None:
-        _check_room(self.active, self.slots)
-        gen = _translated(self.engine.generation, prompt, params)
-        n = gen.prompt_tokens
+        gen = self.engine.generation(prompt, params, prefill_chunk=self.engine.settings.prefill_chunk)
+        n = len(gen.prompt_ids)
         if n > self.max_prompt_tokens:
             gen.close()
             raise InvalidRequestError(f"prompt has {n} tokens, more than max_prompt_tokens="

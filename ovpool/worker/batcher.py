@@ -1,0 +1,119 @@
+"""Continuous batching for one Engine: every ``step()`` is ONE forward pass over all running requests.
+
+The Scheduler (pure logic) says which tokens of which requests go into the pass; the PagedRunner
+(OpenVINO) runs it; each request's Generation (sampling, stop strings, streaming text, EOS, limits:
+the same code as a single-stream generation) takes the logits row of its last token. Requests
+join between steps and long prompts are prefilled in ``prefill_chunk`` pieces next to running
+decodes. A request whose sequence outgrows the whole KV cache fails with a clear error.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from ovpool.errors import InvalidRequestError, ModelLoadError, OvpoolError
+from ovpool.worker.batch import PagedRunner, load_paged
+from ovpool.worker.events import Event, Failed, Finished, Token
+from ovpool.worker.generation import Generation, check_prompt
+from ovpool.worker.sampling import SamplingParams
+from ovpool.worker.scheduler import Scheduler
+
+log = logging.getLogger("ovpool.worker")
+
+
+class Batcher:
+    def __init__(self, engine: Any, runner: PagedRunner, *, max_running: int, prefill_chunk: int,
+                 max_prompt_tokens: int):
+        self.engine, self.runner = engine, runner
+        self.max_prompt_tokens = max_prompt_tokens
+        self.scheduler = Scheduler(num_blocks=runner.num_blocks, block_size=runner.block_size,
+                                   prefill_chunk=prefill_chunk, max_running=max_running)
+        self._generations: dict[str, Generation] = {}
+
+    @classmethod
+    def load(cls, engine: Any, max_running: int, max_prompt_tokens: int | None = None) -> Batcher:
+        """Load the paged graph of ``engine`` (through the cache) with its KV blocks."""
+        result = load_paged(engine)
+        s = engine.settings
+        runner = PagedRunner(result.compiled, s.kv_cache_mb)
+        engine.load_report["paged"] = {"outcome": result.outcome, "entry": result.entry,
+                                       "seconds": result.seconds, "kv_blocks": runner.num_blocks,
+                                       "block_size": runner.block_size}
+        log.info("continuous batching: %d KV blocks of %d positions (%.0f MiB), graph %s in %.1f s",
+                 runner.num_blocks, runner.block_size, runner.kv_bytes / 2**20, result.outcome,
+                 result.seconds)
+        return cls(engine, runner, max_running=max_running, prefill_chunk=s.prefill_chunk,
+                   max_prompt_tokens=max_prompt_tokens or s.max_prompt_tokens)
+
+    @property
+    def active(self) -> int:
+        return len(self._generations)
+
+    def add(self, request_id: str, prompt: Any, params: SamplingParams) -> None:
+        ids = self._prompt_ids(prompt, params)
+        if not self.scheduler.fits(len(ids) + 1):
+            raise InvalidRequestError(
+                f"the prompt has {len(ids)} tokens but the KV cache holds "
+                f"{self.scheduler.num_blocks * self.scheduler.block_size} positions; raise kv_cache_mb")
+        h = self.engine.hparams
+        self._generations[request_id] = Generation(None, None, ids, params, self.engine.tokenizer,
+                                                   context_length=h.context_length)
+        self.scheduler.add(request_id, ids)
+
+    def _prompt_ids(self, prompt: Any, params: SamplingParams) -> list[int]:
+        limit = self.engine.settings.max_new_tokens
+        if params.max_tokens > limit:
+            raise InvalidRequestError(f"max_tokens = {params.max_tokens} exceeds max_new_tokens = {limit}; "
+                                      "lower it or raise that setting")
+        ids = self.engine.prompt_ids(prompt)
+        h = self.engine.hparams
+        check_prompt(ids, vocab_size=h.vocab_size, context_length=h.context_length,
+                     max_prompt_tokens=self.max_prompt_tokens, new_tokens=1)
+        return ids
+
+    def cancel(self, request_id: str) -> None:
+        self.scheduler.finish(request_id)
+        gen = self._generations.pop(request_id, None)
+        if gen is not None:
+            gen.close()
+
+    def step(self) -> list[Event]:
+        """One forward pass for every scheduled request; the events it produced."""
+        plan = self.scheduler.plan()
+        events: list[Event] = [self._exhausted(rid) for rid in plan.exhausted]
+        if not plan.chunks:
+            return events
+        try:
+            logits = self.runner.forward(plan.chunks)
+        except ModelLoadError as exc:  # the pass is shared: every request in it fails
+            return events + [self._fail(c.seq_id, exc) for c in plan.chunks]
+        rows = iter(logits)
+        for chunk in plan.chunks:
+            if chunk.sample:
+                events += self._accept(chunk.seq_id, next(rows))
+        return events
+
+    def _accept(self, request_id: str, logits) -> list[Event]:
+        gen = self._generations[request_id]
+        try:
+            delta = gen.feed(logits)
+        except OvpoolError as exc:
+            return [self._fail(request_id, exc)]
+        events: list[Event] = [] if delta is None else [Token(request_id, delta)]
+        if gen.finished:
+            events.append(Finished(request_id, gen.completion()))
+            self.cancel(request_id)
+        else:
+            self.scheduler.append(request_id, gen.token_ids[-1])
+        return events
+
+    def _exhausted(self, request_id: str) -> Event:
+        size = self.scheduler.num_blocks * self.scheduler.block_size
+        return self._fail(request_id, InvalidRequestError(
+            f"the sequence outgrew the KV cache ({size} positions); raise kv_cache_mb or lower max_tokens"))
+
+    def _fail(self, request_id: str, error: OvpoolError) -> Event:
+        self.cancel(request_id)
+        return Failed(request_id, error)
+

@@ -1,0 +1,123 @@
+"""Continuous batching end to end on tiny models: batched greedy output equals each request alone."""
+
+from __future__ import annotations
+
+import pytest
+
+from ovpool import Engine
+from ovpool.worker.backend import EngineBackend, Failed, Finished, Token
+from ovpool.worker.batch import PagedRunner, load_paged
+from ovpool.worker.batcher import Batcher
+from ovpool.worker.sampling import SamplingParams
+
+F32 = {"inference_precision": "f32", "kv_cache_precision": "f32", "prefill_chunk": 8}
+PROMPTS = ["the quick brown fox", "a b c d e f g h i j k l m n o p q r s t u v w x y z " * 2, "hello",
+           "jumps over the lazy dog and runs far away from the brown fox"]
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model):
+    with Engine(tiny_model(arch="llama", weight_type="Q4_1"), settings=F32) as eng:
+        yield eng
+
+
+def drain(backend, joins=None):
+    """Step until idle; ``joins`` {step: [(id, prompt, params)]} are added before that step.
+    Returns ({id: Completion}, {id: [Delta]}, [Failed])."""
+    joins, done, deltas, failed, step = dict(joins or {}), {}, {}, [], 0
+    while backend.active or joins:
+        for rid, prompt, params in joins.pop(step, []):
+            backend.add(rid, prompt, params)
+        for ev in backend.step():
+            if isinstance(ev, Token):
+                deltas.setdefault(ev.request_id, []).append(ev.delta)
+            elif isinstance(ev, Finished):
+                assert ev.request_id not in done, "finished twice"
+                done[ev.request_id] = ev.completion
+            else:
+                failed.append(ev)
+        step += 1
+    return done, deltas, failed
+
+
+def alone(engine, prompt, params):
+    return engine.complete(prompt, **params.to_dict())
+
+
+def test_greedy_batched_equals_alone_with_joins_and_chunked_prefill(engine):
+    backend = EngineBackend(engine, slots=4)
+    assert isinstance(backend.runs, Batcher)
+    lengths = [20, 7, 33, 12]  # different lengths: sequences leave the batch at different steps
+    reqs = [(str(i), p, SamplingParams(max_tokens=n, ignore_eos=True))
+            for i, (p, n) in enumerate(zip(PROMPTS, lengths, strict=True))]
+    done, deltas, failed = drain(backend, {0: reqs[:2], 3: reqs[2:3], 5: reqs[3:]})
+    assert not failed and backend.runs.scheduler.free_blocks == backend.runs.runner.num_blocks
+    for rid, prompt, params in reqs:
+        expected = alone(engine, prompt, params)
+        assert done[rid].token_ids == expected.token_ids
+        assert done[rid].text == expected.text == "".join(d.text for d in deltas[rid])
+        assert [d.index for d in deltas[rid]] == sorted({d.index for d in deltas[rid]})
+
+
+def test_preemption_under_a_small_kv_cache_keeps_outputs_identical(engine):
+    runner = PagedRunner(load_paged(engine).compiled, num_blocks=4)  # 128 positions for 3 requests
+    batcher = Batcher(engine, runner, max_running=3, prefill_chunk=8, max_prompt_tokens=100)
+    reqs = [(str(i), PROMPTS[i], SamplingParams(max_tokens=40, ignore_eos=True)) for i in range(3)]
+    preempted = []
+    plan = batcher.scheduler.plan
+
+    def spy():
+        result = plan()
+        preempted.extend(result.preempted)
+        return result
+
+    batcher.scheduler.plan = spy
+    done, _, failed = drain(batcher, {0: reqs})
+    assert preempted and not failed
+    for rid, prompt, params in reqs:
+        assert done[rid].token_ids == alone(engine, prompt, params).token_ids
+
+
+def test_stop_strings_eos_and_sampling_behave_as_alone(engine):
+    backend = EngineBackend(engine, slots=3)
+    greedy = alone(engine, PROMPTS[0], SamplingParams(max_tokens=12, ignore_eos=True))
+    stop = greedy.text[len(greedy.text) // 2:][:3]
+    reqs = [("stop", PROMPTS[0], SamplingParams(max_tokens=12, ignore_eos=True, stop=(stop,))),
+            ("sampled", PROMPTS[1], SamplingParams(max_tokens=16, temperature=1.2, seed=5)),
+            ("eos", PROMPTS[2], SamplingParams(max_tokens=30))]
+    done, _, failed = drain(backend, {0: reqs})
+    assert not failed
+    for rid, prompt, params in reqs:
+        expected = alone(engine, prompt, params)
+        assert (done[rid].token_ids, done[rid].text, done[rid].finish_reason) == \
+            (expected.token_ids, expected.text, expected.finish_reason)
+    assert stop not in done["stop"].text and done["stop"].finish_reason == "stop"
+
+
+def test_cancel_frees_blocks_and_bad_requests_fail_clearly(engine):
+    backend = EngineBackend(engine, slots=2)
+    backend.add("a", PROMPTS[1], SamplingParams(max_tokens=50, ignore_eos=True))
+    backend.step()
+    assert backend.runs.scheduler.free_blocks < backend.runs.runner.num_blocks
+    backend.cancel("a")
+    assert backend.active == 0 and backend.runs.scheduler.free_blocks == backend.runs.runner.num_blocks
+    assert backend.step() == []
+    with pytest.raises(Exception, match="max_tokens"):
+        backend.add("b", "hi", SamplingParams(max_tokens=10**6))
+    with pytest.raises(Exception, match="context"):
+        backend.add("c", "word " * 300, SamplingParams(max_tokens=4))
+    backend.add("d", "hi", SamplingParams(max_tokens=2))
+    backend.add("e", "hi", SamplingParams(max_tokens=2))
+    with pytest.raises(Exception, match="free slot"):
+        backend.add("f", "hi", SamplingParams(max_tokens=2))
+
+
+def test_a_sequence_outgrowing_the_cache_fails_with_a_clear_error(engine):
+    runner = PagedRunner(load_paged(engine).compiled, num_blocks=1)  # 32 positions
+    batcher = Batcher(engine, runner, max_running=2, prefill_chunk=8, max_prompt_tokens=100)
+    with pytest.raises(Exception, match="kv_cache_mb"):
+        batcher.add("too-long", "word " * 20, SamplingParams(max_tokens=4))
+    done, _, failed = drain(batcher, {0: [("grows", PROMPTS[0], SamplingParams(max_tokens=60,
+                                                                                 ignore_eos=True))]})
+    assert not done and [f.request_id for f in failed] == ["grows"]
+    assert "kv_cache_mb" in str(failed[0].error) and isinstance(failed[0], Failed)
