@@ -66,13 +66,20 @@ def verify(store: CacheStore) -> list[dict[str, Any]]:
         except CacheCorruptError as exc:
             results.append({"entry": None, "family": family, "ok": False, "problem": str(exc)})
     for _, entry in entries(store):
-        try:
-            found = crc32_of(store.open_blob(entry)) if entry.size else "crc32:00000000"
-            problem = None if found == entry.checksum else f"checksum {found}, expected {entry.checksum}"
-        except (CacheCorruptError, OSError) as exc:
-            problem = str(exc)
-        results.append({"entry": entry.id, "ok": problem is None, "problem": problem})
+        results.append({"entry": entry.id, **_check_blob(store, entry)})
     return results
+
+
+def _check_blob(store: CacheStore, entry: Entry) -> dict[str, Any]:
+    last_hit = store.last_hit(entry)
+    try:
+        found = crc32_of(store.open_blob(entry))
+        problem = None if found == entry.checksum else f"checksum {found}, expected {entry.checksum}"
+    except (CacheCorruptError, OSError) as exc:
+        problem = str(exc)
+    with contextlib.suppress(OSError):  # reading may bump the atime; it is gc's LRU clock
+        os.utime(store.blob_path(entry), (last_hit, store.blob_path(entry).stat().st_mtime))
+    return {"ok": problem is None, "problem": problem}
 
 
 def explain(lookup: Lookup) -> dict[str, Any]:

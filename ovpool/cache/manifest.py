@@ -34,7 +34,8 @@ class Entry:
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> Entry:
         entry = cls(**{k: raw[k] for k in cls.__dataclass_fields__})
-        if not (isinstance(entry.size, int) and isinstance(entry.ports, list) and "/" not in entry.blob):
+        if not (isinstance(entry.size, int) and entry.size > 0 and isinstance(entry.ports, list)
+                and "/" not in entry.blob):
             raise TypeError("bad field types")
         return entry
 
