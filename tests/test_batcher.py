@@ -121,3 +121,16 @@ def test_a_sequence_outgrowing_the_cache_fails_with_a_clear_error(engine):
                                                                                  ignore_eos=True))]})
     assert not done and [f.request_id for f in failed] == ["grows"]
     assert "kv_cache_mb" in str(failed[0].error) and isinstance(failed[0], Failed)
+
+
+@pytest.mark.slow
+def test_smollm2_eight_batched_requests_equal_each_alone(smollm2_path):
+    with Engine(smollm2_path, settings={**F32, "prefill_chunk": 16}) as eng:
+        backend = EngineBackend(eng, slots=8)
+        prompts = [f"Write one sentence about a {w}." for w in "cat dog fox owl bee ant cow pig".split()]
+        reqs = [(str(i), [{"role": "user", "content": p}], SamplingParams(max_tokens=24 + 4 * i))
+                for i, p in enumerate(prompts)]
+        done, _, failed = drain(backend, {0: reqs[:5], 2: reqs[5:]})
+        assert not failed
+        for rid, messages, params in reqs:
+            assert done[rid].token_ids == eng.chat(messages, **params.to_dict()).token_ids
