@@ -206,27 +206,31 @@ def test_read_only_cache_dir_hits_and_skips_exports(cache, model_file, caplog):
                                                 extra=True))
 
 
+def export_on_a_full_disk(cache_dir: Path, child: list[str]) -> subprocess.CompletedProcess:
+    """Run ``child`` exporting into a 16 KiB tmpfs (the toy blob is ~22 KiB) where we may mount
+    one, else under a 16 KiB RLIMIT_FSIZE (writes past it fail with EFBIG instead of ENOSPC)."""
+    if os.geteuid() == 0 and subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16k", "tmpfs",
+                                             str(cache_dir)], capture_output=True).returncode == 0:
+        try:
+            return subprocess.run(child, capture_output=True, text=True, timeout=120)
+        finally:
+            assert [p.name for p in cache_dir.rglob("*") if p.is_file() and p.suffix != ".lock"] == []
+            subprocess.run(["umount", str(cache_dir)], check=True)
+    limit = "import resource,signal,sys,runpy;signal.signal(signal.SIGXFSZ,signal.SIG_IGN);" \
+            "resource.setrlimit(resource.RLIMIT_FSIZE,(16384,16384));sys.argv=sys.argv[1:];" \
+            "runpy.run_path(sys.argv[0],run_name='__main__')"
+    return subprocess.run([child[0], "-c", limit, *child[1:]], capture_output=True, text=True, timeout=120)
+
+
 def test_disk_full_during_export_leaves_nothing_and_goes_on(tmp_path, model_file):
-    """A 16 KiB tmpfs as root (the toy blob is ~22 KiB); otherwise a 16 KiB RLIMIT_FSIZE."""
     cache_dir = tmp_path / "small"
     cache_dir.mkdir()
-    child = [sys.executable, str(Path(cache_toy.__file__)), str(cache_dir), str(model_file)]
-    if os.geteuid() == 0:
-        with mounted("tmpfs", cache_dir, "-t", "tmpfs", "-o", "size=16k"):
-            out = subprocess.run(child, capture_output=True, text=True, timeout=120)
-            leftovers = [p.name for p in cache_dir.rglob("*") if p.is_file()]
-    else:
-        limit = "import resource,signal,sys,runpy;signal.signal(signal.SIGXFSZ,signal.SIG_IGN);" \
-                "resource.setrlimit(resource.RLIMIT_FSIZE,(16384,16384));sys.argv=sys.argv[1:];" \
-                "runpy.run_path(sys.argv[0],run_name='__main__')"
-        out = subprocess.run([sys.executable, "-c", limit, *child[1:]], capture_output=True, text=True,
-                             timeout=120)
-        leftovers = [p.name for p in cache_dir.rglob("*") if p.is_file() and "lock" not in p.name]
+    out = export_on_a_full_disk(cache_dir, [sys.executable, cache_toy.__file__, str(cache_dir),
+                                            str(model_file)])
     assert out.returncode == 0, out.stderr
     assert "export failed" in out.stderr
-    assert out.stdout.split()[:3] == ["RESULT", "compiled", "None"]
-    assert out.stdout.split()[3] == cache_toy.digest(EXPECTED)
-    assert [n for n in leftovers if not n.endswith(".lock")] == []
+    assert out.stdout.split() == ["RESULT", "compiled", "None", cache_toy.digest(EXPECTED)]
+    assert [p.name for p in cache_dir.rglob("*") if p.is_file() and p.suffix != ".lock"] == []
 
 
 def test_manifest_records_what_ls_needs(cache, model_file):
