@@ -111,12 +111,17 @@ def main() -> None:
     summary = {"populate (compile + export)": populate, **summarize(runs)}
     if args.json:
         print(json.dumps({"runs": runs, **summary}, indent=2))
-        return
+    else:
+        print_table(summary, args)
+
+
+def print_table(summary: dict, args: argparse.Namespace) -> None:
     print(f"model={args.model} device={args.device} repeats={args.repeats} evict={args.evict} (medians)")
     print(f"{'scenario':<14}{'start→first token (s)':>24}{'load (s)':>12}{'first forward (s)':>20}")
     for s in SCENARIOS:
         m = summary["median"][s]
         print(f"{s:<14}{m['start_to_first_token_s']:>24.2f}{m['load_s']:>12.2f}{m['first_forward_s']:>20.2f}")
+    populate = summary["populate (compile + export)"]
     print(f"populate (compile + export): {populate['start_to_first_token_s']:.2f} s")
     print(f"hit / no cache: {summary['hit_vs_no_cache']:.3f} (target <= 0.25); hit load / genai load: "
           f"{summary['hit_load_vs_genai_load']:.3f} (target <= 0.15)")
