@@ -18,7 +18,7 @@ import filelock
 from ovpool.cache.lookup import Lookup
 from ovpool.cache.manifest import Entry, Manifest
 from ovpool.cache.store import CacheStore, crc32_of
-from ovpool.errors import CacheCorruptError, CacheMissError
+from ovpool.errors import CacheCorruptError, CacheError, CacheMissError
 
 _TEMP_NAME = re.compile(r"^.+\.(?P<pid>\d+)\.[0-9a-f]+\.partial$")
 
@@ -94,7 +94,7 @@ def explain(lookup: Lookup) -> dict[str, Any]:
 
 def remove(store: CacheStore, entry_id: str) -> str:
     manifest, entry = find(store, entry_id)
-    with store.lock(manifest.family):
+    with _writing(store), store.lock(manifest.family):
         store.drop_entry(manifest.family, entry.id)
     return entry.id
 
@@ -102,14 +102,24 @@ def remove(store: CacheStore, entry_id: str) -> str:
 def gc(store: CacheStore, max_bytes: int | None = None) -> dict[str, list[str]]:
     """Remove dead writers' temp files, garbage manifests, unreferenced blobs, then LRU entries
     beyond ``max_bytes``. Returns what was removed, by kind."""
-    report = {"temp": _dead_temps(store), "manifests": [], "blobs": [], "entries": []}
-    for family in _blob_families(store) | set(store.families()):
-        with _try_lock(store, family) as held:
-            if held:
-                _gc_family(store, family, report)
-    if max_bytes is not None:
-        report["entries"] = _evict_lru(store, max_bytes)
+    with _writing(store):
+        report = {"temp": _dead_temps(store), "manifests": [], "blobs": [], "entries": []}
+        for family in _blob_families(store) | set(store.families()):
+            with _try_lock(store, family) as held:
+                if held:
+                    _gc_family(store, family, report)
+        if max_bytes is not None:
+            report["entries"] = _evict_lru(store, max_bytes)
     return report
+
+
+@contextlib.contextmanager
+def _writing(store: CacheStore) -> Iterator[None]:
+    try:
+        yield
+    except OSError as exc:
+        raise CacheError(f"cannot modify the cache at {store.root}: {exc.strerror or exc} "
+                         "(read-only, or another user's?)") from exc
 
 
 def _dead_temps(store: CacheStore) -> list[str]:
