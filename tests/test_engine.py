@@ -157,3 +157,13 @@ def test_smollm2_chat_answers_and_stops_at_end_of_turn(smollm2):
     assert out.finish_reason == "stop" and len(out.token_ids) < 64
     longer = smollm2.chat(messages, max_tokens=64, ignore_eos=True)
     assert longer.finish_reason == "length" and len(longer.token_ids) == 64
+
+
+def test_stateless_graph_generates_like_the_stateful_one(tiny_model):
+    path = tiny_model(arch="qwen2", weight_type="Q4_1")
+    exact = {"kv_cache_precision": "f32", "inference_precision": "f32"}
+    runs = []
+    for stateful in (True, False):
+        with Engine(path, settings={**exact, "stateful": stateful}) as eng:
+            runs.append(eng.complete(PROMPT, max_tokens=12, ignore_eos=True).token_ids)
+    assert runs[0] == runs[1]

@@ -56,12 +56,10 @@ class Session:
         }
         if self._has_beam_idx:
             feeds["beam_idx"] = np.zeros(1, dtype=np.int32)
-        for name, array in feeds.items():
-            self.request.set_tensor(name, ov.Tensor(array))
-        for name, tensor in self._kv.items():
-            self.request.set_tensor(name, tensor)
+        feeds.update(self._kv)
         try:
-            self.request.infer()
+            # Shared both ways: no copy of the inputs, and no copy of the logits into a result dict.
+            self.request.infer(feeds, share_inputs=True, share_outputs=True)
         except RuntimeError as exc:
             raise ModelLoadError(f"inference failed at {self.past} cached + {n} new tokens: {exc}") from exc
         self.past += n
