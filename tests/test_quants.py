@@ -37,7 +37,8 @@ def test_quantized_blocks_dequantize_like_gguf(qtype):
     raw = random_blocks(qtype, rows, cols)
     packed = unpack(qtype, raw, (rows, cols))
     expected = quants.dequantize(raw.reshape(rows, -1), qtype)
-    np.testing.assert_allclose(dequantize(packed), expected, rtol=1e-6, atol=1e-7)
+    # Equal up to float32 rounding: Q4_1/Q4_K add their offset in a different order.
+    np.testing.assert_allclose(dequantize(packed), expected, atol=1e-6 * np.abs(expected).max())
 
 
 @pytest.mark.parametrize("qtype,dtype", [(T.F32, np.float32), (T.F16, np.float16)])

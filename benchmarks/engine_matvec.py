@@ -1,0 +1,70 @@
+"""One compressed mat-vec per weight encoding, as the CPU plugin runs it (CPU time, one thread).
+
+    .venv/bin/python benchmarks/engine_matvec.py [--rows 3072] [--cols 576] [--tokens 1]
+
+CPU time rather than wall time so that other processes on a shared machine disturb it less.
+The encodings are those ovpool.worker.quants produces (i4 + exact correction for Q4_1/Q4_K, i8
+for Q8_0/Q6_K) and GenAI's (u4 + rounded u4 zero point) for comparison.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+import openvino as ov
+import openvino.opset13 as ops
+
+from ovpool.worker.quants import Packed
+from ovpool.worker.weights import Weight
+
+
+def cpu_ms(packed: Packed, tokens: int, rng: np.random.Generator, calls: int = 200) -> float:
+    rows, cols = packed.shape
+    x = ops.parameter([-1, -1, cols], ov.Type.f32, name="x")
+    model = ov.Model([ops.result(Weight(packed, "w").linear(x.output(0)))], [x])
+    config = {"INFERENCE_NUM_THREADS": 1, "INFERENCE_PRECISION_HINT": "f32"}
+    request = ov.Core().compile_model(model, "CPU", config).create_infer_request()
+    xs = rng.standard_normal((1, tokens, cols)).astype(np.float32)
+    for _ in range(20):
+        request.infer([xs])
+    best = float("inf")
+    for _ in range(5):
+        start = time.process_time()
+        for _ in range(calls):
+            request.infer([xs])
+        best = min(best, (time.process_time() - start) / calls)
+    return best * 1000
+
+
+def encodings(rows: int, cols: int, rng: np.random.Generator) -> dict[str, Packed]:
+    g = cols // 32
+    nibbles = rng.integers(0, 256, (rows, cols // 2), dtype=np.uint8)
+    scale = (rng.random((rows, g)) * 0.01).astype(np.float16)
+    zero = rng.integers(0, 16, (rows, g), dtype=np.uint8)
+    correction = (rng.standard_normal((rows, g)) * 1e-3).astype(np.float32)
+    bytes8 = rng.integers(-128, 128, (rows, cols), dtype=np.int8)
+    shape = (rows, cols)
+    return {
+        "u4 + u4 zero point (GenAI Q4_1)": Packed(nibbles, "u4", shape, 32, scale, zero),
+        "i4 + correction (ovpool Q4_1)": Packed(nibbles, "i4", shape, 32, scale, None, correction),
+        "u4 + zero point + correction": Packed(nibbles, "u4", shape, 32, scale, zero, correction),
+        "i4 symmetric (Q4_0)": Packed(nibbles, "i4", shape, 32, scale),
+        "i8 symmetric (Q8_0)": Packed(bytes8, "i8", shape, 32, scale),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rows", type=int, default=3072)
+    ap.add_argument("--cols", type=int, default=576)
+    ap.add_argument("--tokens", type=int, default=1)
+    args = ap.parse_args()
+    rng = np.random.default_rng(0)
+    for label, packed in encodings(args.rows, args.cols, rng).items():
+        print(f"{label:34s} {cpu_ms(packed, args.tokens, rng):.3f} ms", flush=True)
+
+
+if __name__ == "__main__":
+    main()
