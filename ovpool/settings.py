@@ -90,7 +90,7 @@ _SETTINGS = [
     Setting("batching", str, "paged", "how a worker runs its sequences: paged (one batched forward pass "
             "per step, continuous batching) or interleaved (one pass per sequence)",
             choices=("paged", "interleaved")),
-    Setting("kv_cache_mb", int, 512, "MiB of paged KV-cache blocks per worker (batching=paged)", minimum=1),
+    Setting("kv_cache_mb", int, 256, "MiB of paged KV-cache blocks per worker (batching=paged)", minimum=1),
     # Graph-changing: these enter the cache fingerprint.
     Setting("inference_precision", str, "auto", "compute precision (auto: fastest correct on the device)",
             choices=("auto", "f32", "bf16", "f16"), graph=True),

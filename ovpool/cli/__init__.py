@@ -13,7 +13,7 @@ from ovpool import logs
 from ovpool.cli.common import run_cli
 
 # One module per topic under ovpool/cli/, each with register(group).
-_COMMAND_MODULES = ("settings_cmd", "generate", "pool", "serve", "cache")
+_COMMAND_MODULES = ("settings_cmd", "generate", "pool", "serve", "cache", "bench")
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})

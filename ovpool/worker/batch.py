@@ -55,6 +55,9 @@ class PagedRunner:
                                                    ov.Shape([self.num_blocks, *dims[p.get_any_name()]]))
                         for p in caches}
         for name, tensor in self._caches.items():
+            # Zeroed, as GenAI does: vector kernels multiply the unused tail of a block by zero,
+            # and NaN garbage in fresh memory would survive that (NaN * 0 = NaN).
+            tensor.data.fill(0)
             self.request.set_tensor(name, tensor)
 
     def forward(self, chunks: Sequence[Chunk]) -> np.ndarray:

@@ -1,0 +1,58 @@
+"""In-process measurements of one Engine: single-stream speed, and how often batched greedy output
+agrees with each request run alone at the configured (default: the device's fastest) precision."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ovpool.bench.sweep import PROMPTS
+from ovpool.completion import Completion
+from ovpool.worker.backend import EngineBackend, Failed, Finished
+from ovpool.worker.engine import Engine
+from ovpool.worker.sampling import SamplingParams
+
+
+def single_stream(engine: Engine, max_tokens: int) -> dict:
+    """Time to first token and decode tokens/s of one request on the engine's own graph."""
+    engine.complete(PROMPTS[0], max_tokens=4)  # warm-up
+    done = engine.complete(PROMPTS[0], max_tokens=max_tokens, ignore_eos=True)
+    t = done.timings
+    return {"ttft_s": t["ttft_s"], "decode_tokens_per_s": t.get("decode_tps"),
+            "tokens_per_s": len(done.token_ids) / t["total_s"], "load": engine.load_report}
+
+
+def run_all(backend: Any, requests: Mapping[str, tuple[Any, SamplingParams]]) -> dict[str, Completion]:
+    """Add every request, step the backend until idle, and return each Completion."""
+    for rid, (prompt, params) in requests.items():
+        backend.add(rid, prompt, params)
+    done: dict[str, Completion] = {}
+    while backend.active:
+        for ev in backend.step():
+            if isinstance(ev, Finished):
+                done[ev.request_id] = ev.completion
+            elif isinstance(ev, Failed):
+                raise ev.error
+    return done
+
+
+def agreement(engine: Engine, concurrency: int, max_tokens: int) -> dict:
+    """Greedy: requests batched together vs. each alone (Engine.complete), token by token."""
+    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+    requests = {str(i): (PROMPTS[i % len(PROMPTS)], params) for i in range(concurrency)}
+    batched = run_all(EngineBackend(engine, slots=concurrency), requests)
+    alone = {rid: engine.complete(prompt, **params.to_dict()) for rid, (prompt, _) in requests.items()}
+    prefixes = [_common_prefix(batched[r].token_ids, alone[r].token_ids) / max_tokens for r in requests]
+    return {"requests": concurrency, "identical": sum(p == 1.0 for p in prefixes),
+            "mean_common_prefix": sum(prefixes) / len(prefixes),
+            "precision": engine.graph_settings["inference_precision"],
+            "kv_cache_precision": engine.graph_settings["kv_cache_precision"]}
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n

@@ -1,0 +1,91 @@
+"""``ovpool bench`` output: a plain-text table, and a PNG plot of the concurrency sweep."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def _num(value, fmt: str = ".1f") -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def sweep_table(results: dict) -> list[str]:
+    rows = results.get("sweep") or []
+    ratios = results.get("ratios") or {}
+    lines = [f"{'N':>3} {'ovpool tok/s':>13} {'GenAI CB tok/s':>15} {'ratio':>6} {'x single':>9} "
+             f"{'p50 lat s':>10} {'p99 lat s':>10} {'p99 TTFT s':>11}  lost/dup"]
+    for r in rows:
+        ours, theirs = r["ovpool"], r.get("genai_cb") or {}
+        ratio = ratios.get(r["concurrency"], {})
+        lines.append(f"{r['concurrency']:>3} {_num(ours['tokens_per_s']):>13} "
+                     f"{_num(theirs.get('tokens_per_s')):>15} {_num(ratio.get('vs_genai_cb'), '.2f'):>6} "
+                     f"{_num(ratio.get('vs_single'), '.2f'):>9} {_num(ours['latency_p50_s'], '.2f'):>10} "
+                     f"{_num(ours['latency_p99_s'], '.2f'):>10} {_num(ours['ttft_p99_s'], '.2f'):>11}  "
+                     f"{len(ours['problems']) or 'none'}")
+    return lines
+
+
+def single_lines(results: dict) -> list[str]:
+    single = results.get("single") or {}
+    lines = []
+    for who in ("ovpool", "genai"):
+        if who in single:
+            s = single[who]
+            lines.append(f"single stream {who:<7} TTFT {_num(s['ttft_s'], '.3f')} s, decode "
+                         f"{_num(s['decode_tokens_per_s'])} tok/s")
+    return lines
+
+
+def other_lines(results: dict) -> list[str]:
+    lines = []
+    if "agreement" in results:
+        a = results["agreement"]
+        lines.append(f"batched vs alone ({a['precision']}, KV {a['kv_cache_precision']}): {a['identical']}/"
+                     f"{a['requests']} identical, mean common prefix {a['mean_common_prefix']:.0%}")
+    for key, title in (("startup", "start-up"), ("overhead", "broker overhead")):
+        if key in results:
+            lines.append(f"{title}: {_brief(results[key])}")
+    return lines
+
+
+def _brief(block: dict) -> str:
+    if "skipped" in block or "failed" in block:
+        return block.get("skipped") or block["failed"]
+    if "median" in block:  # cache_startup.py
+        return ", ".join(f"{name} {m['start_to_first_token_s']:.2f} s to first token"
+                         for name, m in block["median"].items())
+    return ", ".join(f"{k} {v}" for k, v in block.items())
+
+
+def text(results: dict) -> str:
+    head = (f"model {results['model']} on {results['device']}, {results['max_tokens']} new tokens per "
+            f"request, OpenVINO {results['openvino']}")
+    return "\n".join([head, *single_lines(results), *sweep_table(results), *other_lines(results)])
+
+
+def plot(results: dict, path: str | Path) -> Path:
+    """Aggregate tokens/s and p99 latency against concurrency, ovpool vs GenAI CB."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = results["sweep"]
+    n = [r["concurrency"] for r in rows]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    left.plot(n, [r["ovpool"]["tokens_per_s"] for r in rows], "o-", label="ovpool (broker + worker)")
+    if all("genai_cb" in r for r in rows):
+        left.plot(n, [r["genai_cb"]["tokens_per_s"] for r in rows], "s--", label="GenAI ContinuousBatching")
+    left.set(xlabel="concurrent requests", ylabel="aggregate tokens/s", xscale="log", xticks=n)
+    left.set_xticklabels([str(x) for x in n])
+    left.legend()
+    right.plot(n, [r["ovpool"]["latency_p99_s"] for r in rows], "o-", label="p99 latency")
+    right.plot(n, [r["ovpool"]["ttft_p99_s"] for r in rows], "^-", label="p99 time to first token")
+    right.set(xlabel="concurrent requests", ylabel="seconds", xscale="log", xticks=n)
+    right.set_xticklabels([str(x) for x in n])
+    right.legend()
+    fig.suptitle(f"{results['model']}, {results['max_tokens']} new tokens per request, {results['device']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return Path(path)

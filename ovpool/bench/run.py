@@ -1,0 +1,114 @@
+"""Runs the chosen ``ovpool bench`` scenarios in one process run and computes the ratios.
+
+Start-up and broker overhead are the scripts benchmarks/cache_startup.py and
+benchmarks/broker_overhead.py (run as they are, ``--json``), so their numbers mean the same here
+as when run alone; they need a source checkout. In the sweep each level runs ovpool through the
+broker and then GenAI's continuous-batching pipeline, so background load hits both alike.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import openvino as ov
+
+from ovpool.bench import local, peers, sweep
+from ovpool.worker.engine import Engine
+from ovpool.worker.model import resolve_model_path
+
+SCENARIOS = ("startup", "single", "sweep", "overhead", "agreement")
+_BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+@dataclass
+class Options:
+    model: str = "smollm2"
+    device: str = "CPU"
+    levels: Sequence[int] = (1, 2, 4, 8, 16)
+    max_tokens: int = 128
+    scenarios: Sequence[str] = SCENARIOS
+    genai: bool = True
+    repeats: int = 1
+    sets: Sequence[str] = field(default_factory=tuple)  # NAME=VALUE for the worker and the engine
+
+
+def run(opts: Options, say: Callable[[str], None] = lambda _: None) -> dict:
+    genai = opts.genai and peers.available()
+    results: dict = {"model": opts.model, "device": opts.device, "max_tokens": opts.max_tokens,
+                     "openvino": ov.get_version(), "genai": genai}
+    path = str(resolve_model_path(opts.model))
+    if "startup" in opts.scenarios:
+        say("start-up (benchmarks/cache_startup.py)")
+        results["startup"] = script("cache_startup.py", "--model", opts.model, "--device", opts.device,
+                                    "--repeats", str(opts.repeats))
+    if "overhead" in opts.scenarios:
+        say("broker overhead (benchmarks/broker_overhead.py)")
+        results["overhead"] = script("broker_overhead.py", "--requests", "5000", "--samples", "500")
+    if {"single", "agreement"} & set(opts.scenarios):
+        results.update(_local(opts, path, genai, say))
+    if "sweep" in opts.scenarios:
+        results["sweep"] = _sweep(opts, path, genai, say)
+        results["ratios"] = ratios(results["sweep"])
+    return results
+
+
+def _local(opts: Options, path: str, genai: bool, say) -> dict:
+    out: dict = {}
+    with Engine(opts.model, device=opts.device, settings=dict(s.split("=", 1) for s in opts.sets)) as eng:
+        if "single" in opts.scenarios:
+            say("single stream")
+            out["single"] = {"ovpool": local.single_stream(eng, opts.max_tokens)}
+            if genai:
+                out["single"]["genai"] = peers.single_stream(path, opts.max_tokens, opts.device)
+        if "agreement" in opts.scenarios:
+            say("batched vs alone agreement")
+            out["agreement"] = local.agreement(eng, 8, opts.max_tokens)
+    return out
+
+
+def _sweep(opts: Options, path: str, genai: bool, say) -> list[dict]:
+    rows = []
+    with sweep.pool(opts.model, max(opts.levels), sets=opts.sets) as client:
+        pipeline = peers.BatchedPipeline(path, opts.device) if genai else None
+        for n in opts.levels:
+            say(f"sweep: {n} concurrent")
+            tries = [sweep.sweep_level(client, n, opts.max_tokens) for _ in range(opts.repeats)]
+            row = {"concurrency": n, "ovpool": _median(tries)}
+            if pipeline is not None:
+                row["genai_cb"] = _median([pipeline.level(n, opts.max_tokens) for _ in range(opts.repeats)])
+            rows.append(row)
+    return rows
+
+
+def _median(rows: list[dict]) -> dict:
+    """The run with the median tokens/s (a whole row, so its percentiles stay consistent)."""
+    ordered = sorted(rows, key=lambda r: r["tokens_per_s"])
+    return {**ordered[(len(ordered) - 1) // 2], "tokens_per_s_all": [r["tokens_per_s"] for r in rows]}
+
+
+def ratios(rows: Sequence[dict]) -> dict:
+    """Per level: ovpool / GenAI continuous batching, and ovpool / ovpool at concurrency 1."""
+    base = next((r["ovpool"]["tokens_per_s"] for r in rows if r["concurrency"] == 1), None)
+    out = {}
+    for r in rows:
+        ours = r["ovpool"]["tokens_per_s"]
+        out[r["concurrency"]] = {
+            "vs_genai_cb": ours / r["genai_cb"]["tokens_per_s"] if "genai_cb" in r else None,
+            "vs_single": ours / base if base else None}
+    return out
+
+
+def script(name: str, *args: str) -> dict:
+    """Run benchmarks/<name> --json and return what it printed (or why it could not run)."""
+    path = _BENCHMARKS / name
+    if not path.is_file():
+        return {"skipped": f"{path} not found: run ovpool bench from a source checkout"}
+    proc = subprocess.run([sys.executable, str(path), *args, "--json"], capture_output=True, text=True)
+    if proc.returncode != 0:
+        return {"failed": f"exit {proc.returncode}: {proc.stderr.strip()[-2000:]}"}
+    return json.loads(proc.stdout[proc.stdout.index("{"):])
