@@ -138,16 +138,24 @@ def _f16(blocks: np.ndarray, start: int, rows: int) -> np.ndarray:
     return np.ascontiguousarray(blocks[:, start:start + 2]).view(np.float16).reshape(rows, -1)
 
 
-def _q4_nibbles(qs: np.ndarray, rows: int) -> np.ndarray:
-    # A 32-element block: elements 0..15 in the low nibbles, 16..31 in the high nibbles.
-    return np.concatenate([qs & np.uint8(15), qs >> np.uint8(4)], axis=1).reshape(rows, -1)
+def _i4_from_split_nibbles(qs: np.ndarray, rows: int) -> np.ndarray:
+    """GGUF's nibble layout → OpenVINO i4 bytes of q - 8, straight from byte to byte.
+
+    Each row of ``qs`` holds 2*n elements in n bytes: elements 0..n-1 in the low nibbles and
+    n..2n-1 in the high nibbles (n = 16 for Q4_0/Q4_1 blocks, 32 for each Q4_K chunk). OpenVINO
+    wants elements 2i, 2i+1 in byte i's low and high nibble; XOR 0x88 turns q into q - 8 in i4.
+    """
+    even, odd = qs[:, 0::2], qs[:, 1::2]
+    low = (even & np.uint8(0x0F)) | (odd << np.uint8(4))
+    high = (even >> np.uint8(4)) | (odd & np.uint8(0xF0))
+    return (np.concatenate([low, high], axis=1) ^ np.uint8(0x88)).reshape(rows, -1)
 
 
-def _affine_i4(q: np.ndarray, scale: np.ndarray, offset: np.ndarray, group: int, dtype) -> Packed:
-    """W = scale * q + offset (q in 0..15) as symmetric i4 codes q - 8 plus the exact per-group
-    remainder offset + 8 * scale (see the module docstring for why not a u4 zero point)."""
+def _affine_i4(codes: np.ndarray, cols: int, scale: np.ndarray, offset: np.ndarray, dtype) -> Packed:
+    """W = scale * q + offset (q in 0..15, ``codes`` = q - 8 as i4) with the exact per-group
+    remainder offset + 8 * scale as the correction (module docstring: why not a zero point)."""
     correction = (offset + 8 * scale.astype(np.float32)).astype(np.float32)
-    return Packed(pack_nibbles(q ^ np.uint8(8)), "i4", q.shape, group, scale.astype(dtype), None,
+    return Packed(codes, "i4", (codes.shape[0], cols), 32, scale.astype(dtype), None,
                   correction if correction.any() else None)
 
 
@@ -157,14 +165,14 @@ def _q8_0(blocks, rows, cols) -> Packed:
 
 
 def _q4_0(blocks, rows, cols) -> Packed:
-    # q - 8 as two's-complement i4 is the nibble with its top bit flipped: symmetric, no zero point.
-    q = _q4_nibbles(blocks[:, 2:], rows) ^ np.uint8(8)
-    return Packed(pack_nibbles(q), "i4", (rows, cols), 32, _f16(blocks, 0, rows))
+    codes = _i4_from_split_nibbles(blocks[:, 2:], rows)
+    return Packed(codes, "i4", (rows, cols), 32, _f16(blocks, 0, rows))
 
 
 def _q4_1(blocks, rows, cols) -> Packed:
     d, m = _f16(blocks, 0, rows), _f16(blocks, 2, rows)
-    return _affine_i4(_q4_nibbles(blocks[:, 4:], rows), d, m.astype(np.float32), 32, np.float16)
+    codes = _i4_from_split_nibbles(blocks[:, 4:], rows)
+    return _affine_i4(codes, cols, d, m.astype(np.float32), np.float16)
 
 
 def _k_scale_min(scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -181,11 +189,10 @@ def _q4_k(blocks, rows, cols) -> Packed:
     dmin = _f16(blocks, 2, n).astype(np.float32)
     sc, mn = _k_scale_min(blocks[:, 4:16])
     # Each 64-element chunk: 32 bytes, elements 0..31 in low nibbles, 32..63 in high nibbles.
-    qs = blocks[:, 16:].reshape(n, 4, 1, 32) >> np.array([0, 4], np.uint8).reshape(1, 1, 2, 1)
-    q = (qs & np.uint8(15)).reshape(rows, cols)
+    codes = _i4_from_split_nibbles(blocks[:, 16:].reshape(n * 4, 32), rows)
     scale = (d * sc).reshape(rows, -1)
     offset = -(dmin * mn).reshape(rows, -1)
-    return _affine_i4(q, scale, offset, 32, np.float32)
+    return _affine_i4(codes, cols, scale, offset, np.float32)
 
 
 def _q6_k(blocks, rows, cols) -> Packed:
