@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import openvino as ov
 import pytest
+from gguf import GGUFWriter
 
 from ovpool.settings import Settings
 from ovpool.testing.reference import Reference
@@ -136,3 +137,33 @@ def test_kquant_requant_stays_close_to_the_reference(tiny_model, scheme, max_err
     got = score(request, ids)
     assert np.corrcoef(got.reshape(-1), expected.reshape(-1))[0, 1] >= min_correlation
     np.testing.assert_allclose(got, expected, atol=max_error * np.abs(expected).max())
+
+
+def _with_rope_freqs(source, path, factors: np.ndarray):
+    """A copy of the F32 model ``source`` with Llama 3.1's rope_freqs.weight added."""
+    model = GGUFModel.open(source)
+    writer = GGUFWriter(str(path), model.architecture)
+    for key, value in model.metadata.items():
+        if key.startswith(model.architecture + "."):
+            (writer.add_float32 if isinstance(value, float) else writer.add_uint32)(key, value)
+    for name, info in model.tensors.items():
+        writer.add_tensor(name, np.asarray(model.raw(name)).view(np.float32).reshape(info.shape))
+    writer.add_tensor("rope_freqs.weight", factors.astype(np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def test_llama3_rope_frequency_factors_are_applied(tiny_model, tmp_path):
+    source = tiny_model("llama", "F32")
+    half = GGUFModel.open(source).hparams.head_dim // 2
+    path = _with_rope_freqs(source, tmp_path / "llama31.gguf", np.linspace(1, 8, half))
+    model, request = compile_graph(path)
+    _, plain = compile_graph(source)
+    ids = prompt(model)
+    expected = Reference(model).logits(ids)
+    got = score(request, ids)
+    np.testing.assert_allclose(got, expected, atol=2e-4 * np.abs(expected).max())
+    assert np.abs(got - score(plain, ids)).max() > 1e-3  # the factors change the result

@@ -129,3 +129,9 @@ def test_missing_file_and_unknown_alias(tmp_path):
 def test_smollm2_alias_resolves_to_the_wheel_file():
     path = resolve_model_path("smollm2")
     assert path.name == "SmolLM2-135M-Instruct.Q4_1.gguf" and path.is_file()
+
+
+def test_rope_freqs_must_have_one_factor_per_frequency(tmp_path):
+    tensors = {**_tensors("llama"), "rope_freqs.weight": (5,)}
+    with pytest.raises(ModelFormatError, match=r"rope_freqs.weight has shape \[5\], expected \[8\]"):
+        GGUFModel.open(write_model(tmp_path / "m.gguf", tensors=tensors))

@@ -50,7 +50,10 @@ class Reference:
     def _rope(self, x, pos):
         """x [seq, heads, head_dim] rotated by position, in the GGUF row layout of the arch."""
         d = self.h.head_dim
-        theta = pos[:, None] * self.h.rope_base ** (-np.arange(0, d, 2) / d)  # [seq, d/2]
+        inv_freq = self.h.rope_base ** (-np.arange(0, d, 2) / d)
+        if "rope_freqs.weight" in self.model.tensors:
+            inv_freq = inv_freq / self.weight("rope_freqs.weight")
+        theta = pos[:, None] * inv_freq  # [seq, d/2]
         cos = np.cos(theta)[:, None, :].astype(np.float32)
         sin = np.sin(theta)[:, None, :].astype(np.float32)
         if self.model.architecture == "llama":

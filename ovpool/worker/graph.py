@@ -22,7 +22,7 @@ from ovpool.errors import UnsupportedModelError
 from ovpool.settings import Settings
 from ovpool.worker import layers as L
 from ovpool.worker import weights as W
-from ovpool.worker.model import GGUFModel, HParams
+from ovpool.worker.model import ROPE_FREQS, GGUFModel, HParams
 from ovpool.worker.quants import dequantize, unpack
 
 _SOURCES = ("graph.py", "layers.py", "weights.py", "quants.py")
@@ -93,7 +93,7 @@ class _Context:
 
 
 def build_model(model: GGUFModel, settings=None, attention=None) -> ov.Model:
-    """The model's OpenVINO graph (reads the weights; the constants share their memory).
+    """The model's OpenVINO graph (reads the weights into compressed constants).
 
     ``attention``: see port_spec."""
     s = Settings.coerce(settings)
@@ -103,7 +103,7 @@ def build_model(model: GGUFModel, settings=None, attention=None) -> ov.Model:
     params = {p["name"]: _parameter(p) for p in port_spec(h, s, attention) if p["direction"] == "in"}
     embed = W.load(model, "token_embd.weight", requant=s.kquant_requant)
     x = embed.lookup(params["input_ids"].output(0))
-    cos, sin = L.rope_tables(params["position_ids"].output(0), h)
+    cos, sin = L.rope_tables(params["position_ids"].output(0), h, _rope_factors(model))
     mask = None if attention else L.attention_mask(params["attention_mask"].output(0),
                                                    params["input_ids"].output(0))
     ctx = _Context(model, s, params, cos, sin, mask, [], [], attention)
@@ -118,6 +118,10 @@ def build_model(model: GGUFModel, settings=None, attention=None) -> ov.Model:
     logits = ops.result(head.linear(x))
     logits.output(0).get_tensor().set_names({"logits"})
     return ov.Model([logits, *ctx.results], ctx.sinks, list(params.values()), model.name)
+
+
+def _rope_factors(model: GGUFModel) -> np.ndarray | None:
+    return _vector(model, ROPE_FREQS) if ROPE_FREQS in model.tensors else None
 
 
 def const_i64(values) -> ov.Node:

