@@ -11,7 +11,7 @@ from gguf import GGUFWriter
 from ovpool.settings import Settings
 from ovpool.testing.reference import Reference
 from ovpool.testing.tiny import WEIGHT_TYPES
-from ovpool.worker.graph import build_model, compile_config, model_ports, port_spec
+from ovpool.worker.graph import build_model, compile_config, model_ports, port_spec, resolve_auto
 from ovpool.worker.model import GGUFModel
 
 EXACT = {"inference_precision": "f32", "kv_cache_precision": "f32"}
@@ -167,3 +167,17 @@ def test_llama3_rope_frequency_factors_are_applied(tiny_model, tmp_path):
     got = score(request, ids)
     np.testing.assert_allclose(got, expected, atol=2e-4 * np.abs(expected).max())
     assert np.abs(got - score(plain, ids)).max() > 1e-3  # the factors change the result
+
+
+def test_auto_settings_resolve_to_the_device_defaults():
+    core = ov.Core()
+    values = resolve_auto({"attention": "manual"}, "CPU", core)
+    default = lambda prop: core.get_property("CPU", prop).get_type_name()  # noqa: E731
+    assert values["inference_precision"] == default("INFERENCE_PRECISION_HINT")
+    assert values["kv_cache_precision"] == default("KV_CACHE_PRECISION")
+    assert values["attention"] == "manual" and "auto" not in values.values()
+    config = compile_config({"inference_precision": "f32", "kv_cache_precision": "f16"}, "CPU", core)
+    assert config == {"INFERENCE_PRECISION_HINT": "f32", "KV_CACHE_PRECISION": "f16",
+                      "DYNAMIC_QUANTIZATION_GROUP_SIZE": 0}
+    bf16 = compile_config({"inference_precision": "bf16"}, "CPU", core)
+    assert bf16["INFERENCE_PRECISION_HINT"] == "bf16" and "DYNAMIC_QUANTIZATION_GROUP_SIZE" not in bf16
