@@ -16,7 +16,7 @@ def sweep_table(results: dict) -> list[str]:
              f"{'p50 lat s':>10} {'p99 lat s':>10} {'p99 TTFT s':>11}  lost/dup"]
     for r in rows:
         ours, theirs = r["ovpool"], r.get("genai_cb") or {}
-        ratio = ratios.get(r["concurrency"], {})
+        ratio = ratios.get(str(r["concurrency"]), {})
         lines.append(f"{r['concurrency']:>3} {_num(ours['tokens_per_s']):>13} "
                      f"{_num(theirs.get('tokens_per_s')):>15} {_num(ratio.get('vs_genai_cb'), '.2f'):>6} "
                      f"{_num(ratio.get('vs_single'), '.2f'):>9} {_num(ours['latency_p50_s'], '.2f'):>10} "

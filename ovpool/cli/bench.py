@@ -28,7 +28,7 @@ def _levels(_ctx, _param, value: str) -> tuple[int, ...]:
               type=click.Choice(["startup", "single", "sweep", "overhead", "agreement"]),
               help="Run only these (repeatable; default: all).")
 @click.option("--repeats", type=click.IntRange(1), default=1, show_default=True,
-              help="Runs per sweep level (the median is reported).")
+              help="Runs per sweep level (the fastest is reported).")
 @click.option("--no-genai", is_flag=True, help="Skip OpenVINO GenAI even if it is installed.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
               help="Write a PNG plot of the sweep here (needs matplotlib: the bench extra).")
