@@ -13,29 +13,24 @@ from collections.abc import Sequence
 import numpy as np
 import openvino as ov
 
-from ovpool.cache.fingerprint import GraphIdentity
 from ovpool.cache.loader import LoadResult, load_compiled
 from ovpool.errors import ModelLoadError
 from ovpool.worker import graph
+from ovpool.worker.engine import cache_identity
 from ovpool.worker.paged import PagedAttention
 from ovpool.worker.scheduler import Chunk
 
 _MIB = 1 << 20
 
 
-def load_paged(engine, cache_dir=None, cache_only: bool | None = None) -> LoadResult:
-    """The paged graph of ``engine``'s model, for its device and graph settings."""
+def load_paged(engine) -> LoadResult:
+    """The paged graph of ``engine``'s model, for its device, graph settings and cache."""
     attention = PagedAttention()
-    settings = engine.graph_settings
-    identity = GraphIdentity.from_model(
-        engine.model, ports=graph.port_spec(engine.hparams, settings, attention),
-        builder_hash=graph.BUILDER_HASH, settings=settings,
-        source_identity=engine.settings.source_identity)
-    return load_compiled(engine.core, identity=identity, device=engine.device,
-                         config=graph.compile_config(settings, engine.device, engine.core),
+    identity, config = cache_identity(engine.model, engine.settings, engine.device, engine.core, attention)
+    settings = dict(identity.settings)
+    return load_compiled(engine.core, identity=identity, device=engine.device, config=config,
                          build=lambda: graph.build_model(engine.model, settings, attention),
-                         cache_dir=cache_dir if cache_dir is not None else engine.settings.cache_dir or None,
-                         cache_only=engine.settings.cache_only if cache_only is None else cache_only)
+                         cache_dir=engine.cache_dir, cache_only=engine.cache_only)
 
 
 class PagedRunner:

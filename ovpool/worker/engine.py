@@ -50,8 +50,10 @@ class Engine:
         with _phase(phases, "tokenizer"):
             self.tokenizer = Tokenizer.from_metadata(self.model.metadata)
         self.core = ov.Core()
-        result = self._load(cache_dir or self.settings.cache_dir or None,
-                            self.settings.cache_only if cache_only is None else cache_only)
+        # Kept: other graphs of this model (the worker's paged graph) use the same cache.
+        self.cache_dir = cache_dir or self.settings.cache_dir or None
+        self.cache_only = self.settings.cache_only if cache_only is None else cache_only
+        result = self._load(self.cache_dir, self.cache_only)
         self.compiled = result.compiled
         phases["compiled model"] = result.seconds
         self.load_report = {"outcome": result.outcome, "entry": result.entry, "seconds": phases,
@@ -155,12 +157,13 @@ class Engine:
 
 
 def cache_identity(model: GGUFModel, settings: Settings, device: str,
-                   core: ov.Core) -> tuple[GraphIdentity, dict]:
+                   core: ov.Core, attention=None) -> tuple[GraphIdentity, dict]:
     """The cache identity and compile config of ``model`` on ``device``, without building the graph
-    (also used by ``ovpool cache explain``)."""
+    (also used by ``ovpool cache explain``); ``attention``: a graph variant, see graph.port_spec."""
     graph_settings = graph.resolve_auto(settings, device, core)
+    ports = graph.port_spec(model.hparams, graph_settings, attention)
     identity = GraphIdentity.from_model(
-        model, ports=graph.port_spec(model.hparams, graph_settings), builder_hash=graph.BUILDER_HASH,
+        model, ports=ports, builder_hash=graph.BUILDER_HASH,
         settings=graph_settings, source_identity=settings.source_identity)
     return identity, graph.compile_config(graph_settings, device, core)
 
