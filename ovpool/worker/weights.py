@@ -2,7 +2,9 @@
 
 Each weight becomes the decompression pattern the CPU plugin fuses into its kernels:
 ``Constant(u4/i4/i8) → Convert → [Subtract zero point] → Multiply scale → Reshape → MatMul``
-(or ``→ Gather`` for the embedding table). Float weights wrap the file's memmap without a copy.
+(or ``→ Gather`` for the embedding table: the plugin gathers the compressed rows, then decompresses
+only those). Constants hold their own copy of the compressed bytes (see ``constant``); the CPU
+plugin repacks them at compile time anyway, and the memmap's pages stay clean page cache.
 """
 
 from __future__ import annotations
@@ -17,7 +19,6 @@ from ovpool.worker.quants import Packed, concat_rows, permute_rows, requantize, 
 
 _ELEMENT = {"f32": ov.Type.f32, "f16": ov.Type.f16, "bf16": ov.Type.bf16, "i8": ov.Type.i8,
             "u4": ov.Type.u4, "i4": ov.Type.i4}
-_NIBBLES = ("u4", "i4")
 
 
 def constant(array: np.ndarray, element: ov.Type | None = None, shape=None) -> ov.Node:

@@ -1,0 +1,42 @@
+"""OpenVINO compressed constants compute exactly what their Packed weights mean."""
+
+from __future__ import annotations
+
+import numpy as np
+import openvino as ov
+import openvino.opset13 as ops
+import pytest
+from gguf import GGMLQuantizationType as T
+from test_quants import random_blocks
+
+from ovpool.worker.quants import dequantize, unpack
+from ovpool.worker.weights import Weight, rope_halves_order
+
+ROWS, COLS = 48, 256
+
+
+def run(build, x: np.ndarray) -> np.ndarray:
+    param = ops.parameter(ov.PartialShape([-1, -1]) if x.dtype == np.int64 else [-1, -1, COLS],
+                          ov.Type.i64 if x.dtype == np.int64 else ov.Type.f32, name="x")
+    model = ov.Model([ops.result(build(param.output(0)))], [param])
+    config = {"INFERENCE_PRECISION_HINT": "f32", "DYNAMIC_QUANTIZATION_GROUP_SIZE": 0}
+    return ov.Core().compile_model(model, "CPU", config)([x])[0]
+
+
+@pytest.mark.parametrize("qtype", [T.Q8_0, T.Q4_0, T.Q4_1, T.Q4_K, T.Q6_K])
+def test_linear_and_lookup_match_the_dequantized_matrix(qtype):
+    packed = unpack(qtype, random_blocks(qtype, ROWS, COLS, seed=3), (ROWS, COLS))
+    weight, dense = Weight(packed, "w"), dequantize(packed)
+    x = np.random.default_rng(0).standard_normal((2, 5, COLS)).astype(np.float32)
+    y = run(weight.linear, x)
+    np.testing.assert_allclose(y, x @ dense.T, atol=1e-5 * np.abs(x @ dense.T).max())
+    ids = np.array([[3, 0, 47], [5, 5, 1]], np.int64)
+    np.testing.assert_allclose(run(weight.lookup, ids), dense[ids], atol=1e-6 * np.abs(dense).max())
+
+
+def test_rope_halves_order_undoes_the_llama_converter_permutation():
+    heads, head_dim = 3, 8
+    hf_rows = np.arange(heads * head_dim)
+    # llama.cpp's convert_hf_to_gguf.py permute(): HF rotate-half rows → GGUF interleaved rows.
+    gguf_rows = hf_rows.reshape(heads, 2, head_dim // 2).swapaxes(1, 2).reshape(-1)
+    np.testing.assert_array_equal(gguf_rows[rope_halves_order(len(hf_rows), head_dim)], hf_rows)
