@@ -181,3 +181,18 @@ def test_auto_settings_resolve_to_the_device_defaults():
                       "DYNAMIC_QUANTIZATION_GROUP_SIZE": 0}
     bf16 = compile_config({"inference_precision": "bf16"}, "CPU", core)
     assert bf16["INFERENCE_PRECISION_HINT"] == "bf16" and "DYNAMIC_QUANTIZATION_GROUP_SIZE" not in bf16
+
+
+@pytest.mark.parametrize("weight_type,element", [("Q4_1", "i4"), ("Q8_0", "i8"), ("Q4_K", "i4")])
+def test_compiled_weights_stay_compressed(tiny_model, weight_type, element):
+    model, request = compile_graph(tiny_model("llama", weight_type, False, n_embd=256, n_ff=512))
+    h = model.hparams
+    runtime = request.get_compiled_model().get_runtime_model()
+    consts = [op.output(0) for op in runtime.get_ordered_ops()
+              if op.get_rt_info()["layerType"].astype(str) == "Const"]
+    elements = {c.get_element_type().get_type_name() for c in consts}
+    largest_float = max((int(np.prod(list(c.get_shape()))) for c in consts
+                         if c.get_element_type() in (ov.Type.f32, ov.Type.f16)), default=0)
+    assert element in elements
+    # Scales and corrections are per 32 weights; a decompressed matrix would be n_embd * n_ff.
+    assert largest_float < h.n_embd * h.n_ff // 8
