@@ -24,7 +24,7 @@ from ovpool import errors, timing
 from ovpool.auth import secure_peer
 from ovpool.completion import Completion, Delta
 from ovpool.pending import END, FutureSink, PendingRequests, StreamSink, make_submit
-from ovpool.protocol import Cancel, Message, Status, Submit, decode, encode
+from ovpool.protocol import Cancel, Message, Status, Submit, decode, encode, recv_frames, send_frames
 from ovpool.settings import Settings
 
 
@@ -69,6 +69,7 @@ class Client(ClientBase):
         self._socket = dealer(self._context, self.broker, self.settings)
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._wake_r, self._wake_w = os.pipe()
+        self._woken = False
         os.set_blocking(self._wake_w, False)
         self._closed = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="ovpool-client", daemon=True)
@@ -168,8 +169,11 @@ class Client(ClientBase):
         self._wake()
 
     def _wake(self) -> None:
-        with contextlib.suppress(BlockingIOError):
-            os.write(self._wake_w, b"!")
+        # One byte per wake-up, not per command: the I/O thread clears the flag before it drains.
+        if not self._woken:
+            self._woken = True
+            with contextlib.suppress(BlockingIOError):
+                os.write(self._wake_w, b"!")
 
     def _loop(self) -> None:
         poller = zmq.Poller()
@@ -181,6 +185,7 @@ class Client(ClientBase):
             now = time.monotonic()
             if self._wake_r in ready:
                 os.read(self._wake_r, 4096)
+                self._woken = False
                 with contextlib.suppress(queue.Empty):
                     while True:
                         self._send(self._commands.get_nowait()(now))
@@ -193,7 +198,7 @@ class Client(ClientBase):
     def _receive(self, now: float) -> None:
         while True:
             try:
-                frames = self._socket.recv_multipart(zmq.NOBLOCK)
+                frames = recv_frames(self._socket)
             except zmq.Again:
                 return
             msg = safe_decode(frames)
@@ -203,4 +208,4 @@ class Client(ClientBase):
     def _send(self, msgs: list[Message]) -> None:
         for msg in msgs:
             with contextlib.suppress(zmq.Again):
-                self._socket.send_multipart(encode(msg), zmq.NOBLOCK)
+                send_frames(self._socket, encode(msg), zmq.NOBLOCK)

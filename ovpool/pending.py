@@ -8,7 +8,8 @@ requests on their local deadline or when the broker stays silent.
 
 from __future__ import annotations
 
-import secrets
+import itertools
+import random
 import uuid
 from collections import deque
 from dataclasses import dataclass
@@ -16,7 +17,7 @@ from typing import Any, Protocol
 
 from ovpool import errors, timing
 from ovpool.completion import Completion, Delta
-from ovpool.protocol import Error, Final, Message, Partial, Ping, Pong, StatusReply, Submit
+from ovpool.protocol import Error, Final, Message, Partial, Ping, Pong, StatusReply, Submit, sampling_to_wire
 from ovpool.worker.sampling import SamplingParams
 
 
@@ -30,6 +31,7 @@ class Sink(Protocol):
     def fail(self, exc: errors.OvpoolError) -> None: ...
 
 
+_seeds = random.Random()  # sampling seeds need no cryptographic strength
 END = object()  # a stream's end marker
 
 
@@ -62,9 +64,9 @@ class StreamSink:
 def make_submit(prompt_or_messages: str | list, model: str, timeout: float | None,
                 sampling: dict[str, Any]) -> Submit:
     """A validated SUBMIT; bad sampling parameters raise InvalidRequestError here, before sending."""
-    params = SamplingParams(**sampling).to_dict() if sampling else SamplingParams().to_dict()
-    if params["seed"] is None:
-        params["seed"] = secrets.randbits(63)
+    params = sampling_to_wire(SamplingParams(**sampling))
+    if params["seed"] is None:  # fixed here so that a resend replays the same tokens
+        params["seed"] = _seeds.getrandbits(63)
     if isinstance(prompt_or_messages, str):
         prompt, messages = prompt_or_messages, None
     elif isinstance(prompt_or_messages, list):
@@ -74,7 +76,16 @@ def make_submit(prompt_or_messages: str | list, model: str, timeout: float | Non
             f"prompt must be a str or a list of chat messages, not {type(prompt_or_messages).__name__}")
     if timeout is not None and timeout <= 0:
         raise errors.InvalidRequestError("timeout must be > 0 seconds (or None for no timeout)")
-    return Submit(uuid.uuid4().hex, model or "", params, prompt, messages, float(timeout or 0.0))
+    return Submit(_next_id(), model or "", params, prompt, messages, float(timeout or 0.0))
+
+
+# A random per-process prefix and a counter: unique ids without os.urandom per request.
+_ID_PREFIX = uuid.uuid4().hex[:16]
+_ID_COUNTER = itertools.count()
+
+
+def _next_id() -> str:
+    return f"{_ID_PREFIX}-{next(_ID_COUNTER)}"
 
 
 @dataclass

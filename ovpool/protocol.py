@@ -23,11 +23,14 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import msgpack
+import zmq
 
+from ovpool.completion import Completion
 from ovpool.errors import InvalidRequestError, MalformedMessageError, UnsupportedVersionError
 from ovpool.worker.sampling import SamplingParams
 
 VERSION = b"OVP1"
+_MISSING = object()
 
 
 @dataclass(frozen=True)
@@ -161,9 +164,31 @@ _SCHEMA: dict[type, dict[str, tuple[tuple[type, ...], bool]]] = {
 }
 
 
+_packb = msgpack.Packer(use_bin_type=True).pack
+# Plain ints: pyzmq's send_multipart/recv_multipart spend most of their time on IntFlag arithmetic.
+_SNDMORE, _RCVMORE = int(zmq.SNDMORE), int(zmq.RCVMORE)
+
+
+def send_frames(socket: zmq.Socket, frames: list[bytes], flags: int = 0) -> None:
+    """``socket.send_multipart(frames, flags)``, about three times cheaper per message."""
+    send = socket.send
+    for frame in frames[:-1]:
+        send(frame, _SNDMORE | flags)
+    send(frames[-1], flags)
+
+
+def recv_frames(socket: zmq.Socket, flags: int = int(zmq.NOBLOCK)) -> list[bytes]:
+    """``socket.recv_multipart(flags)`` without the enum overhead; raises zmq.Again when empty."""
+    recv, get = socket.recv, socket.get
+    frames = [recv(flags)]
+    while get(_RCVMORE):
+        frames.append(recv(flags))
+    return frames
+
+
 def encode(msg: Message) -> list[bytes]:
-    body = {name: getattr(msg, name) for name in _SCHEMA[type(msg)]}
-    return [VERSION, _COMMAND_BYTES[type(msg)], msgpack.packb(body, use_bin_type=True)]
+    # A dataclass instance's __dict__ holds exactly its fields (ClassVars live on the class).
+    return [VERSION, _COMMAND_BYTES[type(msg)], _packb(msg.__dict__)]
 
 
 def decode(frames: list[bytes]) -> Message:
@@ -177,31 +202,45 @@ def decode(frames: list[bytes]) -> Message:
     if cls is None:
         raise MalformedMessageError(f"unknown command {bytes(command)[:8]!r}")
     try:
-        data = msgpack.unpackb(body, raw=False, strict_map_key=True)
+        data = msgpack.unpackb(body, raw=False, strict_map_key=True, use_list=True)
     except Exception as exc:  # msgpack raises several unrelated types for corrupt input
         raise MalformedMessageError(f"{cls.__name__}: body is not valid msgpack") from exc
     return cls(**_checked(cls, data))
 
 
 def _checked(cls: type, data: Any) -> dict[str, Any]:
-    if not isinstance(data, dict):
+    if type(data) is not dict:
         raise MalformedMessageError(f"{cls.__name__}: body must be a map")
     out = {}
     for name, (types, required) in _SCHEMA[cls].items():
-        if name not in data:
+        value = data.get(name, _MISSING)
+        if value is _MISSING:
             if required:
                 raise MalformedMessageError(f"{cls.__name__}: missing field {name!r}")
-            continue
-        value = data[name]
-        if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+        elif type(value) in types:  # exact types: a bool is not an int here
+            out[name] = value
+        else:
             raise MalformedMessageError(f"{cls.__name__}.{name}: unexpected type {type(value).__name__}")
-        out[name] = value
     return out
 
 
 _PARAM_TYPES = {"max_tokens": (int,), "temperature": (float, int), "top_k": (int,),
                 "top_p": (float, int), "seed": (int, type(None)), "stop": (list, tuple),
                 "ignore_eos": (bool,)}
+
+
+def completion_to_wire(c: Completion) -> dict[str, Any]:
+    """``Completion.to_dict()`` without dataclasses.asdict's deep copy (a FINAL per request)."""
+    return {"text": c.text, "token_ids": c.token_ids, "finish_reason": c.finish_reason,
+            "usage": {"prompt_tokens": c.usage.prompt_tokens, "completion_tokens": c.usage.completion_tokens},
+            "timings": c.timings}
+
+
+def sampling_to_wire(params: SamplingParams) -> dict[str, Any]:
+    """SamplingParams as a SUBMIT/REQUEST ``params`` map (cheaper than ``to_dict`` on the hot path)."""
+    wire = {name: getattr(params, name) for name in SamplingParams.__dataclass_fields__}
+    wire["stop"] = list(params.stop)
+    return wire
 
 
 def sampling_from_wire(params: dict) -> SamplingParams:

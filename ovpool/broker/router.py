@@ -137,9 +137,9 @@ class Router:
         if len(self.queues.get(model, ())) >= self.queue_limit and not self._free_worker(model):
             raise errors.QueueFullError(
                 f"model {model!r} has {self.queue_limit} requests queued (queue_limit); retry later")
-        wire = params.to_dict()
-        if wire["seed"] is None:  # a fixed seed makes a re-dispatch replay the same tokens
-            wire["seed"] = secrets.randbits(63)
+        wire = msg.params  # validated above, so it is forwarded as it came
+        if params.seed is None:  # a fixed seed makes a re-dispatch replay the same tokens
+            wire = {**wire, "seed": secrets.randbits(63)}
         request = Request(msg.request_id, model, wire, msg.prompt, msg.messages)
         deadline = now + msg.timeout_s if msg.timeout_s > 0 else float("inf")
         return Job(request, peer, deadline, queued_at=now, waiting_since=now)

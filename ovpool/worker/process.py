@@ -30,9 +30,12 @@ from ovpool.protocol import (
     Partial,
     Ready,
     Request,
+    completion_to_wire,
     decode,
     encode,
+    recv_frames,
     sampling_from_wire,
+    send_frames,
 )
 from ovpool.settings import Settings
 from ovpool.worker.backend import Backend, Failed, Finished, Token
@@ -100,7 +103,7 @@ class Worker:
     def _receive(self) -> None:
         while True:
             try:
-                frames = self._socket.recv_multipart(zmq.NOBLOCK)
+                frames = recv_frames(self._socket)
             except zmq.Again:
                 return
             self._broker_expires = time.monotonic() + timing.HEARTBEAT_EXPIRY_S
@@ -139,7 +142,7 @@ class Worker:
                 continue
             self._active.discard(ev.request_id)
             if isinstance(ev, Finished):
-                self._send(Final(ev.request_id, ev.completion.to_dict()))
+                self._send(Final(ev.request_id, completion_to_wire(ev.completion)))
             elif isinstance(ev, Failed):
                 self._send(Error(ev.request_id, ev.error.code, str(ev.error)))
 
@@ -156,6 +159,6 @@ class Worker:
 
     def _send(self, msg: Message) -> None:
         try:
-            self._socket.send_multipart(encode(msg), zmq.NOBLOCK)
+            send_frames(self._socket, encode(msg), zmq.NOBLOCK)
         except zmq.Again:
             pass  # the broker is unreachable; it re-dispatches whatever this worker loses

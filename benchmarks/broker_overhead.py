@@ -1,0 +1,86 @@
+"""Broker overhead with null-engine workers: requests/s routed and added latency per request.
+
+A null worker answers instantly (no model), so everything measured is the pool itself: client
+library -> broker -> worker process -> broker -> client, over loopback TCP, in separate processes.
+
+    .venv/bin/python benchmarks/broker_overhead.py [--workers 2] [--requests 20000] [--window 512]
+
+Throughput: ``--requests`` requests with up to ``--window`` outstanding (the client pipelines).
+Latency: ``--samples`` requests one at a time; with a null engine the whole round trip is
+overhead, so its p50/p99 bound what the pool adds to a real generation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import threading
+import time
+from contextlib import ExitStack
+
+from ovpool.client import Client
+from ovpool.testing.pool import broker, free_endpoint, null_worker, wait_for_workers
+
+
+def throughput(client: Client, total: int, window: int, max_tokens: int) -> float:
+    """Requests/s with up to ``window`` in flight (a semaphore, not wait(): that is O(window))."""
+    room, failures = threading.Semaphore(window), []
+
+    def done(future) -> None:
+        if future.exception() is not None:
+            failures.append(future.exception())
+        room.release()
+
+    start = time.perf_counter()
+    for _ in range(total):
+        room.acquire()
+        client.submit("x", max_tokens=max_tokens).add_done_callback(done)
+    for _ in range(window):
+        room.acquire()
+    elapsed = time.perf_counter() - start
+    if failures:
+        raise failures[0]
+    return total / elapsed
+
+
+def latencies(client: Client, samples: int, max_tokens: int) -> list[float]:
+    out = []
+    for _ in range(samples):
+        t = time.perf_counter()
+        client.complete("x", max_tokens=max_tokens)
+        out.append(time.perf_counter() - t)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--slots", type=int, default=256)
+    ap.add_argument("--requests", type=int, default=20000)
+    ap.add_argument("--window", type=int, default=512)
+    ap.add_argument("--samples", type=int, default=2000)
+    ap.add_argument("--max-tokens", type=int, default=1)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    endpoint = free_endpoint()
+    with ExitStack() as stack:
+        stack.enter_context(broker(endpoint, "--queue-limit", str(args.requests)))
+        for _ in range(args.workers):
+            stack.enter_context(null_worker(endpoint, slots=args.slots))
+        client = stack.enter_context(Client(endpoint))
+        wait_for_workers(client, args.workers)
+        latencies(client, 200, args.max_tokens)  # warm up connections and caches
+        rps = throughput(client, args.requests, args.window, args.max_tokens)
+        lat = sorted(latencies(client, args.samples, args.max_tokens))
+    result = {"workers": args.workers, "requests": args.requests, "window": args.window,
+              "max_tokens": args.max_tokens, "requests_per_s": round(rps),
+              "latency_p50_ms": round(statistics.median(lat) * 1e3, 3),
+              "latency_p99_ms": round(lat[int(len(lat) * 0.99) - 1] * 1e3, 3)}
+    print(json.dumps(result) if args.json else
+          f"{result['requests_per_s']} requests/s routed ({args.workers} null workers, window {args.window});"
+          f" round trip p50 {result['latency_p50_ms']} ms, p99 {result['latency_p99_ms']} ms")
+
+
+if __name__ == "__main__":
+    main()
