@@ -1,0 +1,72 @@
+"""CURVE: only peers whose public key the broker allows can submit; loopback is the default."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from ovpool import errors
+from ovpool.auth import is_loopback
+from ovpool.broker.server import Broker
+from ovpool.client import Client
+from ovpool.testing.pool import broker, fast_heartbeats, free_endpoint, null_worker, wait_for_workers
+
+
+@pytest.fixture
+def keys(tmp_path):
+    for name in ("broker", "worker", "client", "stranger"):
+        cmd = [sys.executable, "-m", "ovpool", "keys", "generate", str(tmp_path), "--name", name]
+        out = subprocess.run(cmd, capture_output=True, text=True, check=True)
+        assert "keep it private" in out.stdout
+    allowed = tmp_path / "allowed"
+    allowed.mkdir()
+    for name in ("worker", "client"):
+        shutil.copy(tmp_path / f"{name}.key", allowed)
+    return tmp_path
+
+
+def _peer(keys, name):
+    return {"curve_secret_key": str(keys / f"{name}.key_secret"),
+            "curve_server_key": str(keys / "broker.key")}
+
+
+@pytest.mark.slow
+def test_only_allowed_keys_can_submit(keys):
+    endpoint = free_endpoint()
+    with fast_heartbeats(0.1), \
+            broker(endpoint, "--curve-secret-key", str(keys / "broker.key_secret"),
+                   "--curve-allowed-keys", str(keys / "allowed")), \
+            null_worker(endpoint, extra=("--curve-secret-key", str(keys / "worker.key_secret"),
+                                         "--curve-server-key", str(keys / "broker.key"))):
+        with Client(endpoint, settings=_peer(keys, "client")) as client:
+            wait_for_workers(client, 1)
+            assert client.complete("hi", max_tokens=3).usage.completion_tokens == 3
+        for settings in (_peer(keys, "stranger"), {}):  # a key not allowed, and no CURVE at all
+            with Client(endpoint, settings=settings) as outsider, \
+                    pytest.raises(errors.BrokerUnavailableError, match="CURVE"):
+                outsider.complete("hi", max_tokens=3)
+
+
+def test_half_configured_curve_is_a_clear_error(keys):
+    with pytest.raises(errors.ConfigError, match="curve_server_key"):
+        Client(free_endpoint(), settings={"curve_secret_key": str(keys / "client.key_secret")})
+    with pytest.raises(errors.ConfigError, match="only a public key"):
+        Client(free_endpoint(), settings={"curve_secret_key": str(keys / "client.key"),
+                                          "curve_server_key": str(keys / "broker.key")})
+
+
+def test_binding_beyond_loopback_without_curve_warns(caplog):
+    assert is_loopback("tcp://127.0.0.1:5555") and is_loopback("tcp://[::1]:5555")
+    assert is_loopback("ipc:///tmp/x") and not is_loopback("tcp://*:5555")
+    assert not is_loopback("tcp://0.0.0.0:5555") and not is_loopback("tcp://10.1.2.3:5555")
+    with caplog.at_level(logging.WARNING), Broker("tcp://0.0.0.0:0"):
+        pass
+    assert "without CURVE" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING), Broker("tcp://127.0.0.1:0"):
+        pass
+    assert "without CURVE" not in caplog.text
