@@ -1,0 +1,61 @@
+"""AsyncClient against real broker and worker processes: the Client API as coroutines."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from ovpool import AsyncClient, Client, errors
+from ovpool.testing.pool import broker, fast_heartbeats, free_endpoint, null_worker, wait_for_workers
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def pool():
+    endpoint = free_endpoint()
+    with fast_heartbeats(0.2), broker(endpoint), null_worker(endpoint, slots=4, token_delay=0.005), \
+            Client(endpoint) as client:
+        wait_for_workers(client, 1)
+        yield endpoint, client
+
+
+def test_async_results_equal_the_sync_client(pool):
+    endpoint, sync = pool
+
+    async def main():
+        async with AsyncClient(endpoint) as client:
+            done = await asyncio.gather(*(client.complete(f"a{i}", max_tokens=5, seed=i) for i in range(10)))
+            streamed = [d async for d in client.stream("a3", max_tokens=5, seed=3)]
+            chat = await client.chat([{"role": "user", "content": "a1"}], max_tokens=5, seed=1)
+            status = await client.status()
+            return done, streamed, chat, status
+
+    done, streamed, chat, status = asyncio.run(main())
+    alone = [sync.complete(f"a{i}", max_tokens=5, seed=i) for i in range(10)]
+    assert [c.token_ids for c in done] == [c.token_ids for c in alone]
+    assert [d.token_id for d in streamed] == alone[3].token_ids
+    assert [d.index for d in streamed] == list(range(5))
+    assert chat.token_ids == alone[1].token_ids  # the null backend reads a chat as its contents
+    assert status["workers"][0]["slots"] == 4
+
+
+def test_async_errors_cancel_and_early_exit(pool):
+    endpoint, sync = pool
+
+    async def main():
+        async with AsyncClient(endpoint) as client:
+            with pytest.raises(errors.ModelNotFoundError):
+                await client.complete("x", model="absent")
+            future = client.submit("long", max_tokens=3000)
+            await client.cancel(future)
+            with pytest.raises(errors.CancelledError):
+                await future
+            async for _ in client.stream("long", max_tokens=3000):
+                break  # leaving early cancels the request
+            await asyncio.sleep(0.3)
+
+    asyncio.run(main())
+    status = sync.status()
+    assert status["counters"]["cancelled"] >= 2 and status["in_flight"] == 0
