@@ -1,14 +1,19 @@
 """ovpool's Engine against OpenVINO GenAI's LLMPipeline on the same GGUF and device.
 
-Both sides run greedy, ignore_eos, no chat template, on the same prompt token ids. Each run is a
-fresh subprocess, so load time has no cache behind it and peak RSS belongs to one side only; every
-side runs ``--repeats`` times and the table shows medians.
+Both sides run greedy, ignore_eos, no chat template, on the same prompt token ids.
 
     .venv/bin/python benchmarks/engine_vs_genai.py [--model smollm2] [--device CPU] [--json]
 
-Measured per run: load (constructor, no compiled-model cache), TTFT of a ``--prompt-tokens`` prompt
-(after one short warm-up generation, as a server would have), decode tokens/s over
-``--new-tokens`` tokens (after the first), and the process's peak RSS.
+* Load time (constructor, no compiled-model cache) and peak RSS: each side in ``--repeats`` fresh
+  subprocesses of its own (alternating sides), medians.
+* TTFT of a ``--prompt-tokens`` prompt and decode tokens/s over ``--new-tokens`` tokens (after the
+  first): one paired subprocess loads both sides, warms each up once, then alternates them for
+  ``--rounds`` rounds, so background load on a shared machine hits both alike; the best of the
+  rounds per side (other processes only ever slow a run down). The same rounds also give the CPU
+  time of the prefill and per decoded token, which time spent descheduled does not inflate.
+
+Each round uses a fresh prompt (disjoint windows of real text), so GenAI's prefix cache cannot
+answer a timed prompt from an earlier one.
 """
 
 from __future__ import annotations
@@ -20,38 +25,38 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 SIDES = ("ovpool", "genai")
 METRICS = (("load_s", "load (s)", "lower"), ("ttft_s", "TTFT (s)", "lower"),
            ("decode_tps", "decode tok/s", "higher"), ("peak_rss_mb", "peak RSS (MiB)", "lower"))
-WARMUP_PROMPT = (1, 2, 3, 4)
+WARMUP_PROMPT = [1, 2, 3, 4]
 WARMUP_TOKENS = 4
+CPU_METRICS = (("prefill_cpu_s", "prefill CPU (s)"), ("decode_cpu_ms", "CPU ms/token"))
+# A runner generates n tokens from a prompt: (start, [each token's arrival]) as clock() pairs.
+Stamp = tuple[float, float]
+Runner = Callable[[list[int], int], tuple[Stamp, list[Stamp]]]
 
 
-def prompt_ids(model: str, n: int) -> list[int]:
-    """``n`` token ids of real text (this file), the same for both sides."""
+def clock() -> Stamp:
+    """(wall seconds, this process's CPU seconds): CPU time does not count time spent descheduled."""
+    return time.perf_counter(), time.process_time()
+
+
+def prompt_ids(model: str, n: int, count: int) -> list[list[int]]:
+    """``count`` prompts of ``n`` token ids: disjoint windows of this file's text (no shared prefix)."""
     from ovpool.worker.model import GGUFModel
     from ovpool.worker.tokenizer import Tokenizer
 
     tok = Tokenizer.from_metadata(GGUFModel.open(model).metadata)
     ids = tok.encode(Path(__file__).read_text(), add_special=False)
-    while len(ids) < n:
+    while len(ids) < (n + 1) * count:
         ids = ids + ids
-    return ids[:n]
+    return [ids[i * (n + 1):i * (n + 1) + n] for i in range(count)]
 
 
-def _peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-def _rates(start: float, stamps: list[float]) -> tuple[float, float]:
-    """TTFT from ``start`` to the first token, and tokens/s over the tokens after it."""
-    decode_s = stamps[-1] - stamps[0]
-    return stamps[0] - start, (len(stamps) - 1) / decode_s
-
-
-def child_ovpool(args: argparse.Namespace, ids: list[int]) -> dict:
+def load_ovpool(args: argparse.Namespace) -> tuple[float, Runner]:
     from ovpool import Engine
     from ovpool.worker.sampling import SamplingParams
 
@@ -59,22 +64,19 @@ def child_ovpool(args: argparse.Namespace, ids: list[int]) -> dict:
     engine = Engine(args.model, device=args.device)
     load_s = time.perf_counter() - t0
 
-    def run(prompt, n):
-        params = SamplingParams(max_tokens=n, ignore_eos=True)
+    def run(prompt: list[int], n: int) -> tuple[Stamp, list[Stamp]]:
         stamps = []
-        start = time.perf_counter()
-        with engine.generation(list(prompt), params) as gen:
+        start = clock()
+        with engine.generation(prompt, SamplingParams(max_tokens=n, ignore_eos=True)) as gen:
             while not gen.finished:
                 gen.step()
-                stamps.append(time.perf_counter())
+                stamps.append(clock())
         return start, stamps
 
-    run(WARMUP_PROMPT, WARMUP_TOKENS)
-    start, stamps = run(ids, args.new_tokens)
-    return {"load_s": load_s, "load_report": engine.load_report, "stamps": (start, stamps)}
+    return load_s, run
 
 
-def child_genai(args: argparse.Namespace, ids: list[int]) -> dict:
+def load_genai(args: argparse.Namespace) -> tuple[float, Runner]:
     import numpy as np
     import openvino as ov
     import openvino_genai as genai
@@ -92,63 +94,88 @@ def child_genai(args: argparse.Namespace, ids: list[int]) -> dict:
             self.stamps = []
 
         def write(self, token):
-            now = time.perf_counter()
+            now = clock()
             self.stamps.extend([now] * (len(token) if isinstance(token, list) else 1))
             return genai.StreamingStatus.RUNNING
 
         def end(self):
             pass
 
-    def run(prompt, n):
+    def run(prompt: list[int], n: int) -> tuple[Stamp, list[Stamp]]:
         cfg = genai.GenerationConfig(max_new_tokens=n, min_new_tokens=n, do_sample=False, ignore_eos=True)
         streamer = Stamps()
         tensor = ov.Tensor(np.array([prompt], dtype=np.int64))
-        start = time.perf_counter()
+        start = clock()
         pipe.generate(tensor, cfg, streamer)
         return start, streamer.stamps
 
+    return load_s, run
+
+
+LOADERS = {"ovpool": load_ovpool, "genai": load_genai}
+
+
+def timed(side: str, run: Runner, prompt: list[int], n: int) -> dict[str, float]:
+    """TTFT and decode tokens/s (after the first token) of one generation, and their CPU times."""
+    start, stamps = run(prompt, n)
+    if len(stamps) != n:
+        raise SystemExit(f"{side}: generated {len(stamps)} tokens, expected {n}")
+    (first, first_cpu), (last, last_cpu) = stamps[0], stamps[-1]
+    return {"ttft_s": first - start[0], "decode_tps": (n - 1) / (last - first),
+            "prefill_cpu_s": first_cpu - start[1], "decode_cpu_ms": 1000 * (last_cpu - first_cpu) / (n - 1)}
+
+
+def child_load(args: argparse.Namespace) -> dict:
+    load_s, run = LOADERS[args.child](args)
     run(WARMUP_PROMPT, WARMUP_TOKENS)
-    start, stamps = run(ids, args.new_tokens)
-    return {"load_s": load_s, "stamps": (start, stamps)}
+    return {"load_s": load_s, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
-def child_main(args: argparse.Namespace) -> None:
-    ids = json.loads(args.ids)
-    out = (child_ovpool if args.child == "ovpool" else child_genai)(args, ids)
-    start, stamps = out.pop("stamps")
-    if len(stamps) != args.new_tokens:
-        raise SystemExit(f"{args.child}: generated {len(stamps)} tokens, expected {args.new_tokens}")
-    out["ttft_s"], out["decode_tps"] = _rates(start, stamps)
-    out["peak_rss_mb"] = _peak_rss_mb()
-    print(json.dumps(out, default=str))
+def child_paired(args: argparse.Namespace) -> dict:
+    runners = {side: LOADERS[side](args)[1] for side in SIDES}
+    for run in runners.values():
+        run(WARMUP_PROMPT, WARMUP_TOKENS)
+    rounds: dict[str, list[dict[str, float]]] = {side: [] for side in SIDES}
+    for prompt in json.loads(args.ids):
+        for side, run in runners.items():
+            rounds[side].append(timed(side, run, prompt, args.new_tokens))
+    best = {key: max if key == "decode_tps" else min
+            for key in ("ttft_s", "decode_tps", "prefill_cpu_s", "decode_cpu_ms")}
+    return {side: {**{key: pick(r[key] for r in rs) for key, pick in best.items()}, "rounds": rs}
+            for side, rs in rounds.items()}
 
 
-def run_child(side: str, args: argparse.Namespace, ids: list[int]) -> dict:
-    cmd = [sys.executable, __file__, "--child", side, "--ids", json.dumps(ids), "--model", args.model,
-           "--device", args.device, "--new-tokens", str(args.new_tokens)]
+def run_child(child: str, args: argparse.Namespace, prompts: list[list[int]] | None = None) -> dict:
+    cmd = [sys.executable, __file__, "--child", child, "--model", args.model, "--device", args.device,
+           "--new-tokens", str(args.new_tokens)]
+    if prompts is not None:
+        cmd += ["--ids", json.dumps(prompts)]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
-        raise SystemExit(f"{side} run failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+        raise SystemExit(f"{child} run failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def summarize(runs: dict[str, list[dict]]) -> dict:
-    med = {side: {key: statistics.median(r[key] for r in rs) for key, _, _ in METRICS}
-           for side, rs in runs.items()}
+def summarize(loads: dict[str, list[dict]], paired: dict) -> dict:
+    med = {side: {"load_s": statistics.median(r["load_s"] for r in loads[side]),
+                  "peak_rss_mb": statistics.median(r["peak_rss_mb"] for r in loads[side]),
+                  **{k: v for k, v in paired[side].items() if k != "rounds"}}
+           for side in SIDES}
     # Ratios read as "ovpool is N× better" whichever direction is better for the metric.
     ratios = {}
-    for key, _, better in METRICS:
+    for key, _, better in [*METRICS, *((k, label, "lower") for k, label in CPU_METRICS)]:
         a, b = med["ovpool"][key], med["genai"][key]
         ratios[key] = a / b if better == "higher" else b / a
-    return {"median": med, "ratio_ovpool_better": ratios}
+    return {"result": med, "ratio_ovpool_better": ratios}
 
 
-def print_table(summary: dict, args: argparse.Namespace, n_prompt: int) -> None:
-    print(f"model={args.model} device={args.device} prompt={n_prompt} tokens new={args.new_tokens} "
-          f"repeats={args.repeats} (medians; ratio > 1 means ovpool is better)")
+def print_table(summary: dict, args: argparse.Namespace) -> None:
+    print(f"model={args.model} device={args.device} prompt={args.prompt_tokens} tokens "
+          f"new={args.new_tokens} repeats={args.repeats} rounds={args.rounds} "
+          "(ratio > 1 means ovpool is better)")
     print(f"{'metric':<16}{'ovpool':>12}{'genai':>12}{'ratio':>9}")
-    for key, label, _ in METRICS:
-        m = summary["median"]
+    for key, label in [(k, label) for k, label, _ in METRICS] + list(CPU_METRICS):
+        m = summary["result"]
         print(f"{label:<16}{m['ovpool'][key]:>12.3f}{m['genai'][key]:>12.3f}"
               f"{summary['ratio_ovpool_better'][key]:>8.2f}x")
 
@@ -159,10 +186,10 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--device", default="CPU")
     p.add_argument("--prompt-tokens", type=int, default=512)
     p.add_argument("--new-tokens", type=int, default=128)
-    p.add_argument("--repeats", type=int, default=3, help="fresh processes per side (median taken)")
-    p.add_argument("--sides", default=",".join(SIDES), help="comma-separated subset of ovpool,genai")
-    p.add_argument("--json", action="store_true", help="print the raw runs and summary as JSON")
-    p.add_argument("--child", choices=SIDES, help=argparse.SUPPRESS)
+    p.add_argument("--repeats", type=int, default=3, help="load/RSS subprocesses per side (median)")
+    p.add_argument("--rounds", type=int, default=4, help="alternating timed generations (best)")
+    p.add_argument("--json", action="store_true", help="print every measurement and the summary")
+    p.add_argument("--child", choices=[*SIDES, "paired"], help=argparse.SUPPRESS)
     p.add_argument("--ids", help=argparse.SUPPRESS)
     return p.parse_args()
 
@@ -170,22 +197,18 @@ def parse_args() -> argparse.Namespace:
 def main() -> None:
     args = parse_args()
     if args.child:
-        child_main(args)
+        print(json.dumps(child_paired(args) if args.child == "paired" else child_load(args)))
         return
-    ids = prompt_ids(args.model, args.prompt_tokens)
-    sides = [s for s in args.sides.split(",") if s]
-    runs: dict[str, list[dict]] = {s: [] for s in sides}
+    loads: dict[str, list[dict]] = {side: [] for side in SIDES}
     for _ in range(args.repeats):
-        for side in sides:  # alternate sides so background load hits both alike
-            runs[side].append(run_child(side, args, ids))
-    if set(sides) != set(SIDES):
-        print(json.dumps(runs, indent=2, default=str))
-        return
-    summary = summarize(runs)
+        for side in SIDES:
+            loads[side].append(run_child(side, args))
+    paired = run_child("paired", args, prompt_ids(args.model, args.prompt_tokens, args.rounds))
+    summary = summarize(loads, paired)
     if args.json:
-        print(json.dumps({"runs": runs, **summary}, indent=2, default=str))
+        print(json.dumps({"loads": loads, "paired": paired, **summary}, indent=2))
     else:
-        print_table(summary, args, len(ids))
+        print_table(summary, args)
 
 
 if __name__ == "__main__":
