@@ -75,7 +75,9 @@ def test_unknown_model_fails_at_once_after_the_grace_but_waits_during_it():
 
 
 def test_unnamed_model_is_the_only_one_served_and_ambiguity_is_an_error(router):
+    router.handle(W1, ready(models=("m", "m-alias")), LATE)  # other names of one model are aliases
     assert of(router.handle(C1, submit("a", model=""), LATE), Request)[0][1].model == "m"
+    assert of(router.handle(C1, submit("a2", model="m-alias"), LATE), Request)[0][1].model == "m-alias"
     router.handle(W2, ready(models=("other",)), LATE)
     (_, err), = router.handle(C1, submit("b", model=""), LATE)
     assert err.code == errors.InvalidRequestError.code and "name a model" in err.message

@@ -1,24 +1,24 @@
 """The broker's routing core: decoded messages in, (peer, message) pairs out. No sockets, no clock.
 
-Every method takes ``now`` (monotonic seconds) so tests drive time by hand. Invariants:
+Every method takes ``now`` (monotonic seconds) so tests drive time by hand. On top of the
+Scheduler's placement rules, the Router guarantees:
 
-- a request is either queued (in its model's FIFO) or in flight on exactly one worker;
-- a worker's ``inflight`` never exceeds its slots; the broker frees a slot as soon as it sends
-  CANCEL (the worker handles messages in order, so the cancel lands before the next request);
 - token indices reach the client at most once and in order (a replay after a re-dispatch repeats
   the same seeded tokens, and those already forwarded are dropped);
-- an expired worker's requests go back to the head of their queue, at most ``max_attempts``
-  dispatches per request, then WorkerLost.
+- the broker frees a slot as soon as it sends CANCEL (the worker handles messages in order, so the
+  cancel lands before the next request);
+- a request that names no model goes to the only model served; a restarted broker queues requests
+  for models not seen yet for BROKER_GRACE_S, so workers can register again first.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import secrets
 from collections import deque
 
 from ovpool import errors, timing
-from ovpool.broker.state import Counters, Job, WorkerState
+from ovpool.broker.scheduling import Output, Scheduler
+from ovpool.broker.state import Job, WorkerState
 from ovpool.protocol import (
     Cancel,
     Disconnect,
@@ -37,24 +37,17 @@ from ovpool.protocol import (
     sampling_from_wire,
 )
 
-Output = list[tuple[bytes, Message]]
 MAX_ATTEMPTS = 3
 _MAX_ID_LEN = 128
 _MAX_STRANGERS = 10_000
 
 
-class Router:
+class Router(Scheduler):
     def __init__(self, *, now: float, queue_limit: int = 256, max_new_tokens: int = 4096,
                  max_attempts: int = MAX_ATTEMPTS):
+        super().__init__(now=now, max_attempts=max_attempts)
         self.queue_limit = queue_limit
         self.max_new_tokens = max_new_tokens
-        self.max_attempts = max_attempts
-        self.started = now
-        self.workers: dict[bytes, WorkerState] = {}
-        self.jobs: dict[str, Job] = {}
-        self.queues: dict[str, deque[str]] = {}
-        self.counters = Counters()
-        self._by_model: dict[str, list[WorkerState]] = {}
         self._told_to_register: set[bytes] = set()
         self._next_heartbeat = now
         self._handlers = {Submit: self._on_submit, Cancel: self._on_cancel, Status: self._on_status,
@@ -148,8 +141,9 @@ class Router:
         served = [m for m, ws in self._by_model.items() if ws]
         starting = now < self.started + timing.BROKER_GRACE_S
         if not model:
-            if len(served) == 1:
-                return served[0]
+            only = self._only_model()
+            if only is not None:
+                return only
             if not served and starting:
                 return ""  # the only model is decided when the first worker registers
             raise errors.InvalidRequestError(
@@ -181,26 +175,7 @@ class Router:
             self.counters.malformed += 1
             return
         self._told_to_register.discard(peer)
-        worker = WorkerState(peer, msg, expires=now + timing.HEARTBEAT_EXPIRY_S)
-        self.workers[peer] = worker
-        for model in msg.models:
-            self._by_model.setdefault(model, []).append(worker)
-        self._adopt_unnamed()
-        for model in msg.models:
-            self._dispatch(model, out)
-
-    def _adopt_unnamed(self) -> None:
-        """Requests that named no model while none was served go to the only one served now."""
-        served = [m for m, ws in self._by_model.items() if ws]
-        unnamed = self.queues.get("")
-        if not unnamed or len(served) != 1:
-            return
-        target = self.queues.setdefault(served[0], deque())
-        for rid in unnamed:
-            job = self.jobs[rid]
-            job.request = dataclasses.replace(job.request, model=served[0])
-            target.append(rid)
-        unnamed.clear()
+        self._add_worker(WorkerState(peer, msg, expires=now + timing.HEARTBEAT_EXPIRY_S), out)
 
     def _on_partial(self, peer: bytes, msg: Partial, now: float, out: Output) -> None:
         job = self._job_on(peer, msg.request_id, out)
@@ -244,67 +219,6 @@ class Router:
             return None
         return job
 
-    # -- scheduling -----------------------------------------------------------------------------
-
-    def _free_worker(self, model: str) -> WorkerState | None:
-        best = None
-        for w in self._by_model.get(model, ()):
-            if len(w.inflight) < w.info.slots and (
-                    best is None or len(w.inflight) * best.info.slots < len(best.inflight) * w.info.slots):
-                best = w
-        return best
-
-    def _dispatch(self, model: str, out: Output) -> None:
-        queue = self.queues.get(model)
-        while queue:
-            worker = self._free_worker(model)
-            if worker is None:
-                return
-            job = self.jobs[queue.popleft()]
-            job.worker = worker.identity
-            job.attempts += 1
-            worker.inflight.add(job.request_id)
-            self.counters.dispatched += 1
-            out.append((worker.identity, job.request))
-
-    def _finish(self, job: Job, out: Output) -> None:
-        """Forget ``job`` and free its slot or queue place."""
-        del self.jobs[job.request_id]
-        worker = self.workers.get(job.worker) if job.worker is not None else None
-        if worker is None:
-            self.queues[job.model].remove(job.request_id)
-            return
-        worker.inflight.discard(job.request_id)
-        for model in worker.info.models:
-            self._dispatch(model, out)
-
-    def _fail(self, job: Job, exc: errors.OvpoolError, out: Output) -> None:
-        if job.worker is not None:
-            out.append((job.worker, Cancel(job.request_id)))
-        out.append((job.client, Error(job.request_id, exc.code, str(exc))))
-        self._finish(job, out)
-
-    def _drop_worker(self, worker: WorkerState, now: float, out: Output, *, lost: bool) -> None:
-        del self.workers[worker.identity]
-        for model in worker.info.models:
-            self._by_model[model].remove(worker)
-        for rid in sorted(worker.inflight, key=lambda r: self.jobs[r].queued_at, reverse=True):
-            job = self.jobs[rid]
-            job.worker = None
-            if not lost:
-                job.attempts -= 1  # handed back on purpose: not a failed attempt
-            if job.attempts >= self.max_attempts:
-                self.counters.failed += 1
-                out.append((job.client, Error(rid, errors.WorkerLostError.code,
-                                              f"request lost its worker {job.attempts} times")))
-                del self.jobs[rid]
-                continue
-            self.counters.requeued += 1
-            job.waiting_since = now
-            self.queues[job.model].appendleft(rid)
-        for model in worker.info.models:
-            self._dispatch(model, out)
-
     def _expire_deadlines(self, now: float, out: Output) -> None:
         for job in [j for j in self.jobs.values() if now >= j.deadline]:
             self.counters.timed_out += 1
@@ -322,24 +236,6 @@ class Router:
                 job = self.jobs[rid]
                 self.counters.failed += 1
                 self._fail(job, self._orphaned(job), out)
-
-    def _orphaned(self, job: Job) -> errors.RequestError:
-        served = sorted(m for m, ws in self._by_model.items() if ws)
-        if not job.model:
-            return errors.InvalidRequestError(f"name a model: this broker serves {served or 'none'}")
-        if job.attempts:
-            return errors.WorkerLostError(f"the workers serving {job.model!r} are gone; served: {served}")
-        return errors.ModelNotFoundError(f"no worker serves model {job.model!r}; served: {served}")
-
-    def status(self, now: float) -> dict:
-        return {
-            "uptime_s": round(now - self.started, 3),
-            "workers": [w.describe(now) for w in self.workers.values()],
-            "queues": {m: len(q) for m, q in self.queues.items()},
-            "in_flight": sum(len(w.inflight) for w in self.workers.values()),
-            "counters": self.counters.as_dict(),
-        }
-
 
 def _ignore(peer: bytes, msg: Message, now: float, out: Output) -> None:
     """Heartbeats only refresh the sender's expiry, done for every worker message in handle()."""

@@ -1,0 +1,52 @@
+"""The pool with real engines: worker processes loading GGUF models (tiny fixtures, and SmolLM2)."""
+
+from __future__ import annotations
+
+import pytest
+
+from ovpool import errors
+from ovpool.client import Client
+from ovpool.testing.pool import PoolProcess, broker, fast_heartbeats, free_endpoint, wait_for_workers
+from ovpool.worker.engine import Engine
+
+pytestmark = pytest.mark.slow
+
+
+def engine_worker(endpoint: str, model, *extra: str) -> PoolProcess:
+    return PoolProcess("worker", "--broker", endpoint, "--model", str(model), "--slots", "4", *extra)
+
+
+def test_two_engine_workers_answer_like_the_engine_alone(tiny_model, tmp_path):
+    model = tiny_model()
+    prompts = [f"story {i}: once upon a time" for i in range(8)]
+    with Engine(model) as engine:
+        alone = [engine.complete(p, max_tokens=8, ignore_eos=True) for p in prompts]
+        too_long = " ".join(["time"] * 200)
+    endpoint = free_endpoint()
+    with fast_heartbeats(0.5), broker(endpoint), \
+            engine_worker(endpoint, model, "--set", "max_prompt_tokens=64"), \
+            engine_worker(endpoint, model, "--set", "max_prompt_tokens=64"), Client(endpoint) as client:
+        status = wait_for_workers(client, 2, timeout=120)
+        futures = [client.submit(p, max_tokens=8, ignore_eos=True) for p in prompts]
+        together = [f.result(timeout=120) for f in futures]
+        streamed = list(client.stream(prompts[0], max_tokens=8, ignore_eos=True))
+        with pytest.raises(errors.InvalidRequestError, match="max_prompt_tokens"):
+            client.complete(too_long, max_tokens=2)
+    assert [c.token_ids for c in together] == [c.token_ids for c in alone]
+    assert [c.text for c in together] == [c.text for c in alone]
+    assert "".join(d.text for d in streamed) == alone[0].text
+    assert all(c.usage.prompt_tokens == a.usage.prompt_tokens for c, a in zip(together, alone, strict=True))
+    assert all(str(model) in w["models"] for w in status["workers"])  # the path given is an alias
+
+
+def test_smollm2_through_the_pool(smollm2_path):
+    prompt = [{"role": "user", "content": "What is the capital of France?"}]
+    with Engine(smollm2_path) as engine:
+        expected = engine.chat(prompt, max_tokens=12)
+    endpoint = free_endpoint()
+    with fast_heartbeats(0.5), broker(endpoint), engine_worker(endpoint, "smollm2"), \
+            Client(endpoint, model="smollm2") as client:
+        wait_for_workers(client, 1, timeout=180)
+        got = client.chat(prompt, max_tokens=12)
+    assert got.token_ids == expected.token_ids and "Paris" in got.text
+    assert got.usage == expected.usage and got.timings["total_s"] > 0
