@@ -19,7 +19,7 @@ import zmq.asyncio
 from ovpool import errors, timing
 from ovpool.client import ClientBase, dealer, safe_decode
 from ovpool.completion import Completion, Delta
-from ovpool.pending import END, FutureSink, StreamSink
+from ovpool.pending import FutureSink, StreamSink, unwrap
 from ovpool.protocol import Cancel, Message, Status, Submit, encode
 from ovpool.settings import Settings
 
@@ -70,20 +70,16 @@ class AsyncClient(ClientBase):
         """``async for delta in client.stream(...)``; leaving the loop early cancels the request."""
         msg = self._submit_msg(prompt, model, timeout, sampling)
         items: asyncio.Queue = asyncio.Queue()
-        self._start(msg, StreamSink(items.put_nowait))
-        return self._iterate(msg.request_id, items)
+        sink = StreamSink(items.put_nowait)
+        self._start(msg, sink)
+        return self._iterate(msg.request_id, items, sink)
 
-    async def _iterate(self, request_id: str, items: asyncio.Queue) -> AsyncIterator[Delta]:
-        finished = False
+    async def _iterate(self, request_id: str, items: asyncio.Queue, sink: StreamSink) -> AsyncIterator[Delta]:
         try:
-            while (item := await items.get()) is not END:
-                if isinstance(item, Exception):
-                    finished = True
-                    raise item
-                yield item
-            finished = True
+            while (delta := unwrap(await items.get())) is not None:
+                yield delta
         finally:
-            if not finished:
+            if not sink.ended:
                 self._pending.forget(request_id)
                 self._send([Cancel(request_id)])
 

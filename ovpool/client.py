@@ -23,7 +23,7 @@ import zmq.asyncio
 from ovpool import errors, timing
 from ovpool.auth import secure_peer
 from ovpool.completion import Completion, Delta
-from ovpool.pending import END, FutureSink, PendingRequests, StreamSink, make_submit
+from ovpool.pending import FutureSink, PendingRequests, StreamSink, make_submit, unwrap
 from ovpool.protocol import Cancel, Message, Status, Submit, decode, encode, recv_frames, send_frames
 from ovpool.settings import Settings
 
@@ -115,20 +115,16 @@ class Client(ClientBase):
         """Tokens as they arrive; leaving the loop early cancels the request."""
         msg = self._submit_msg(prompt, model, timeout, sampling)
         items: queue.SimpleQueue = queue.SimpleQueue()
-        self._start(msg, StreamSink(items.put))
-        return self._iterate(msg.request_id, items)
+        sink = StreamSink(items.put)
+        self._start(msg, sink)
+        return self._iterate(msg.request_id, items, sink)
 
-    def _iterate(self, request_id: str, items: queue.SimpleQueue) -> Iterator[Delta]:
-        finished = False
+    def _iterate(self, request_id: str, items: queue.SimpleQueue, sink: StreamSink) -> Iterator[Delta]:
         try:
-            while (item := items.get()) is not END:
-                if isinstance(item, Exception):
-                    finished = True
-                    raise item
-                yield item
-            finished = True
+            while (delta := unwrap(items.get())) is not None:
+                yield delta
         finally:
-            if not finished and not self._closed.is_set():
+            if not sink.ended and not self._closed.is_set():
                 self._call(lambda now: self._abandon(request_id))
 
     def cancel(self, request: str | concurrent.futures.Future) -> None:

@@ -57,8 +57,23 @@ class StreamSink:
     """Puts deltas, then END or the error, into a queue (queue.SimpleQueue or asyncio.Queue)."""
 
     def __init__(self, put: Any):
-        self.delta = self.fail = put
-        self.done = lambda completion: put(END)
+        self.delta, self._put = put, put
+        self.ended = False  # set on the I/O side; a reader leaving early cancels unless ended
+
+    def done(self, completion: Completion) -> None:
+        self.ended = True
+        self._put(END)
+
+    def fail(self, exc: errors.OvpoolError) -> None:
+        self.ended = True
+        self._put(exc)
+
+
+def unwrap(item: Any) -> Delta | None:
+    """A stream queue's item as the next Delta, None at the end; raises the request's error."""
+    if isinstance(item, Exception):
+        raise item
+    return None if item is END else item
 
 
 def make_submit(prompt_or_messages: str | list, model: str, timeout: float | None,

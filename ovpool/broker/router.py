@@ -52,7 +52,7 @@ class Router(Scheduler):
         self._next_heartbeat = now
         self._handlers = {Submit: self._on_submit, Cancel: self._on_cancel, Status: self._on_status,
                           Ping: self._on_ping, Ready: self._on_ready, Partial: self._on_partial,
-                          Final: self._on_final, Error: self._on_error,
+                          Final: self._on_end, Error: self._on_end,
                           Disconnect: self._on_disconnect, Heartbeat: _ignore}
 
     # -- inputs ---------------------------------------------------------------------------------
@@ -183,17 +183,13 @@ class Router(Scheduler):
             job.next_index = msg.index + 1
             out.append((job.client, msg))
 
-    def _on_final(self, peer: bytes, msg: Final, now: float, out: Output) -> None:
+    def _on_end(self, peer: bytes, msg: Final | Error, now: float, out: Output) -> None:
         job = self._job_on(peer, msg.request_id, out)
         if job is not None:
-            self.counters.completed += 1
-            out.append((job.client, msg))
-            self._finish(job, out)
-
-    def _on_error(self, peer: bytes, msg: Error, now: float, out: Output) -> None:
-        job = self._job_on(peer, msg.request_id, out)
-        if job is not None:
-            self.counters.failed += 1
+            if isinstance(msg, Final):
+                self.counters.completed += 1
+            else:
+                self.counters.failed += 1
             out.append((job.client, msg))
             self._finish(job, out)
 
