@@ -195,3 +195,13 @@ def test_orphaned_queue_fails_after_the_grace(router):
     assert of(router.tick(LATE + timing.BROKER_GRACE_S / 2), Error) == []
     (_, err), = of(router.tick(LATE + timing.BROKER_GRACE_S), Error)
     assert err.code == errors.ModelNotFoundError.code
+
+
+def test_requests_of_a_silent_client_are_cancelled_on_the_worker(router):
+    router.handle(C1, submit("mine"), LATE)
+    router.handle(C2, submit("theirs"), LATE)
+    later = LATE + timing.CLIENT_UNAVAILABLE_S + 0.01
+    router.handle(W1, Heartbeat(), later)
+    router.handle(C2, Ping(["theirs"]), later)  # C2 still waits; C1 went away
+    out = router.tick(later)
+    assert (W1, Cancel("mine")) in out and "theirs" in router.jobs and "mine" not in router.jobs

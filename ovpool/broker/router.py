@@ -49,6 +49,7 @@ class Router(Scheduler):
         self.queue_limit = queue_limit
         self.max_new_tokens = max_new_tokens
         self._told_to_register: set[bytes] = set()
+        self._clients_heard: dict[bytes, float] = {}
         self._next_heartbeat = now
         self._handlers = {Submit: self._on_submit, Cancel: self._on_cancel, Status: self._on_status,
                           Ping: self._on_ping, Ready: self._on_ready, Partial: self._on_partial,
@@ -63,6 +64,8 @@ class Router(Scheduler):
             worker.expires = now + timing.HEARTBEAT_EXPIRY_S
         elif isinstance(msg, (Heartbeat, Partial, Final, Error)):
             return self._stranger(peer)
+        else:
+            self._clients_heard[peer] = now
         handler = self._handlers.get(type(msg))
         if handler is None:
             return self.malformed(peer, errors.MalformedMessageError(
@@ -216,11 +219,22 @@ class Router(Scheduler):
         return job
 
     def _expire_deadlines(self, now: float, out: Output) -> None:
-        for job in [j for j in self.jobs.values() if now >= j.deadline]:
-            self.counters.timed_out += 1
-            where = "in the queue" if job.worker is None else "while generating"
-            self._fail(job, errors.RequestTimeoutError(
-                f"request {job.request_id} reached its timeout {where}"), out)
+        """Requests past their timeout, and those of clients gone silent (a client pings while it
+        waits): their slots would otherwise stay busy for nobody."""
+        gone = now - timing.CLIENT_UNAVAILABLE_S
+        for job in [j for j in self.jobs.values()
+                    if now >= j.deadline or self._clients_heard.get(j.client, now) < gone]:
+            if now >= job.deadline:
+                self.counters.timed_out += 1
+                where = "in the queue" if job.worker is None else "while generating"
+                exc = errors.RequestTimeoutError(f"request {job.request_id} reached its timeout {where}")
+            else:
+                self.counters.cancelled += 1
+                exc = errors.CancelledError(f"request {job.request_id}: its client went silent")
+            self._fail(job, exc, out)
+        if len(self._clients_heard) > len(self.jobs) * 2 + 1000:  # forget clients with nothing left
+            live = {j.client for j in self.jobs.values()}
+            self._clients_heard = {c: t for c, t in self._clients_heard.items() if c in live}
 
     def _expire_orphans(self, now: float, out: Output) -> None:
         if now < self.started + timing.BROKER_GRACE_S:
