@@ -18,7 +18,7 @@ from ovpool.auth import ServerSecurity
 from ovpool.broker.router import Output, Router
 from ovpool.errors import ConfigError, ProtocolError
 from ovpool.metrics import BrokerMetrics, BrokerObserver, MetricsServer
-from ovpool.protocol import decode, encode, recv_frames, send_frames
+from ovpool.protocol import Message, decode, encode, recv_frames, send_frames
 from ovpool.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -98,16 +98,23 @@ class Broker:
                     frames = recv_frames(sock)
                 except zmq.Again:
                     break
-                self._send(self._route(frames, now))
+                if len(frames) >= 2:
+                    self._route(frames, now)
 
-    def _route(self, frames: list[bytes], now: float) -> Output:
-        if len(frames) < 2:
-            return []
+    def _route(self, frames: list[bytes], now: float) -> None:
         peer = frames[0]
         try:
             msg = decode(frames[1:])
         except ProtocolError as exc:
-            return self.router.malformed(peer, exc)
+            self._send(self.router.malformed(peer, exc))
+            return
+        out = self._handle(peer, msg, now)
+        if len(out) == 1 and out[0][1] is msg:  # forwarded as it came (PARTIAL, FINAL): no re-encode
+            self._send_raw(out[0][0], frames[1:], msg)
+        else:
+            self._send(out)
+
+    def _handle(self, peer: bytes, msg: Message, now: float) -> Output:
         if self.metrics:
             self.metrics.incoming(msg, now)
         try:
@@ -117,12 +124,13 @@ class Broker:
             return []
 
     def _send(self, out: Output) -> None:
-        if self.metrics:
-            now = time.monotonic()
-            for _, msg in out:
-                self.metrics.outgoing(msg, now)
         for peer, msg in out:
-            try:  # a ROUTER never blocks: it drops for a peer that is gone or whose buffer is full
-                send_frames(self._socket, [peer, *encode(msg)])
-            except zmq.ZMQError:
-                pass  # heartbeats and resends recover
+            self._send_raw(peer, encode(msg), msg)
+
+    def _send_raw(self, peer: bytes, frames: list[bytes], msg: Message) -> None:
+        if self.metrics:
+            self.metrics.outgoing(msg, time.monotonic())
+        try:  # a ROUTER never blocks: it drops for a peer that is gone or whose buffer is full
+            send_frames(self._socket, [peer, *frames])
+        except zmq.ZMQError:
+            pass  # heartbeats and resends recover
