@@ -14,10 +14,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import resource
 import statistics
 import threading
 import time
 from contextlib import ExitStack
+from pathlib import Path
 
 from ovpool.client import Client
 from ovpool.testing.pool import broker, free_endpoint, null_worker, wait_for_workers
@@ -53,6 +56,43 @@ def latencies(client: Client, samples: int, max_tokens: int) -> list[float]:
     return out
 
 
+def cpu_seconds(pids: list[int]) -> list[float]:
+    """User+system CPU seconds of each process (Linux /proc; -1 for this process via getrusage)."""
+    out = []
+    for pid in pids:
+        if pid == -1:
+            r = resource.getrusage(resource.RUSAGE_SELF)
+            out.append(r.ru_utime + r.ru_stime)
+            continue
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        out.append((int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"))
+    return out
+
+
+def measure(args: argparse.Namespace) -> dict:
+    endpoint = free_endpoint()
+    with ExitStack() as stack:
+        broker_proc = stack.enter_context(broker(endpoint, "--queue-limit", str(args.requests)))
+        workers = [stack.enter_context(null_worker(endpoint, slots=args.slots)) for _ in range(args.workers)]
+        client = stack.enter_context(Client(endpoint))
+        wait_for_workers(client, args.workers)
+        latencies(client, 200, args.max_tokens)  # warm up connections and caches
+        pids = [broker_proc.proc.pid, *(w.proc.pid for w in workers), -1]
+        before = cpu_seconds(pids)
+        rps = throughput(client, args.requests, args.window, args.max_tokens)
+        used = [b - a for a, b in zip(before, cpu_seconds(pids), strict=True)]
+        lat = sorted(latencies(client, args.samples, args.max_tokens))
+    per_request = [round(u / args.requests * 1e6) for u in used]
+    return {"workers": args.workers, "requests": args.requests, "window": args.window,
+            "max_tokens": args.max_tokens, "requests_per_s": round(rps),
+            "latency_p50_ms": round(statistics.median(lat) * 1e3, 3),
+            "latency_p99_ms": round(lat[int(len(lat) * 0.99) - 1] * 1e3, 3),
+            # CPU per routed request: what an idle machine would allow, whatever else runs here.
+            "cpu_us_per_request": {"broker": per_request[0], "workers": sum(per_request[1:-1]),
+                                   "client": per_request[-1]},
+            "load_average": os.getloadavg()[0]}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--workers", type=int, default=2)
@@ -63,23 +103,11 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=1)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    endpoint = free_endpoint()
-    with ExitStack() as stack:
-        stack.enter_context(broker(endpoint, "--queue-limit", str(args.requests)))
-        for _ in range(args.workers):
-            stack.enter_context(null_worker(endpoint, slots=args.slots))
-        client = stack.enter_context(Client(endpoint))
-        wait_for_workers(client, args.workers)
-        latencies(client, 200, args.max_tokens)  # warm up connections and caches
-        rps = throughput(client, args.requests, args.window, args.max_tokens)
-        lat = sorted(latencies(client, args.samples, args.max_tokens))
-    result = {"workers": args.workers, "requests": args.requests, "window": args.window,
-              "max_tokens": args.max_tokens, "requests_per_s": round(rps),
-              "latency_p50_ms": round(statistics.median(lat) * 1e3, 3),
-              "latency_p99_ms": round(lat[int(len(lat) * 0.99) - 1] * 1e3, 3)}
-    print(json.dumps(result) if args.json else
-          f"{result['requests_per_s']} requests/s routed ({args.workers} null workers, window {args.window});"
-          f" round trip p50 {result['latency_p50_ms']} ms, p99 {result['latency_p99_ms']} ms")
+    r = measure(args)
+    print(json.dumps(r) if args.json else
+          f"{r['requests_per_s']} requests/s routed ({args.workers} null workers, window {args.window});"
+          f" round trip p50 {r['latency_p50_ms']} ms, p99 {r['latency_p99_ms']} ms;"
+          f" CPU per request (us): {r['cpu_us_per_request']}; load average {r['load_average']:.1f}")
 
 
 if __name__ == "__main__":

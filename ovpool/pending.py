@@ -22,7 +22,9 @@ from ovpool.worker.sampling import SamplingParams
 
 
 class Sink(Protocol):
-    """Where one request's results go (a future, a stream queue)."""
+    """Where one request's results go (a future, a stream queue); ``delta`` only if ``streams``."""
+
+    streams: bool
 
     def delta(self, delta: Delta) -> None: ...
 
@@ -38,11 +40,10 @@ END = object()  # a stream's end marker
 class FutureSink:
     """Completes a concurrent.futures.Future or an asyncio.Future (called on its owner's thread)."""
 
+    streams = False  # deltas are not wanted: only the Completion
+
     def __init__(self, future: Any):
         self.future = future
-
-    def delta(self, delta: Delta) -> None:
-        pass
 
     def done(self, result: Any) -> None:
         if not self.future.done():
@@ -55,6 +56,8 @@ class FutureSink:
 
 class StreamSink:
     """Puts deltas, then END or the error, into a queue (queue.SimpleQueue or asyncio.Queue)."""
+
+    streams = True
 
     def __init__(self, put: Any):
         self.delta, self._put = put, put
@@ -146,7 +149,8 @@ class PendingRequests:
             p = self._pending.get(msg.request_id)
             if p is not None and msg.index >= p.next_index:
                 p.next_index = msg.index + 1
-                p.sink.delta(Delta(msg.index, msg.token_id, msg.text))
+                if p.sink.streams:
+                    p.sink.delta(Delta(msg.index, msg.token_id, msg.text))
         elif isinstance(msg, Final):
             p = self._pending.pop(msg.request_id, None)
             if p is not None:

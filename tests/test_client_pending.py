@@ -11,6 +11,8 @@ from ovpool.protocol import Error, Final, Partial, Ping, Pong, StatusReply
 
 
 class Recorder:
+    streams = True
+
     def __init__(self):
         self.deltas, self.result, self.error = [], None, None
 
