@@ -59,6 +59,8 @@ class Engine:
         self.load_report = {"outcome": result.outcome, "entry": result.entry, "seconds": phases,
                             "graph_settings": self.graph_settings}
         self._idle: list[Session] = []
+        with _phase(phases, "warm-up"):
+            self._warm_up()
 
     def _load(self, cache_dir: str | Path | None, cache_only: bool):
         identity, config = cache_identity(self.model, self.settings, self.device, self.core)
@@ -66,6 +68,13 @@ class Engine:
         return load_compiled(self.core, identity=identity, device=self.device, config=config,
                              build=lambda: graph.build_model(self.model, self.graph_settings),
                              cache_dir=cache_dir, cache_only=cache_only)
+
+    def _warm_up(self) -> None:
+        # The plugin sets every node up on its first inference (over a second of CPU for SmolLM2
+        # here): pay that while loading, not in the first request's time to first token.
+        session = self._acquire()
+        session.forward([0], logits_from=0)
+        self._release(session)
 
     @property
     def name(self) -> str:
