@@ -135,3 +135,10 @@ def test_rope_freqs_must_have_one_factor_per_frequency(tmp_path):
     tensors = {**_tensors("llama"), "rope_freqs.weight": (5,)}
     with pytest.raises(ModelFormatError, match=r"rope_freqs.weight has shape \[5\], expected \[8\]"):
         GGUFModel.open(write_model(tmp_path / "m.gguf", tensors=tensors))
+
+
+def test_close_drops_the_mapping_and_raw_maps_again(tmp_path):
+    with GGUFModel.open(write_model(tmp_path / "m.gguf")) as m:
+        first = m.raw("output_norm.weight").copy()
+    assert m._memmap is None
+    np.testing.assert_array_equal(m.raw("output_norm.weight"), first)

@@ -80,6 +80,16 @@ class GGUFModel:
     def name(self) -> str:
         return self.alias or self.path.stem
 
+    def close(self) -> None:
+        """Drop the weight mapping (a compiled model no longer needs it); ``raw`` maps again."""
+        self._memmap = None
+
+    def __enter__(self) -> GGUFModel:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     def raw(self, name: str) -> np.ndarray:
         """The quantized bytes of tensor ``name`` as a read-only uint8 memmap slice."""
         info = self.tensors[name]
