@@ -15,8 +15,10 @@ from typing import Any
 
 import zmq
 import zmq.asyncio
+from zmq.utils.monitor import recv_monitor_message
 
 from ovpool import errors, timing
+from ovpool.auth import HANDSHAKE_FAILURES, handshake_error
 from ovpool.client import ClientBase, dealer, safe_decode
 from ovpool.completion import Completion, Delta
 from ovpool.pending import FutureSink, StreamSink, unwrap
@@ -30,10 +32,11 @@ class AsyncClient(ClientBase):
         super().__init__(broker, model, timeout, settings)
         self._context = zmq.asyncio.Context()
         self._socket = dealer(self._context, self.broker, self.settings)
+        self._monitor = self._socket.get_monitor_socket(HANDSHAKE_FAILURES)
         self._tasks: list[asyncio.Task] = []
 
     async def __aenter__(self) -> AsyncClient:
-        self._tasks = [asyncio.create_task(self._read()), asyncio.create_task(self._timers())]
+        self._tasks = [asyncio.create_task(coro) for coro in (self._read(), self._timers(), self._watch())]
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -47,6 +50,8 @@ class AsyncClient(ClientBase):
                 await task
         self._tasks = []
         self._pending._fail_all(errors.BrokerUnavailableError("the client was closed"))
+        self._socket.disable_monitor()
+        self._monitor.close()
         self._socket.close()
         self._context.term()
 
@@ -116,3 +121,9 @@ class AsyncClient(ClientBase):
         while True:
             self._send(self._pending.tick(time.monotonic()))
             await asyncio.sleep(timing.POLL_INTERVAL_S)
+
+    async def _watch(self) -> None:
+        """A refused handshake fails the requests now instead of after CLIENT_UNAVAILABLE_S."""
+        while True:
+            event = await recv_monitor_message(self._monitor)
+            self._pending._fail_all(handshake_error(event, self.broker))

@@ -16,7 +16,7 @@ import zmq
 import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
 
-from ovpool.errors import ConfigError
+from ovpool.errors import AuthenticationError, ConfigError
 from ovpool.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -104,3 +104,18 @@ def is_loopback(endpoint: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False  # "*", an interface name or a host name: may be reachable from outside
+
+
+# Socket-monitor events that mean the broker will never accept this peer as it is configured.
+HANDSHAKE_FAILURES = int(zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL)
+
+
+def handshake_error(event: dict, broker: str) -> AuthenticationError:
+    """The error for a failed handshake (``zmq.utils.monitor.recv_monitor_message`` output)."""
+    if event["event"] == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+        return AuthenticationError(
+            f"the broker at {broker} refused this peer's CURVE key; add its public .key file to the"
+            " broker's curve_allowed_keys directory")
+    return AuthenticationError(
+        f"security handshake with {broker} failed ({event['value']}): is CURVE configured on both"
+        " sides (curve_secret_key and curve_server_key here)?")

@@ -19,9 +19,10 @@ from typing import Any
 
 import zmq
 import zmq.asyncio
+from zmq.utils.monitor import recv_monitor_message
 
 from ovpool import errors, timing
-from ovpool.auth import secure_peer
+from ovpool.auth import HANDSHAKE_FAILURES, handshake_error, secure_peer
 from ovpool.completion import Completion, Delta
 from ovpool.pending import FutureSink, PendingRequests, StreamSink, make_submit, unwrap
 from ovpool.protocol import Cancel, Message, Status, Submit, decode, encode, recv_frames, send_frames
@@ -67,6 +68,7 @@ class Client(ClientBase):
         super().__init__(broker, model, timeout, settings)
         self._context = zmq.Context()
         self._socket = dealer(self._context, self.broker, self.settings)
+        self._monitor = self._socket.get_monitor_socket(HANDSHAKE_FAILURES)
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._wake_r, self._wake_w = os.pipe()
         self._woken = False
@@ -88,6 +90,8 @@ class Client(ClientBase):
         self._wake()
         self._thread.join()
         self._pending._fail_all(errors.BrokerUnavailableError("the client was closed"))
+        self._socket.disable_monitor()
+        self._monitor.close()
         self._socket.close()
         self._context.term()
         os.close(self._wake_r)
@@ -175,6 +179,7 @@ class Client(ClientBase):
         poller = zmq.Poller()
         poller.register(self._socket, zmq.POLLIN)
         poller.register(self._wake_r, zmq.POLLIN)
+        poller.register(self._monitor, zmq.POLLIN)
         next_tick = 0.0
         while not self._closed.is_set():
             ready = dict(poller.poll(timing.POLL_INTERVAL_S * 1000))
@@ -187,6 +192,8 @@ class Client(ClientBase):
                         self._send(self._commands.get_nowait()(now))
             if self._socket in ready:
                 self._receive(now)
+            if self._monitor in ready:  # the broker refuses us: fail now, not after the silence
+                self._pending._fail_all(handshake_error(recv_monitor_message(self._monitor), self.broker))
             if now >= next_tick:
                 next_tick = now + timing.POLL_INTERVAL_S
                 self._send(self._pending.tick(now))

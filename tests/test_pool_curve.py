@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import shutil
 import subprocess
@@ -10,7 +11,8 @@ import sys
 import pytest
 
 from ovpool import errors
-from ovpool.auth import is_loopback
+from ovpool.async_client import AsyncClient
+from ovpool.auth import generate, is_loopback
 from ovpool.broker.server import Broker
 from ovpool.client import Client
 from ovpool.testing.pool import broker, fast_heartbeats, free_endpoint, null_worker, wait_for_workers
@@ -18,10 +20,11 @@ from ovpool.testing.pool import broker, fast_heartbeats, free_endpoint, null_wor
 
 @pytest.fixture
 def keys(tmp_path):
-    for name in ("broker", "worker", "client", "stranger"):
-        cmd = [sys.executable, "-m", "ovpool", "keys", "generate", str(tmp_path), "--name", name]
-        out = subprocess.run(cmd, capture_output=True, text=True, check=True)
-        assert "keep it private" in out.stdout
+    cmd = [sys.executable, "-m", "ovpool", "keys", "generate", str(tmp_path), "--name", "broker"]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    assert "keep it private" in out.stdout
+    for name in ("worker", "client", "stranger"):
+        generate(tmp_path, name)
     allowed = tmp_path / "allowed"
     allowed.mkdir()
     for name in ("worker", "client"):
@@ -45,10 +48,18 @@ def test_only_allowed_keys_can_submit(keys):
         with Client(endpoint, settings=_peer(keys, "client")) as client:
             wait_for_workers(client, 1)
             assert client.complete("hi", max_tokens=3).usage.completion_tokens == 3
-        for settings in (_peer(keys, "stranger"), {}):  # a key not allowed, and no CURVE at all
+        for settings, why in ((_peer(keys, "stranger"), "refused this peer's CURVE key"),
+                              ({}, "CURVE configured on both sides")):
             with Client(endpoint, settings=settings) as outsider, \
-                    pytest.raises(errors.BrokerUnavailableError, match="CURVE"):
+                    pytest.raises(errors.AuthenticationError, match=why):
                 outsider.complete("hi", max_tokens=3)
+
+            async def refused(settings=settings):
+                async with AsyncClient(endpoint, settings=settings) as outsider:
+                    await outsider.complete("hi", max_tokens=3)
+
+            with pytest.raises(errors.AuthenticationError, match=why):
+                asyncio.run(refused())
 
 
 def test_half_configured_curve_is_a_clear_error(keys):
