@@ -167,3 +167,13 @@ def test_stateless_graph_generates_like_the_stateful_one(tiny_model):
         with Engine(path, settings={**exact, "stateful": stateful}) as eng:
             runs.append(eng.complete(PROMPT, max_tokens=12, ignore_eos=True).token_ids)
     assert runs[0] == runs[1]
+
+
+def test_warm_up_is_reported_and_leaves_no_state_behind(tiny_model):
+    path = tiny_model(arch="llama", weight_type="Q8_0")
+    with Engine(path, settings={"warm_up": False}) as cold:
+        assert "warm-up" not in cold.load_report["seconds"]
+        expected = cold.complete(PROMPT, max_tokens=8, ignore_eos=True).token_ids
+    with Engine(path) as warm:
+        assert "warm-up" in warm.load_report["seconds"]
+        assert warm.complete(PROMPT, max_tokens=8, ignore_eos=True).token_ids == expected

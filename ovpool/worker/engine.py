@@ -30,6 +30,7 @@ from ovpool.worker.session import Session
 from ovpool.worker.tokenizer import Tokenizer
 
 Prompt = str | Sequence[int] | Sequence[Mapping[str, Any]]
+_WARM_UP_PROMPT = 16  # tokens: a prefill this long sets up the kernels longer prompts use too
 
 
 class Engine:
@@ -59,8 +60,9 @@ class Engine:
         self.load_report = {"outcome": result.outcome, "entry": result.entry, "seconds": phases,
                             "graph_settings": self.graph_settings}
         self._idle: list[Session] = []
-        with _phase(phases, "warm-up"):
-            self._warm_up()
+        if self.settings.warm_up:
+            with _phase(phases, "warm-up"):
+                self._warm_up()
 
     def _load(self, cache_dir: str | Path | None, cache_only: bool):
         identity, config = cache_identity(self.model, self.settings, self.device, self.core)
@@ -70,9 +72,10 @@ class Engine:
                              cache_dir=cache_dir, cache_only=cache_only)
 
     def _warm_up(self) -> None:
-        # The plugin sets every node up on its first inference (over a second of CPU for SmolLM2
-        # here): pay that while loading, not in the first request's time to first token.
+        # The plugin sets its kernels up on the first prefill and on the first decode step (about a
+        # CPU-second each for SmolLM2 here): pay that while loading, not in the first request's TTFT.
         session = self._acquire()
+        session.forward([0] * _WARM_UP_PROMPT, logits_from=_WARM_UP_PROMPT - 1)
         session.forward([0], logits_from=0)
         self._release(session)
 
