@@ -72,7 +72,7 @@ class Broker:
             self._metrics_server.__exit__()
         if self._socket is not None:
             self._send(self.router.shutdown())
-            self._socket.close()
+            self._socket.close(linger=int(timing.POLL_INTERVAL_S * 1000))  # let the DISCONNECTs out
             self._socket = None
         self._security.__exit__()
         self._context.term()
