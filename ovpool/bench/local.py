@@ -37,16 +37,24 @@ def run_all(backend: Any, requests: Mapping[str, tuple[Any, SamplingParams]]) ->
 
 
 def agreement(engine: Engine, concurrency: int, max_tokens: int) -> dict:
-    """Greedy: requests batched together vs. each alone (Engine.complete), token by token."""
+    """Greedy: requests batched together vs. each alone, token by token. Alone is measured two
+    ways: through the same batching backend one request at a time (isolates batching), and on the
+    engine's own graph (Engine.complete; a different KV-cache layout and quantization)."""
     params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
     requests = {str(i): (PROMPTS[i % len(PROMPTS)], params) for i in range(concurrency)}
-    batched = run_all(EngineBackend(engine, slots=concurrency), requests)
-    alone = {rid: engine.complete(prompt, **params.to_dict()) for rid, (prompt, _) in requests.items()}
-    prefixes = [_common_prefix(batched[r].token_ids, alone[r].token_ids) / max_tokens for r in requests]
-    return {"requests": concurrency, "identical": sum(p == 1.0 for p in prefixes),
-            "mean_common_prefix": sum(prefixes) / len(prefixes),
-            "precision": engine.graph_settings["inference_precision"],
-            "kv_cache_precision": engine.graph_settings["kv_cache_precision"]}
+    backend = EngineBackend(engine, slots=concurrency)
+    batched = run_all(backend, requests)
+    one_by_one = {rid: run_all(backend, {rid: req})[rid] for rid, req in requests.items()}
+    engine_alone = {rid: engine.complete(prompt, **params.to_dict()) for rid, (prompt, _) in requests.items()}
+    return {"requests": concurrency, "precision": engine.graph_settings["inference_precision"],
+            "kv_cache_precision": engine.graph_settings["kv_cache_precision"],
+            "vs_alone_batching_path": _agreement(batched, one_by_one, max_tokens),
+            "vs_engine": _agreement(batched, engine_alone, max_tokens)}
+
+
+def _agreement(a: Mapping[str, Completion], b: Mapping[str, Completion], max_tokens: int) -> dict:
+    prefixes = [_common_prefix(a[r].token_ids, b[r].token_ids) / max_tokens for r in a]
+    return {"identical": sum(p == 1.0 for p in prefixes), "mean_common_prefix": sum(prefixes) / len(prefixes)}
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:

@@ -11,6 +11,8 @@ def _num(value, fmt: str = ".1f") -> str:
 
 def sweep_table(results: dict) -> list[str]:
     rows = results.get("sweep") or []
+    if not rows:
+        return []
     ratios = results.get("ratios") or {}
     lines = [f"{'N':>3} {'ovpool tok/s':>13} {'GenAI CB tok/s':>15} {'ratio':>6} {'x single':>9} "
              f"{'p50 lat s':>10} {'p99 lat s':>10} {'p99 TTFT s':>11}  lost/dup"]
@@ -40,8 +42,12 @@ def other_lines(results: dict) -> list[str]:
     lines = []
     if "agreement" in results:
         a = results["agreement"]
-        lines.append(f"batched vs alone ({a['precision']}, KV {a['kv_cache_precision']}): {a['identical']}/"
-                     f"{a['requests']} identical, mean common prefix {a['mean_common_prefix']:.0%}")
+        for key, alone in (("vs_alone_batching_path", "alone on the batching path"),
+                           ("vs_engine", "alone on the engine's graph")):
+            m = a[key]
+            lines.append(f"greedy batched vs {alone} ({a['precision']}, KV {a['kv_cache_precision']}): "
+                         f"{m['identical']}/{a['requests']} identical, mean common prefix "
+                         f"{m['mean_common_prefix']:.0%}")
     for key, title in (("startup", "start-up"), ("overhead", "broker overhead")):
         if key in results:
             lines.append(f"{title}: {_brief(results[key])}")
