@@ -1,0 +1,63 @@
+"""ovpool's batching backend vs GenAI's ContinuousBatchingPipeline in ONE process, alternating.
+
+No broker: this isolates the batched forward passes. Besides wall-clock tokens/s it reports CPU
+time per generated token (all threads of the process), which other jobs on a shared machine
+disturb far less than wall time.
+
+    .venv/bin/python benchmarks/batching_vs_genai.py [--model smollm2] [--levels 1,8,16]
+        [--max-tokens 64] [--repeats 2] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+from ovpool.bench.local import run_all
+from ovpool.bench.peers import BatchedPipeline
+from ovpool.bench.sweep import PROMPTS
+from ovpool.worker.backend import EngineBackend
+from ovpool.worker.engine import Engine
+from ovpool.worker.model import resolve_model_path
+from ovpool.worker.sampling import SamplingParams
+
+
+def measure(run, n: int, max_tokens: int) -> dict:
+    wall, cpu = time.perf_counter(), time.process_time()
+    run(n)
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    return {"tokens_per_s": n * max_tokens / wall, "cpu_ms_per_token": cpu / (n * max_tokens) * 1e3}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="smollm2")
+    p.add_argument("--levels", default="1,8,16")
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args()
+    mt, levels = args.max_tokens, [int(x) for x in args.levels.split(",")]
+    genai = BatchedPipeline(str(resolve_model_path(args.model)))
+    engine = Engine(args.model)
+    backend = EngineBackend(engine, slots=max(levels))
+    params = SamplingParams(max_tokens=mt, ignore_eos=True)
+    systems = {"ovpool": lambda n: run_all(backend, {str(i): (PROMPTS[i % len(PROMPTS)], params)
+                                                     for i in range(n)}),
+               "genai_cb": lambda n: genai.level(n, mt)}
+    systems["ovpool"](2)  # warm-up
+    runs = [{"concurrency": n, "repeat": r, **{k: measure(f, n, mt) for k, f in systems.items()}}
+            for r in range(args.repeats) for n in levels]
+    if args.json:
+        print(json.dumps(runs, indent=2))
+        return
+    for r in runs:
+        o, g = r["ovpool"], r["genai_cb"]
+        print(f"N={r['concurrency']:>2}  ovpool {o['tokens_per_s']:6.1f} tok/s {o['cpu_ms_per_token']:5.2f} "
+              f"cpu-ms/token | GenAI CB {g['tokens_per_s']:6.1f} tok/s {g['cpu_ms_per_token']:5.2f} "
+              f"cpu-ms/token | GenAI/ovpool CPU {g['cpu_ms_per_token'] / o['cpu_ms_per_token']:.2f}")
+
+
+if __name__ == "__main__":
+    main()
