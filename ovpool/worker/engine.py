@@ -56,6 +56,8 @@ class Engine:
         self.cache_only = self.settings.cache_only if cache_only is None else cache_only
         result = self._load(self.cache_dir, self.cache_only)
         self.compiled = result.compiled
+        # The compiled model holds its own weights: unmapping the file frees its pages (~its size).
+        self.model.close()
         phases["compiled model"] = result.seconds
         self.load_report = {"outcome": result.outcome, "entry": result.entry, "seconds": phases,
                             "graph_settings": self.graph_settings}
@@ -160,6 +162,7 @@ class Engine:
     def close(self) -> None:
         self._idle.clear()
         self.compiled = None
+        self.model.close()
 
     def __enter__(self) -> Engine:
         return self
