@@ -35,6 +35,7 @@ class Batcher:
     def load(cls, engine: Any, max_running: int, max_prompt_tokens: int | None = None) -> Batcher:
         """Load the paged graph of ``engine`` (through the cache) with its KV blocks."""
         result = load_paged(engine)
+        engine.model.close()  # as the Engine does: the compiled graph holds its own weights
         s = engine.settings
         runner = PagedRunner(result.compiled, s.kv_cache_mb)
         engine.load_report["paged"] = {"outcome": result.outcome, "entry": result.entry,
