@@ -134,3 +134,20 @@ def test_smollm2_eight_batched_requests_equal_each_alone(smollm2_path):
         assert not failed
         for rid, messages, params in reqs:
             assert done[rid].token_ids == eng.chat(messages, **params.to_dict()).token_ids
+
+
+def test_cache_only_worker_still_serves_when_the_paged_graph_cannot_come_from_the_cache(tiny_model, tmp_path):
+    from ovpool.worker.backend import Interleaved
+    from ovpool.worker.batch import reimport_problem
+
+    model = tiny_model(arch="llama", weight_type="Q8_0")
+    with Engine(model, settings=F32, cache_dir=tmp_path) as eng:  # populates the engine's own entry
+        assert isinstance(EngineBackend(eng, slots=2).runs, Batcher)
+    with Engine(model, settings=F32, cache_dir=tmp_path, cache_only=True) as eng:
+        backend = EngineBackend(eng, slots=2)
+        broken = reimport_problem(eng.core, eng.device)
+        assert isinstance(backend.runs, Interleaved if broken else Batcher)
+        params = SamplingParams(max_tokens=6, ignore_eos=True)
+        done, _, failed = drain(backend, {0: [("a", PROMPTS[0], params), ("b", PROMPTS[2], params)]})
+        assert not failed
+        assert done["a"].token_ids == alone(eng, PROMPTS[0], params).token_ids

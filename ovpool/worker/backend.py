@@ -141,7 +141,7 @@ def _runs(engine: Any, slots: int, max_prompt_tokens: int) -> Any:
         try:
             return Batcher.load(engine, slots, max_prompt_tokens)
         except CacheError as exc:
-            if not engine.settings.cache_only:
+            if not engine.cache_only:
                 raise
             log.warning("continuous batching is off: %s; running each sequence on its own", exc)
     return Interleaved(engine, max_prompt_tokens)

@@ -8,19 +8,23 @@ compiled model asks for) and turns a scheduler Plan into the op's inputs for one
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
+from types import SimpleNamespace
 
 import numpy as np
 import openvino as ov
+import openvino.opset13 as ops
 
 from ovpool.cache.loader import LoadResult, load_compiled
-from ovpool.errors import ModelLoadError
+from ovpool.errors import CacheUnsupportedError, ModelLoadError
 from ovpool.worker import graph
 from ovpool.worker.engine import cache_identity
 from ovpool.worker.paged import PagedAttention
 from ovpool.worker.scheduler import Chunk
 
 _MIB = 1 << 20
+log = logging.getLogger("ovpool.worker")
 
 
 def load_paged(engine) -> LoadResult:
@@ -28,9 +32,49 @@ def load_paged(engine) -> LoadResult:
     attention = PagedAttention()
     identity, config = cache_identity(engine.model, engine.settings, engine.device, engine.core, attention)
     settings = dict(identity.settings)
+    cache_dir = engine.cache_dir
+    if cache_dir and (why := reimport_problem(engine.core, engine.device)):
+        if engine.cache_only:
+            raise CacheUnsupportedError(f"cache-only mode cannot load the paged graph: {why}")
+        log.info("model cache: not used for the paged graph: %s", why)
+        cache_dir = None
     return load_compiled(engine.core, identity=identity, device=engine.device, config=config,
                          build=lambda: graph.build_model(engine.model, settings, attention),
-                         cache_dir=engine.cache_dir, cache_only=engine.cache_only)
+                         cache_dir=cache_dir, cache_only=engine.cache_only)
+
+
+_REIMPORT: dict[str, str | None] = {}
+_TYPES = {"i32": ov.Type.i32, "i64": ov.Type.i64, "dynamic": ov.Type.dynamic}
+
+
+def reimport_problem(core: ov.Core, device: str) -> str | None:
+    """Why ``device``'s plugin cannot import an exported paged-attention graph; None if it can.
+
+    OpenVINO 2026.4's CPU plugin needs the op's head sizes from node rt_info, which an exported blob
+    does not keep; a cached paged graph would then fail at every start. Probed once per device on a
+    one-layer graph (~0.1 s), so a fixed OpenVINO gets the cache with no change here.
+    """
+    if device not in _REIMPORT:
+        compiled = core.compile_model(_probe_model(), device)
+        with compiled.export_model() as stream:
+            blob = stream.getvalue()
+        try:
+            core.import_model(blob, device)
+            _REIMPORT[device] = None
+        except RuntimeError as exc:
+            reason = [line for line in str(exc).splitlines() if line.strip()][-1]
+            _REIMPORT[device] = f"OpenVINO {ov.get_version()} cannot re-import it: {reason}"
+    return _REIMPORT[device]
+
+
+def _probe_model() -> ov.Model:
+    attention = PagedAttention()
+    params = {p["name"]: ops.parameter(ov.PartialShape(p["partial_shape"]), _TYPES[p["element_type"]],
+                                       name=p["name"])
+              for p in attention.ports(SimpleNamespace(n_layers=1))}
+    x = ops.parameter([1, 1, -1, 8], ov.Type.f32, name="x")  # [batch, heads, tokens, head_dim]
+    out = attention.attend(params, 0, x.output(0), x.output(0), x.output(0))
+    return ov.Model([ops.result(out)], [x, *params.values()])
 
 
 class PagedRunner:
