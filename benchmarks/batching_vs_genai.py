@@ -42,6 +42,7 @@ def main() -> None:
     genai = BatchedPipeline(str(resolve_model_path(args.model)))
     engine = Engine(args.model)
     backend = EngineBackend(engine, slots=max(levels))
+    backend.wait_batching()
     params = SamplingParams(max_tokens=mt, ignore_eos=True)
     systems = {"ovpool": lambda n: run_all(backend, {str(i): (PROMPTS[i % len(PROMPTS)], params)
                                                      for i in range(n)}),

@@ -46,7 +46,7 @@ def alone(engine, prompt, params):
 
 def test_greedy_batched_equals_alone_with_joins_and_chunked_prefill(engine):
     backend = EngineBackend(engine, slots=4)
-    assert isinstance(backend.runs, Batcher)
+    assert backend.wait_batching() and isinstance(backend.runs, Batcher)
     lengths = [20, 7, 33, 12]  # different lengths: sequences leave the batch at different steps
     reqs = [(str(i), p, SamplingParams(max_tokens=n, ignore_eos=True))
             for i, (p, n) in enumerate(zip(PROMPTS, lengths, strict=True))]
@@ -80,6 +80,7 @@ def test_preemption_under_a_small_kv_cache_keeps_outputs_identical(engine):
 
 def test_stop_strings_eos_and_sampling_behave_as_alone(engine):
     backend = EngineBackend(engine, slots=3)
+    assert backend.wait_batching()
     greedy = alone(engine, PROMPTS[0], SamplingParams(max_tokens=12, ignore_eos=True))
     stop = greedy.text[len(greedy.text) // 2:][:3]
     reqs = [("stop", PROMPTS[0], SamplingParams(max_tokens=12, ignore_eos=True, stop=(stop,))),
@@ -96,6 +97,7 @@ def test_stop_strings_eos_and_sampling_behave_as_alone(engine):
 
 def test_cancel_frees_blocks_and_bad_requests_fail_clearly(engine):
     backend = EngineBackend(engine, slots=2)
+    assert backend.wait_batching()
     backend.add("a", PROMPTS[1], SamplingParams(max_tokens=50, ignore_eos=True))
     backend.step()
     assert backend.runs.scheduler.free_blocks < backend.runs.runner.num_blocks
@@ -127,6 +129,7 @@ def test_a_sequence_outgrowing_the_cache_fails_with_a_clear_error(engine):
 def test_smollm2_eight_batched_requests_equal_each_alone(smollm2_path):
     with Engine(smollm2_path, settings={**F32, "prefill_chunk": 16}) as eng:
         backend = EngineBackend(eng, slots=8)
+        assert backend.wait_batching()
         prompts = [f"Write one sentence about a {w}." for w in "cat dog fox owl bee ant cow pig".split()]
         reqs = [(str(i), [{"role": "user", "content": p}], SamplingParams(max_tokens=24 + 4 * i))
                 for i, p in enumerate(prompts)]
@@ -142,12 +145,34 @@ def test_cache_only_worker_still_serves_when_the_paged_graph_cannot_come_from_th
 
     model = tiny_model(arch="llama", weight_type="Q8_0")
     with Engine(model, settings=F32, cache_dir=tmp_path) as eng:  # populates the engine's own entry
-        assert isinstance(EngineBackend(eng, slots=2).runs, Batcher)
+        assert EngineBackend(eng, slots=2).wait_batching()
     with Engine(model, settings=F32, cache_dir=tmp_path, cache_only=True) as eng:
         backend = EngineBackend(eng, slots=2)
         broken = reimport_problem(eng.core, eng.device)
+        assert backend.wait_batching() is not broken
         assert isinstance(backend.runs, Interleaved if broken else Batcher)
         params = SamplingParams(max_tokens=6, ignore_eos=True)
         done, _, failed = drain(backend, {0: [("a", PROMPTS[0], params), ("b", PROMPTS[2], params)]})
         assert not failed
         assert done["a"].token_ids == alone(eng, PROMPTS[0], params).token_ids
+
+
+def test_requests_started_before_the_paged_graph_is_ready_finish_unbatched(engine, monkeypatch):
+    import threading
+
+    from ovpool.worker.backend import Interleaved
+
+    ready, load = threading.Event(), Batcher.load
+    monkeypatch.setattr(Batcher, "load", classmethod(lambda cls, *args: ready.wait() and load(*args)))
+    backend = EngineBackend(engine, slots=3)
+    params = SamplingParams(max_tokens=10, ignore_eos=True)
+    backend.add("early", PROMPTS[0], params)  # the worker serves before the paged graph exists
+    assert isinstance(backend.runs, Interleaved)
+    events = backend.step()
+    ready.set()
+    assert backend.wait_batching(timeout=60)
+    done, _, failed = drain(backend, {0: [("late", PROMPTS[3], params)]})
+    assert not failed and backend.active == 0
+    assert done["early"].token_ids == alone(engine, PROMPTS[0], params).token_ids
+    assert done["late"].token_ids == alone(engine, PROMPTS[3], params).token_ids
+    assert not any(isinstance(e, Finished) for e in events)

@@ -43,6 +43,7 @@ def agreement(engine: Engine, concurrency: int, max_tokens: int) -> dict:
     params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
     requests = {str(i): (PROMPTS[i % len(PROMPTS)], params) for i in range(concurrency)}
     backend = EngineBackend(engine, slots=concurrency)
+    backend.wait_batching()
     batched = run_all(backend, requests)
     one_by_one = {rid: run_all(backend, {rid: req})[rid] for rid, req in requests.items()}
     engine_alone = {rid: engine.complete(prompt, **params.to_dict()) for rid, (prompt, _) in requests.items()}

@@ -9,6 +9,7 @@ batching, ovpool.worker.batcher), or interleaved, one pass per generation per st
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import random
 import time
@@ -16,7 +17,7 @@ import zlib
 from typing import Any, Protocol
 
 from ovpool.completion import Completion, Delta, Usage
-from ovpool.errors import CacheError, InvalidRequestError, ModelLoadError, OvpoolError
+from ovpool.errors import InvalidRequestError, ModelLoadError, OvpoolError
 from ovpool.worker.events import Event, Failed, Finished, Token
 from ovpool.worker.sampling import SamplingParams
 
@@ -108,8 +109,11 @@ class EngineBackend:
     """Up to ``slots`` generations of one Engine.
 
     With ``batching=paged`` (the default) each ``step()`` is ONE forward pass over all of them
-    (ovpool.worker.batcher: continuous batching); with ``interleaved``, or in cache-only mode when
-    the paged graph is not in the cache, each generation runs its own pass on its own InferRequest.
+    (ovpool.worker.batcher: continuous batching). The paged graph loads in a background thread
+    (OpenVINO cannot take it from the cache yet, see docs/architecture.md), so the worker serves
+    from its first second: until it is ready, and with ``batching=interleaved`` or when it cannot
+    load (cache-only mode), each generation runs its own pass on its own InferRequest; requests
+    started that way finish that way.
     """
 
     def __init__(self, engine: Any, slots: int = 8, max_prompt_tokens: int = 8192,
@@ -117,34 +121,56 @@ class EngineBackend:
         self.engine = engine
         self.models = list(dict.fromkeys([engine.name, *(aliases or [])]))
         self.slots = slots
-        self.runs = _runs(engine, slots, max_prompt_tokens)
+        self._interleaved = Interleaved(engine, max_prompt_tokens)
+        self._batcher: Any = None
+        self._loading = _load_batcher(engine, slots, max_prompt_tokens)
+
+    @property
+    def runs(self) -> Any:
+        """Where new requests go: the Batcher once it has loaded, else ``Interleaved``."""
+        if self._loading is not None and self._loading.done():
+            loading, self._loading = self._loading, None
+            try:
+                self._batcher = loading.result()
+            except Exception as exc:  # the worker keeps serving without batching; say why
+                log.error("continuous batching is off: %s; running each sequence on its own", exc)
+        return self._batcher or self._interleaved
+
+    def wait_batching(self, timeout: float | None = None) -> bool:
+        """Wait for the paged graph; whether new requests are now batched."""
+        if self._loading is not None:
+            concurrent.futures.wait([self._loading], timeout)
+        return self.runs is not self._interleaved
 
     @property
     def active(self) -> int:
-        return self.runs.active
+        return self._interleaved.active + (self._batcher.active if self._batcher else 0)
 
     def add(self, request_id: str, prompt: PromptOrMessages, params: SamplingParams) -> None:
         _check_room(self.active, self.slots)
         _translated(self.runs.add, request_id, prompt, params)
 
     def cancel(self, request_id: str) -> None:
-        self.runs.cancel(request_id)
+        for runs in (self._interleaved, self._batcher):
+            if runs is not None:
+                runs.cancel(request_id)
 
     def step(self) -> list[Event]:
-        return self.runs.step()
+        events = self._interleaved.step() if self._interleaved.active else []
+        if self.runs is self._batcher:
+            events += self._batcher.step()
+        return events
 
 
-def _runs(engine: Any, slots: int, max_prompt_tokens: int) -> Any:
-    if engine.settings.batching == "paged":
-        from ovpool.worker.batcher import Batcher  # OpenVINO: not for NullBackend users
+def _load_batcher(engine: Any, slots: int, max_prompt_tokens: int) -> concurrent.futures.Future | None:
+    if engine.settings.batching != "paged":
+        return None
+    from ovpool.worker.batcher import Batcher  # OpenVINO: not for NullBackend users
 
-        try:
-            return Batcher.load(engine, slots, max_prompt_tokens)
-        except CacheError as exc:
-            if not engine.cache_only:
-                raise
-            log.warning("continuous batching is off: %s; running each sequence on its own", exc)
-    return Interleaved(engine, max_prompt_tokens)
+    pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="paged-graph")
+    future = pool.submit(Batcher.load, engine, slots, max_prompt_tokens)
+    pool.shutdown(wait=False)
+    return future
 
 
 class Interleaved:
