@@ -19,7 +19,7 @@ from wsgiref.simple_server import WSGIServer
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from ovpool.errors import ConfigError
-from ovpool.protocol import Error, Final, Partial, Request, Submit
+from ovpool.protocol import Error, Final, Partial, Ready, Request, Submit
 
 # Seconds; a streamed first token on CPU lands between a few ms and several seconds.
 _TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -63,6 +63,11 @@ class BrokerMetrics:
     def set_queue_depth(self, model: str, depth: int) -> None:
         self.queue_depth.labels(model).set(depth)
 
+    def add_model(self, model: str) -> None:
+        """Export ``model``'s queue depth (0) from its first worker on: an empty queue is a value,
+        not a missing series, and the broker creates a queue only when a request names the model."""
+        self.queue_depth.labels(model)
+
     def observe_final(self, model: str, outcome: str, *, latency_s: float,
                       ttft_s: float | None = None, completion_tokens: int = 0) -> None:
         """One finished request: ``outcome`` is ``ok`` or the error's wire code."""
@@ -104,6 +109,8 @@ class BrokerObserver:
     def incoming(self, msg: object, now: float) -> None:
         if isinstance(msg, Submit):
             self._started.setdefault(msg.request_id, (msg.model, now))
+        elif isinstance(msg, Ready) and msg.models and isinstance(msg.models[0], str):
+            self.metrics.add_model(msg.models[0])  # the primary name; the others are aliases
 
     def outgoing(self, msg: object, now: float) -> None:
         if isinstance(msg, Partial):

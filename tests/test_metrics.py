@@ -100,3 +100,17 @@ def test_observer_turns_broker_traffic_into_request_metrics():
     assert value("ovpool_queue_depth", model="smollm2") == 2
     assert (value("ovpool_workers", state="busy"), value("ovpool_workers", state="ready")) == (1, 2)
     assert value("ovpool_requests_total", model="unrouted", outcome="protocol.malformed") is None
+
+
+def test_a_served_model_has_a_queue_depth_before_any_request():
+    from ovpool.metrics import BrokerObserver
+    from ovpool.protocol import Ready
+
+    metrics = BrokerMetrics()
+    obs = BrokerObserver(metrics)
+    obs.incoming(Ready("w0", ["tiny", "/models/tiny.gguf"], "CPU", 4, "h", 1), 0.0)
+    obs.incoming(Ready("w1", [], "CPU", 4, "h", 2), 0.0)  # malformed: the router drops it, no crash here
+    assert metrics.registry.get_sample_value("ovpool_queue_depth", {"model": "tiny"}) == 0
+    obs.tick({"tiny": ["r1"]}, [])
+    obs.incoming(Ready("w2", ["tiny"], "CPU", 4, "h", 3), 1.0)  # a later worker keeps the depth
+    assert metrics.registry.get_sample_value("ovpool_queue_depth", {"model": "tiny"}) == 1

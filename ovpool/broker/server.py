@@ -115,11 +115,11 @@ class Broker:
             self._send(out)
 
     def _handle(self, peer: bytes, msg: Message, now: float) -> Output:
-        if self.metrics:
-            self.metrics.incoming(msg, now)
         try:
+            if self.metrics:
+                self.metrics.incoming(msg, now)
             return self.router.handle(peer, msg, now)
-        except Exception:  # a routing bug must cost one message, never the broker
+        except Exception:  # a routing (or metrics) bug must cost one message, never the broker
             log.exception("broker failed to route a %s", type(msg).__name__)
             return []
 
