@@ -25,7 +25,17 @@ from ovpool import errors, timing
 from ovpool.auth import HANDSHAKE_FAILURES, handshake_error, secure_peer
 from ovpool.completion import Completion, Delta
 from ovpool.pending import FutureSink, PendingRequests, StreamSink, make_submit, unwrap
-from ovpool.protocol import Cancel, Message, Status, Submit, decode, encode, recv_frames, send_frames
+from ovpool.protocol import (
+    Cancel,
+    Message,
+    Status,
+    Submit,
+    Supervised,
+    decode,
+    encode,
+    recv_frames,
+    send_frames,
+)
 from ovpool.settings import Settings
 
 
@@ -148,6 +158,10 @@ class Client(ClientBase):
             return future.result(timeout)
         except concurrent.futures.TimeoutError as exc:
             raise errors.BrokerUnavailableError(f"no status reply from {self.broker} in {timeout}s") from exc
+
+    def report_supervised(self, host: str, pid: int, workers: list[dict]) -> None:
+        """Send ``ovpool serve``'s view of the workers on ``host`` (no reply; STATUS lists it)."""
+        self._call(lambda now: [Supervised(host, pid, workers)])
 
     # -- I/O thread -----------------------------------------------------------------------------
 

@@ -6,8 +6,8 @@ Every name starts with ``ovpool_``. Tokens per second is exported two ways: the 
 histogram of decode speed.
 
 Per-worker cache outcome: a worker reports how it loaded its model in READY (``hit``: imported a
-cached blob; ``wrote``: compiled and exported; ``compiled``: compiled without a cache); each READY
-counts once.
+cached blob; ``wrote``: compiled and exported; ``compiled``: compiled without a cache); each worker
+counts once (it sends READY again whenever the broker asks it to register again).
 """
 
 from __future__ import annotations
@@ -27,6 +27,8 @@ _LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0
 _TPS_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)
 _LOAD_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 WORKER_STATES = ("starting", "ready", "busy", "backoff", "failing")
+# Supervised states of workers not registered with the broker (a registered one is ready or busy).
+_UNREGISTERED = ("starting", "backoff", "failing")
 # READY's load outcome → which cache counters it increments.
 _CACHE_EVENTS = {"hit": ("hits",), "wrote": ("misses", "writes"), "compiled": ("misses",),
                  "miss": ("misses",)}
@@ -105,12 +107,13 @@ class BrokerObserver:
         self.metrics = metrics
         self._started: dict[str, tuple[str, float]] = {}  # request id -> (model, submit time)
         self._first_token: dict[str, float] = {}
+        self._loads_seen: set[str] = set()  # worker ids: a READY sent again is the same load
 
     def incoming(self, msg: object, now: float) -> None:
         if isinstance(msg, Submit):
             self._started.setdefault(msg.request_id, (msg.model, now))
-        elif isinstance(msg, Ready) and msg.models and isinstance(msg.models[0], str):
-            self.metrics.add_model(msg.models[0])  # the primary name; the others are aliases
+        elif isinstance(msg, Ready):
+            self._ready(msg)
 
     def outgoing(self, msg: object, now: float) -> None:
         if isinstance(msg, Partial):
@@ -124,14 +127,28 @@ class BrokerObserver:
             # The submit may leave the model blank ("the only one served"); the dispatch names it.
             self._started[msg.request_id] = (msg.model, self._started[msg.request_id][1])
 
-    def tick(self, queues: Mapping[str, Sized], workers: Iterable[tuple[int, int]]) -> None:
-        """Queue depth per model; workers as (in flight, slots) pairs: busy when every slot is taken."""
+    def tick(self, queues: Mapping[str, Sized], workers: Iterable[tuple[int, int]],
+             supervised: Iterable[Mapping] = ()) -> None:
+        """Queue depth per model; registered workers as (in flight, slots) pairs: busy when every
+        slot is taken; ``supervised`` (serve's reports) adds those starting, backing off or failing."""
         for model, queue in queues.items():
             self.metrics.set_queue_depth(model, len(queue))
-        counts = {"ready": 0, "busy": 0}
+        counts = dict.fromkeys(WORKER_STATES, 0)
         for inflight, slots in workers:
             counts["busy" if inflight >= slots else "ready"] += 1
+        for entry in supervised:
+            if entry.get("state") in _UNREGISTERED:
+                counts[entry["state"]] += 1
         self.metrics.set_workers(counts)
+
+    def _ready(self, msg: Ready) -> None:
+        if msg.models and isinstance(msg.models[0], str):
+            self.metrics.add_model(msg.models[0])  # the primary name; the others are aliases
+        outcome, seconds = msg.load.get("outcome"), msg.load.get("seconds")
+        if (isinstance(outcome, str) and isinstance(seconds, (int, float))
+                and msg.worker_id not in self._loads_seen):
+            self._loads_seen.add(msg.worker_id)
+            self.metrics.observe_worker_load(msg.worker_id, msg.device, outcome, seconds)
 
     def _end(self, request_id: str, outcome: str, now: float, tokens: int) -> None:
         started = self._started.pop(request_id, None)

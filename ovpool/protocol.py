@@ -6,7 +6,7 @@ map's keys are its field names. ``encode`` and ``decode`` are the only places th
 
 Who sends what::
 
-    client → broker   SUBMIT, CANCEL, STATUS, PING
+    client → broker   SUBMIT, CANCEL, STATUS, PING, SUPERVISED (from ``ovpool serve``)
     broker → client   PARTIAL, FINAL, ERROR, STATUS_REPLY, PONG
     worker → broker   READY, HEARTBEAT, PARTIAL, FINAL, ERROR, DISCONNECT
     broker → worker   REQUEST, CANCEL, HEARTBEAT, DISCONNECT
@@ -75,6 +75,19 @@ class Pong:
 
 
 @dataclass(frozen=True)
+class Supervised:
+    """``ovpool serve`` → broker, every half heartbeat interval, no reply: its supervisor's view of
+    the workers on ``host``, including those that never registered (failing at start, backing
+    off). Each entry is a map with at least ``name``, ``device``, ``state`` (starting, ready,
+    backoff, failing, stopped) and ``reason``; STATUS lists them as ``supervised``."""
+
+    command: ClassVar[int] = 0x06
+    host: str
+    pid: int
+    workers: list
+
+
+@dataclass(frozen=True)
 class Partial:
     """One streamed token; ``index`` is its position in the completion (the dedupe key)."""
 
@@ -112,7 +125,8 @@ class StatusReply:
 
 @dataclass(frozen=True)
 class Ready:
-    """A worker registers: what it serves and how many sessions at once."""
+    """A worker registers: what it serves, how many sessions at once, and how it loaded its model
+    (``load``: see ``load_to_wire``; {} without a model)."""
 
     command: ClassVar[int] = 0x20
     worker_id: str
@@ -121,6 +135,7 @@ class Ready:
     slots: int
     host: str
     pid: int
+    load: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -148,8 +163,8 @@ class Request:
     messages: list | None = None
 
 
-Message = (Submit | Cancel | Status | Ping | Pong | Partial | Final | Error | StatusReply | Ready
-           | Heartbeat | Disconnect | Request)
+Message = (Submit | Cancel | Status | Ping | Pong | Supervised | Partial | Final | Error | StatusReply
+           | Ready | Heartbeat | Disconnect | Request)
 
 _BY_COMMAND: dict[int, type] = {cls.command: cls for cls in Message.__args__}
 _COMMAND_BYTES: dict[type, bytes] = {cls: bytes([cls.command]) for cls in _BY_COMMAND.values()}
@@ -234,6 +249,16 @@ def completion_to_wire(c: Completion) -> dict[str, Any]:
     return {"text": c.text, "token_ids": c.token_ids, "finish_reason": c.finish_reason,
             "usage": {"prompt_tokens": c.usage.prompt_tokens, "completion_tokens": c.usage.completion_tokens},
             "timings": c.timings}
+
+
+def load_to_wire(report: dict | None) -> dict[str, Any]:
+    """``Engine.load_report`` as READY's ``load``: {outcome (hit, wrote, compiled...), seconds (all
+    load phases together), entry (the cache entry or None)}; {} for a backend without a model."""
+    if not report:
+        return {}
+    phases = report.get("seconds") or {}
+    seconds = sum(phases.values()) if isinstance(phases, dict) else float(phases)
+    return {"outcome": report["outcome"], "seconds": round(seconds, 3), "entry": report.get("entry")}
 
 
 def sampling_to_wire(params: SamplingParams) -> dict[str, Any]:

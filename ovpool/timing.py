@@ -29,6 +29,9 @@ SUPERVISOR_BACKOFF_MIN_S: float = HEARTBEAT_INTERVAL_S / 2
 SUPERVISOR_BACKOFF_MAX_S: float = HEARTBEAT_EXPIRY_S * 10
 SUPERVISOR_STABLE_AFTER_S: float = HEARTBEAT_EXPIRY_S * 10
 SUPERVISOR_GIVE_UP_AFTER: int = 5
+# The broker forgets a host's supervisor report (``ovpool status`` "supervised") after this long
+# without a new one (serve sends one every half heartbeat interval).
+SUPERVISED_EXPIRY_S: float = HEARTBEAT_EXPIRY_S * 3
 # How long a child may take to exit after SIGTERM before it gets SIGKILL.
 SHUTDOWN_GRACE_S: float = HEARTBEAT_EXPIRY_S
 

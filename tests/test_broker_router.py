@@ -20,6 +20,7 @@ from ovpool.protocol import (
     Status,
     StatusReply,
     Submit,
+    Supervised,
 )
 
 C1, C2, W1, W2 = b"client-1", b"client-2", b"worker-1", b"worker-2"
@@ -205,3 +206,17 @@ def test_requests_of_a_silent_client_are_cancelled_on_the_worker(router):
     router.handle(C2, Ping(["theirs"]), later)  # C2 still waits; C1 went away
     out = router.tick(later)
     assert (W1, Cancel("mine")) in out and "theirs" in router.jobs and "mine" not in router.jobs
+
+
+def test_supervisor_reports_are_listed_per_host_until_they_go_stale(router):
+    failing = {"name": "GPU.1", "device": "GPU.1", "state": "failing", "pid": None,
+               "reason": "gave up after 5 failed starts in a row; last: error: model cache MISS"}
+    assert router.handle(C1, Supervised("a", 10, [{"name": "CPU", "state": "starting"}]), LATE) == []
+    router.handle(C1, Supervised("a", 10, [failing]), LATE + 1)  # the latest report replaces the older
+    router.handle(C2, Supervised("b", 20, [{"name": "CPU", "state": "ready"}]), LATE + 2)
+    assert router.status(LATE + 2)["supervised"] == [
+        {**failing, "host": "a"}, {"name": "CPU", "state": "ready", "host": "b"}]
+    router.tick(LATE + 1 + timing.SUPERVISED_EXPIRY_S)  # host a stopped reporting (serve is gone)
+    assert [s["host"] for s in router.status(LATE + 3)["supervised"]] == ["b"]
+    (_, err), = router.handle(C1, Supervised("a", 10, ["not a map"]), LATE + 3)
+    assert err.code == errors.MalformedMessageError.code and "workers" in err.message

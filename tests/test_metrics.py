@@ -114,3 +114,28 @@ def test_a_served_model_has_a_queue_depth_before_any_request():
     obs.tick({"tiny": ["r1"]}, [])
     obs.incoming(Ready("w2", ["tiny"], "CPU", 4, "h", 3), 1.0)  # a later worker keeps the depth
     assert metrics.registry.get_sample_value("ovpool_queue_depth", {"model": "tiny"}) == 1
+
+
+def test_observer_counts_each_workers_load_once_and_unregistered_supervised_workers():
+    from ovpool.metrics import BrokerObserver
+    from ovpool.protocol import Ready
+
+    metrics = BrokerMetrics()
+    obs = BrokerObserver(metrics)
+    wrote = Ready("w0@h:1", ["tiny"], "CPU", 4, "h", 1, {"outcome": "wrote", "seconds": 9.5, "entry": "e"})
+    obs.incoming(wrote, 0.0)
+    obs.incoming(wrote, 5.0)  # registering again (the broker asked it to) is not a second load
+    obs.incoming(Ready("w1@h:2", ["tiny"], "CPU", 4, "h", 2, {"outcome": "hit", "seconds": 0.4}), 0.0)
+    obs.incoming(Ready("w2@h:3", ["tiny"], "CPU", 4, "h", 3), 0.0)  # null backend: no load to count
+    obs.tick({}, [(0, 4), (0, 4)], [{"state": "failing"}, {"state": "backoff"}, {"state": "stopped"}])
+
+    def value(name: str, **labels: str) -> float | None:
+        return metrics.registry.get_sample_value(name, labels)
+
+    assert value("ovpool_worker_cache_total", worker="w0@h:1", device="CPU", event="writes") == 1
+    assert value("ovpool_worker_cache_total", worker="w0@h:1", device="CPU", event="misses") == 1
+    assert value("ovpool_worker_cache_total", worker="w1@h:2", device="CPU", event="hits") == 1
+    assert value("ovpool_worker_load_seconds_count", device="CPU", outcome="wrote") == 1
+    assert value("ovpool_worker_load_seconds_count", device="CPU", outcome="hit") == 1
+    states = ("ready", "failing", "backoff", "starting")
+    assert [value("ovpool_workers", state=s) for s in states] == [2, 1, 1, 0]

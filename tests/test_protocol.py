@@ -23,8 +23,10 @@ from ovpool.protocol import (
     Status,
     StatusReply,
     Submit,
+    Supervised,
     decode,
     encode,
+    load_to_wire,
     sampling_from_wire,
 )
 
@@ -37,6 +39,8 @@ EXAMPLES = [
                  "usage": {"prompt_tokens": 1, "completion_tokens": 1}, "timings": {"total_s": 0.5}}),
     Error("r1", "request.timeout", "too slow"), StatusReply({"workers": []}),
     Ready("w", ["m", "alias"], "GPU.1", 4, "host", 123), Heartbeat(), Disconnect(["r1"]),
+    Ready("w", ["m"], "CPU", 4, "host", 123, {"outcome": "hit", "seconds": 0.4, "entry": "f-p"}),
+    Supervised("host", 7, [{"name": "GPU.1", "state": "failing", "reason": "cache MISS", "pid": None}]),
     Request("r1", "m", {"max_tokens": 3}, prompt="hi"),
 ]
 
@@ -72,6 +76,14 @@ def test_malformed_frames_name_what_is_wrong(frames, error, words):
 def test_unknown_extra_fields_are_ignored_for_forward_compatibility():
     body = msgpack.packb({"request_id": "r", "added_in_a_later_version": 1})
     assert decode([VERSION, b"\x02", body]) == Cancel("r")
+
+
+def test_ready_carries_the_load_time_of_all_phases_and_the_cache_outcome():
+    report = {"outcome": "hit", "entry": "fam-ports", "graph_settings": {"stateful": "on"},
+              "seconds": {"open": 0.1, "tokenizer": 0.05, "compiled model": 0.2, "warm-up": 0.05}}
+    assert load_to_wire(report) == {"outcome": "hit", "seconds": 0.4, "entry": "fam-ports"}
+    assert load_to_wire({}) == {}  # the null backend loads nothing
+    assert Ready("w", ["m"], "CPU", 1, "h", 1).load == {}  # READY from an older worker
 
 
 @pytest.mark.parametrize("params, words", [

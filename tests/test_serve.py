@@ -61,6 +61,15 @@ def test_worker_failing_at_start_is_given_up_and_reported(tmp_path):
         time.sleep(1.0)
         assert served.workers()["CPU"]["restarts"] == 4
         assert served.proc.poll() is None
+        # It never registered, yet `ovpool status` names it and says why (serve reports it).
+        with Client(served.endpoint) as client:
+            assert client.status()["workers"] == []
+            reported = client.status()["supervised"]
+        assert [(s["name"], s["state"]) for s in reported] == [("CPU", "failing")]
+        assert reported[0]["reason"] == failing["reason"]
+        table = subprocess.run([sys.executable, "-m", "ovpool", "status", "--broker", served.endpoint],
+                               capture_output=True, text=True, timeout=60)
+        assert "CPU: failing: gave up after 5 failed starts" in table.stdout, table.stdout
 
 
 def test_broker_that_cannot_bind_stops_serve_with_its_error(tmp_path):

@@ -18,7 +18,7 @@ from collections import deque
 
 from ovpool import errors, timing
 from ovpool.broker.scheduling import Output, Scheduler
-from ovpool.broker.state import Job, WorkerState
+from ovpool.broker.state import Job, SupervisedHosts, WorkerState
 from ovpool.protocol import (
     Cancel,
     Disconnect,
@@ -34,6 +34,7 @@ from ovpool.protocol import (
     Status,
     StatusReply,
     Submit,
+    Supervised,
     sampling_from_wire,
 )
 
@@ -51,8 +52,10 @@ class Router(Scheduler):
         self._told_to_register: set[bytes] = set()
         self._clients_heard: dict[bytes, float] = {}
         self._next_heartbeat = now
+        self.supervised = SupervisedHosts()
         self._handlers = {Submit: self._on_submit, Cancel: self._on_cancel, Status: self._on_status,
-                          Ping: self._on_ping, Ready: self._on_ready, Partial: self._on_partial,
+                          Ping: self._on_ping, Supervised: self._on_supervised,
+                          Ready: self._on_ready, Partial: self._on_partial,
                           Final: self._on_end, Error: self._on_end,
                           Disconnect: self._on_disconnect, Heartbeat: _ignore}
 
@@ -91,7 +94,11 @@ class Router(Scheduler):
             self._drop_worker(worker, now, out, lost=True)
         self._expire_deadlines(now, out)
         self._expire_orphans(now, out)
+        self.supervised.expire(now)
         return out
+
+    def status(self, now: float) -> dict:
+        return {**super().status(now), "supervised": self.supervised.entries()}
 
     def shutdown(self) -> Output:
         """Tell every worker to register again (with the next broker on this address)."""
@@ -167,6 +174,13 @@ class Router(Scheduler):
 
     def _on_ping(self, peer: bytes, msg: Ping, now: float, out: Output) -> None:
         out.append((peer, Pong([rid for rid in msg.request_ids if rid not in self.jobs])))
+
+    def _on_supervised(self, peer: bytes, msg: Supervised, now: float, out: Output) -> None:
+        if not all(isinstance(w, dict) and all(isinstance(k, str) for k in w) for w in msg.workers):
+            out.extend(self.malformed(peer, errors.MalformedMessageError(
+                "Supervised.workers must be a list of maps with string keys")))
+            return
+        self.supervised.update(msg, now)
 
     # -- worker messages ------------------------------------------------------------------------
 

@@ -87,8 +87,7 @@ class Broker:
             if now >= next_tick:
                 self._send(self.router.tick(now))
                 if self.metrics:
-                    self.metrics.tick(self.router.queues, ((len(w.inflight), w.info.slots)
-                                                           for w in self.router.workers.values()))
+                    self._observe()
                 next_tick = now + timing.POLL_INTERVAL_S
             if not poller.poll(max(0.0, next_tick - now) * 1000):
                 continue
@@ -100,6 +99,14 @@ class Broker:
                     break
                 if len(frames) >= 2:
                     self._route(frames, now)
+
+    def _observe(self) -> None:
+        workers = self.router.workers.values()
+        # Serve may still call a worker "starting" for a moment after it registered: count it once.
+        registered = {(w.info.host, w.info.pid) for w in workers}
+        self.metrics.tick(self.router.queues, [(len(w.inflight), w.info.slots) for w in workers],
+                          [e for e in self.router.supervised.entries()
+                           if (e.get("host"), e.get("pid")) not in registered])
 
     def _route(self, frames: list[bytes], now: float) -> None:
         peer = frames[0]

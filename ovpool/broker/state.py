@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from ovpool.protocol import Ready, Request
+from ovpool import timing
+from ovpool.protocol import Ready, Request, Supervised
+
+_MAX_HOSTS = 1000  # supervisor reports kept at once; the stalest goes first
 
 
 @dataclass
@@ -17,7 +20,7 @@ class WorkerState:
     def describe(self, now: float) -> dict:
         i = self.info
         return {"id": i.worker_id, "models": list(i.models), "device": i.device, "slots": i.slots,
-                "active": len(self.inflight), "host": i.host, "pid": i.pid,
+                "active": len(self.inflight), "host": i.host, "pid": i.pid, "load": dict(i.load),
                 "expires_in_s": round(self.expires - now, 3)}
 
 
@@ -57,3 +60,23 @@ class Counters:
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
+
+
+class SupervisedHosts:
+    """The latest ``ovpool serve`` report per host, forgotten SUPERVISED_EXPIRY_S after it came."""
+
+    def __init__(self) -> None:
+        self._hosts: dict[str, tuple[float, Supervised]] = {}
+
+    def update(self, msg: Supervised, now: float) -> None:
+        if msg.host not in self._hosts and len(self._hosts) >= _MAX_HOSTS:
+            del self._hosts[min(self._hosts, key=lambda h: self._hosts[h][0])]
+        self._hosts[msg.host] = (now + timing.SUPERVISED_EXPIRY_S, msg)
+
+    def expire(self, now: float) -> None:
+        for host in [h for h, (expires, _) in self._hosts.items() if now >= expires]:
+            del self._hosts[host]
+
+    def entries(self) -> list[dict]:
+        """Every supervised worker of every host, as ``{"host": ..., **entry}``."""
+        return [{**w, "host": host} for host, (_, msg) in sorted(self._hosts.items()) for w in msg.workers]

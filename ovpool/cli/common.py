@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
+import signal
 import sys
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import click
@@ -35,6 +38,18 @@ def resolve_settings(assignments: tuple[str, ...] = (), **flags: Any) -> Setting
     merged = parse_assignments(assignments)
     merged.update({k: v for k, v in flags.items() if v is not None})
     return Settings.resolve(merged)
+
+
+@contextlib.contextmanager
+def stop_on_signals() -> Iterator[threading.Event]:
+    """An Event set by SIGTERM or SIGINT, so loops finish their cleanup instead of dying mid-send."""
+    stop = threading.Event()
+    previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield stop
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 def emit_json(obj: Any) -> None:

@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import contextlib
-import signal
 import sys
-import threading
 from collections.abc import Iterator
 from typing import Any
 
 import click
 
-from ovpool.cli.common import emit_json, resolve_settings, settings_options
+from ovpool.cli.common import emit_json, resolve_settings, settings_options, stop_on_signals
 
 _broker_option = click.option("--broker", default=None, envvar="OVPOOL_BROKER",
                               help="Broker endpoint (env OVPOOL_BROKER; default tcp://127.0.0.1:5555).")
@@ -19,18 +17,6 @@ _secret_option = click.option("--curve-secret-key", default=None, type=click.Pat
                               help="This process's CURVE key pair (.key_secret from `ovpool keys generate`).")
 _server_key_option = click.option("--curve-server-key", default=None, type=click.Path(dir_okay=False),
                                   help="The broker's CURVE public key (.key).")
-
-
-@contextlib.contextmanager
-def _stop_on_signals() -> Iterator[threading.Event]:
-    """An Event set by SIGTERM or SIGINT, so loops finish their cleanup instead of dying mid-send."""
-    stop = threading.Event()
-    previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        yield stop
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
 
 
 @click.command("broker")
@@ -50,7 +36,7 @@ def broker_command(bind: str, queue_limit: int | None, metrics_port: int | None,
     settings = resolve_settings(assignments, queue_limit=queue_limit, metrics_port=metrics_port,
                                 curve_secret_key=curve_secret_key,
                                 curve_allowed_keys=curve_allowed_keys)
-    with _stop_on_signals() as stop, Broker(bind, settings) as broker:
+    with stop_on_signals() as stop, Broker(bind, settings) as broker:
         broker.serve(stop)
 
 
@@ -75,23 +61,26 @@ def worker_command(broker: str | None, model: str, backend: str, name: str | Non
     from ovpool.worker.process import Worker
 
     settings = resolve_settings(assignments, broker=broker, **flags)
-    with _backend(backend, model, settings, token_delay) as be, _stop_on_signals() as stop, \
-            Worker(settings.broker, be, settings=settings, device=settings.device, name=name) as worker:
+    with _backend(backend, model, settings, token_delay) as (be, load_report), stop_on_signals() as stop, \
+            Worker(settings.broker, be, settings=settings, device=settings.device, name=name,
+                   load_report=load_report) as worker:
         worker.run(stop)
 
 
 @contextlib.contextmanager
-def _backend(kind: str, model: str, settings: Any, token_delay: float) -> Iterator[Any]:
+def _backend(kind: str, model: str, settings: Any, token_delay: float) -> Iterator[tuple[Any, dict]]:
+    """(backend, the Engine's load report: {} for the null backend)."""
     from ovpool.worker.backend import EngineBackend, NullBackend
 
     if kind == "null":
-        yield NullBackend([model], settings.slots, token_delay, settings.max_prompt_tokens)
+        yield NullBackend([model], settings.slots, token_delay, settings.max_prompt_tokens), {}
         return
     from ovpool.worker.engine import Engine
 
     with Engine(model, device=settings.device, settings=settings, cache_dir=settings.cache_dir or None,
                 cache_only=settings.cache_only) as engine:
-        yield EngineBackend(engine, settings.slots, settings.max_prompt_tokens, aliases=[model])
+        yield (EngineBackend(engine, settings.slots, settings.max_prompt_tokens, aliases=[model]),
+               engine.load_report)
 
 
 @click.command("complete")
@@ -145,8 +134,19 @@ def status_command(broker: str | None, as_json: bool, **curve: Any) -> None:
                f"{status['queues'] or 'none'}")
     for w in status["workers"]:
         click.echo(f"  {w['id']:<40} {w['device']:<8} {w['active']}/{w['slots']} slots  "
-                   f"models: {', '.join(w['models'])}")
+                   f"{_load_text(w.get('load') or {}):<14} models: {', '.join(w['models'])}")
+    for s in status.get("supervised", []):
+        if s.get("state") not in ("ready", "stopped"):  # not registered (yet): say why
+            click.secho(f"  {s.get('host')} {s.get('name')}: {s.get('state')}: {s.get('reason') or ''}",
+                        fg="red" if s.get("state") == "failing" else "yellow")
     click.echo("  " + "  ".join(f"{k}={v}" for k, v in status["counters"].items()))
+
+
+def _load_text(load: dict) -> str:
+    """How a worker got its model, e.g. "hit 0.4s" (cache import) or "wrote 12.0s"."""
+    if not load.get("outcome"):
+        return "-"
+    return f"{load['outcome']} {load.get('seconds', 0):.1f}s"
 
 
 @click.group("keys")

@@ -5,14 +5,14 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import sys
 from typing import Any
 
 import click
 
-from ovpool.cli.common import resolve_settings, settings_options
-from ovpool.cli.pool import _stop_on_signals
+from ovpool.cli.common import resolve_settings, settings_options, stop_on_signals
 from ovpool.errors import BrokerUnavailableError
 from ovpool.serve import state
 from ovpool.serve.spec import DEFAULT_BIND, DEFAULT_MODEL, PoolSpec, default_cache_dir, parse_devices
@@ -47,10 +47,14 @@ def _status_fn(endpoint: str, settings: Any):
     return client, status
 
 
-def _publisher(state_file: str | None):
+def _publisher(state_file: str | None, client: Any):
+    """Serve's view goes to the state file (probes) and to the broker (`ovpool status`)."""
+    pid = os.getpid()
+
     def publish(view: dict) -> None:
         if state_file:
             state.write_state(state_file, view)
+        client.report_supervised(view["host"], pid, view["workers"])
 
     return publish
 
@@ -88,7 +92,7 @@ def serve_command(devices: str | None, workers: int | None, bind: str, remote: s
                f"broker {spec.endpoint}" + (" (remote)" if remote else "") + f", cache {spec.cache_dir}")
     sys.stdout.flush()
     client, status = _status_fn(spec.endpoint, settings)
-    with client, _stop_on_signals() as stop, Pool(spec, status, _publisher(state_file)) as pool:
+    with client, stop_on_signals() as stop, Pool(spec, status, _publisher(state_file, client)) as pool:
         pool.run(stop)
 
 

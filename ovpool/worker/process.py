@@ -33,6 +33,7 @@ from ovpool.protocol import (
     completion_to_wire,
     decode,
     encode,
+    load_to_wire,
     recv_frames,
     sampling_from_wire,
     send_frames,
@@ -44,16 +45,18 @@ log = logging.getLogger(__name__)
 
 
 class Worker:
-    """``with Worker(endpoint, backend) as w: w.run(stop_event)``."""
+    """``with Worker(endpoint, backend) as w: w.run(stop_event)``; ``load_report`` (the Engine's)
+    goes to the broker in READY."""
 
     def __init__(self, broker: str, backend: Backend, *, settings: Settings | dict | None = None,
-                 device: str = "CPU", name: str | None = None):
+                 device: str = "CPU", name: str | None = None, load_report: dict | None = None):
         self.broker = broker
         self.backend = backend
         self.settings = Settings.coerce(settings)
         host, pid = _socket.gethostname(), os.getpid()
         self.ready = Ready(worker_id=f"{name or backend.models[0]}@{host}:{pid}", models=backend.models,
-                           device=device, slots=backend.slots, host=host, pid=pid)
+                           device=device, slots=backend.slots, host=host, pid=pid,
+                           load=load_to_wire(load_report))
         self._context = zmq.Context()
         self._socket: zmq.Socket | None = None
         self._active: set[str] = set()
