@@ -62,13 +62,24 @@ def test_q4_1_keeps_its_minimum_exactly():
     x = (0.13 + 0.01 * (np.arange(32) % 16)).astype(np.float32).reshape(1, 32)
     raw = quants.quantize(x, T.Q4_1).reshape(-1)
     packed = unpack(T.Q4_1, raw, (1, 32))
-    assert packed.correction is not None
+    assert packed.zero.dtype == np.float32 and packed.zero[0, 0] != np.round(packed.zero[0, 0])
     np.testing.assert_allclose(dequantize(packed), x, atol=1e-4)
 
 
-def test_q4_0_needs_no_zero_point_or_correction():
+def test_q4_1_block_with_zero_scale_is_its_minimum():
+    # All weights equal: llama.cpp stores scale 0 and the value as the minimum, whatever the codes.
+    raw = random_blocks(T.Q4_1, 2, 64).reshape(4, -1)
+    raw[1, 0:4] = np.array([0, -0.75], np.float16).view(np.uint8)
+    packed = unpack(T.Q4_1, raw.reshape(-1), (2, 64))
+    expected = quants.dequantize(raw.reshape(2, -1), T.Q4_1)
+    assert (expected[0, 32:] == np.float32(-0.75)).all()
+    np.testing.assert_array_equal(dequantize(packed)[0, 32:], expected[0, 32:])
+    np.testing.assert_allclose(dequantize(packed), expected, atol=1e-6 * np.abs(expected).max())
+
+
+def test_q4_0_needs_no_zero_point():
     packed = unpack(T.Q4_0, random_blocks(T.Q4_0, 2, 64), (2, 64))
-    assert packed.element == "i4" and packed.zero is None and packed.correction is None
+    assert packed.element == "i4" and packed.zero is None
 
 
 def test_nibble_packing_round_trips_in_openvino_order():
@@ -91,7 +102,8 @@ def test_requantized_k_quants_stay_within_a_rounding_step(qtype, scheme, element
     packed = unpack(qtype, random_blocks(qtype, 4, 256), (4, 256))
     exact = dequantize(packed)
     again = requantize(packed, scheme)
-    assert again.element == element and again.group == 32 and again.correction is None
+    assert again.element == element and again.group == 32
+    assert again.zero is None or again.zero.dtype == np.uint8
     groups = exact.reshape(4, -1, 32)
     lo, hi = groups.min(-1, keepdims=True), groups.max(-1, keepdims=True)
     step = (np.maximum(-lo, hi) if element == "i8" else np.maximum(hi, 0) - np.minimum(lo, 0)) / steps

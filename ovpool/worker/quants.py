@@ -2,17 +2,20 @@
 
 A ``Packed`` weight of shape [rows, cols] means, for column c in group g = c // group::
 
-    W[r, c] = scale[r, g] * (code[r, c] - zero[r, g]) + correction[r, g]
+    W[r, c] = scale[r, g] * (code[r, c] - zero[r, g])
 
-``zero`` and ``correction`` may be absent (zero / nothing to add). The codes and scales are what
-OpenVINO's CPU plugin fuses into its MatMul kernels (Convert codes, [Subtract zero point],
-Multiply scale). Q4_1's and Q4_K's per-block minimum is any real number, not an integer zero
-point: rounding it to one (as GenAI does) shifts every weight by up to half a quant step. Here
-those formats become symmetric i4 codes (q - 8) and the exact remainder (min + 8 * scale) is
-added as a small ``groupsum(x) @ correction.T`` term. Measured with one thread on this AVX2 CPU
-(benchmarks/engine_matvec.py): for one token the i4 kernel plus correction runs 10-15% faster
-than GenAI's u4 + rounded u4 zero point (3072x576: 0.295 vs 0.332 ms; 4096x4096: 1.62 vs
-1.94 ms), for 512 tokens about 10% slower (26.8 vs 24.5 ms), and it is exact.
+``zero`` may be absent (zero). The codes, scales and zero points are what OpenVINO's CPU plugin
+fuses into its MatMul and Gather kernels (Convert codes, [Subtract zero point], Multiply scale).
+Q4_1's and Q4_K's per-block minimum is any real number, not an integer zero point: rounding it to
+one (as GenAI does) shifts every weight by up to half a quant step. Here those formats become
+symmetric i4 codes (q - 8) with a float32 zero point, -(min + 8 * scale) / scale, which keeps the
+minimum to float32 rounding; the CPU plugin fuses a float zero point as it fuses a u4 one, so the
+exact weights cost no extra graph nodes. (An earlier form added the minimum as a separate
+``groupsum(x) @ correction.T`` term: 420 more executed nodes on SmolLM2, 12% of the prefill's and
+10% of a decode step's CPU time.) One compressed 3072x576 MatMul, one thread on this AVX2 CPU
+(benchmarks/engine_matvec.py): 0.400 ms for one token vs 0.426 ms for GenAI's u4 + u4 zero
+point, 23.7 vs 25.8 ms for 512 tokens. A group whose scale is 0 (all weights equal the minimum) gets
+codes 0, scale 1 and zero point -min, also exact.
 
 u4/i4 codes are stored packed as OpenVINO expects: element 2i in the low nibble of byte i. GGUF's
 Q4 blocks store elements 0..15 in low nibbles and 16..31 in high nibbles, so they are repacked.
@@ -39,8 +42,7 @@ class Packed:
     shape: tuple[int, int]
     group: int = 0
     scale: np.ndarray | None = None  # [rows, groups] float16 or float32
-    zero: np.ndarray | None = None  # [rows, groups] uint8 (u4 range)
-    correction: np.ndarray | None = None  # [rows, groups] float32
+    zero: np.ndarray | None = None  # [rows, groups] uint8 (u4 zero point) or float32 (exact)
 
 
 def unpack(ggml_type: T, raw: np.ndarray, shape: tuple[int, ...]) -> Packed:
@@ -67,17 +69,13 @@ def dequantize(p: Packed) -> np.ndarray:
     q = q.reshape(rows, cols // p.group, p.group).astype(np.float32)
     if p.zero is not None:
         q = q - p.zero[..., None]
-    w = q * p.scale.astype(np.float32)[..., None]
-    if p.correction is not None:
-        w = w + p.correction[..., None]
-    return w.reshape(rows, cols)
+    return (q * p.scale.astype(np.float32)[..., None]).reshape(rows, cols)
 
 
 def permute_rows(p: Packed, order: np.ndarray) -> Packed:
     """``p`` with its rows in ``order`` (a copy of each per-row array)."""
     pick = lambda a: None if a is None else np.ascontiguousarray(a[order])  # noqa: E731
-    return replace(p, codes=pick(p.codes), scale=pick(p.scale), zero=pick(p.zero),
-                   correction=pick(p.correction))
+    return replace(p, codes=pick(p.codes), scale=pick(p.scale), zero=pick(p.zero))
 
 
 def concat_rows(parts: list[Packed]) -> Packed | None:
@@ -87,17 +85,14 @@ def concat_rows(parts: list[Packed]) -> Packed | None:
     same = all(p.element == first.element and p.group == first.group and p.shape[1] == first.shape[1]
                and (p.scale is None) == (first.scale is None)
                and (p.scale is None or p.scale.dtype == first.scale.dtype)
-               and (p.zero is None) == (first.zero is None) for p in parts)
+               and (p.zero is None) == (first.zero is None)
+               and (p.zero is None or p.zero.dtype == first.zero.dtype) for p in parts)
     if not same:
         return None
     cat = lambda arrays: None if arrays[0] is None else np.concatenate(arrays)  # noqa: E731
-    corrections = [p.correction for p in parts]
-    if any(c is not None for c in corrections):
-        corrections = [np.zeros(p.scale.shape, np.float32) if c is None else c
-                       for p, c in zip(parts, corrections, strict=True)]
     rows = sum(p.shape[0] for p in parts)
     return Packed(cat([p.codes for p in parts]), first.element, (rows, first.shape[1]), first.group,
-                  cat([p.scale for p in parts]), cat([p.zero for p in parts]), cat(corrections))
+                  cat([p.scale for p in parts]), cat([p.zero for p in parts]))
 
 
 def requantize(p: Packed, scheme: str) -> Packed:
@@ -153,11 +148,17 @@ def _i4_from_split_nibbles(qs: np.ndarray, rows: int) -> np.ndarray:
 
 
 def _affine_i4(codes: np.ndarray, cols: int, scale: np.ndarray, offset: np.ndarray, dtype) -> Packed:
-    """W = scale * q + offset (q in 0..15, ``codes`` = q - 8 as i4) with the exact per-group
-    remainder offset + 8 * scale as the correction (module docstring: why not a zero point)."""
-    correction = (offset + 8 * scale.astype(np.float32)).astype(np.float32)
-    return Packed(codes, "i4", (codes.shape[0], cols), 32, scale.astype(dtype), None,
-                  correction if correction.any() else None)
+    """W = scale * q + offset (q in 0..15, ``codes`` = q - 8 as i4) as scale * (codes - zero)
+    with a float32 zero point (module docstring: why not an integer one)."""
+    scale64, offset64 = scale.astype(np.float64), offset.astype(np.float64)
+    flat = scale64 == 0
+    zero = np.where(flat, -offset64, -8 - offset64 / np.where(flat, 1, scale64))
+    if flat.any():  # W = offset whatever the code: codes 0, scale 1, zero point -offset
+        codes = codes.reshape(*scale.shape, -1).copy()
+        codes[flat] = 0
+        codes = codes.reshape(scale.shape[0], -1)
+        scale = np.where(flat, 1, scale)
+    return Packed(codes, "i4", (codes.shape[0], cols), 32, scale.astype(dtype), zero.astype(np.float32))
 
 
 def _q8_0(blocks, rows, cols) -> Packed:
@@ -173,7 +174,7 @@ def _q4_0(blocks, rows, cols) -> Packed:
 def _q4_1(blocks, rows, cols) -> Packed:
     d, m = _f16(blocks, 0, rows), _f16(blocks, 2, rows)
     codes = _i4_from_split_nibbles(blocks[:, 4:], rows)
-    return _affine_i4(codes, cols, d, m.astype(np.float32), np.float16)
+    return _affine_i4(codes, cols, d, m, np.float16)
 
 
 def _k_scale_min(scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

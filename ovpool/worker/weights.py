@@ -81,7 +81,6 @@ class Weight:
         self.packed, self.name = packed, name
         self.rows, self.cols = packed.shape
         self._matrix: ov.Output | None = None
-        self._correction = None if packed.correction is None else constant(packed.correction)
 
     def matrix(self) -> ov.Output:
         """The decompressed [rows, cols] f32 weight (a subgraph the plugin fuses, built once)."""
@@ -99,40 +98,28 @@ class Weight:
         groups = self.cols // p.group
         codes = constant(p.codes, _ELEMENT[p.element], (self.rows, groups, p.group))
         codes.set_friendly_name(self.name)
-        work = "f16" if p.scale.dtype == np.float16 else "f32"
+        # A float zero point (exact Q4_1/Q4_K minimum) needs f32 arithmetic; f16 would round it.
+        exact_zero = p.zero is not None and p.zero.dtype != np.uint8
+        work = "f16" if p.scale.dtype == np.float16 and not exact_zero else "f32"
         x = ops.convert(codes, work)
-        if p.zero is not None:
+        if exact_zero:
+            x = ops.subtract(x, constant(p.zero[..., None]))
+        elif p.zero is not None:
             zero = constant(_pack_zero(p.zero), ov.Type.u4, (self.rows, groups, 1))
             x = ops.subtract(x, ops.convert(zero, work))
-        x = ops.multiply(x, constant(p.scale[..., None]))
+        scale = constant(p.scale[..., None])
+        same = work == ov.Type(p.scale.dtype).get_type_name()
+        x = ops.multiply(x, scale if same else ops.convert(scale, work))
         x = ops.reshape(x, ops.constant(np.array([self.rows, self.cols], np.int64)), False)
         return (ops.convert(x, "f32") if work == "f16" else x).output(0)
 
     def linear(self, x: ov.Output) -> ov.Output:
         """x [..., cols] @ W.T → [..., rows]."""
-        y = ops.matmul(x, self.matrix(), False, True)
-        if self._correction is not None:
-            y = ops.add(y, ops.matmul(self._group_sums(x), self._correction, False, True))
-        return y.output(0)
+        return ops.matmul(x, self.matrix(), False, True).output(0)
 
     def lookup(self, ids: ov.Output) -> ov.Output:
         """Rows ``ids`` [...] → [..., cols] (the embedding table's lookup)."""
-        rows = ops.gather(self.matrix(), ids, ops.constant(np.int64(0)))
-        if self._correction is None:
-            return rows.output(0)
-        p = self.packed
-        corr = ops.unsqueeze(ops.gather(self._correction, ids, ops.constant(np.int64(0))), [-1])
-        grouped = ops.reshape(rows, _shape_const([0, 0, self.cols // p.group, p.group]), True)
-        return ops.reshape(ops.add(grouped, corr), _shape_const([0, 0, self.cols]), True).output(0)
-
-    def _group_sums(self, x: ov.Output) -> ov.Output:
-        g = self.packed.group
-        grouped = ops.reshape(x, _shape_const([0, 0, self.cols // g, g]), True)
-        return ops.reduce_sum(grouped, ops.constant(np.int64(-1)), False).output(0)
-
-
-def _shape_const(dims: list[int]) -> ov.Node:
-    return ops.constant(np.array(dims, np.int64))
+        return ops.gather(self.matrix(), ids, ops.constant(np.int64(0))).output(0)
 
 
 def _pack_zero(zero: np.ndarray) -> np.ndarray:
