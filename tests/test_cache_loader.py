@@ -13,6 +13,7 @@ import numpy as np
 import openvino as ov
 import pytest
 
+from ovpool.cache import maintenance
 from ovpool.cache.loader import load_compiled
 from ovpool.cache.store import CacheStore
 from ovpool.errors import CacheCorruptError, CacheMissError, CacheUnsupportedError
@@ -61,6 +62,18 @@ def test_miss_writes_then_hit_imports_without_building(cache, model_file, caplog
     assert f"model cache WROTE {first.entry}" in caplog.text
     assert f"model cache HIT {first.entry}" in caplog.text
     assert list(cache.tmp_dir.iterdir()) == []
+
+
+def test_each_hit_is_counted_and_gc_drops_counters_without_an_entry(cache, model_file):
+    load(cache.root, model_file)
+    _, entry = only_entry(cache)
+    assert cache.hits(entry) == 0  # the export is not a hit
+    for _ in range(2):
+        load(cache.root, model_file)
+    stray = cache.hits_path(entry.id.split("-")[0] + "-gone.blob")  # a hit that raced a removal
+    stray.write_bytes(b".")
+    maintenance.gc(cache)
+    assert cache.hits(entry) == 2 and not stray.exists()
 
 
 def test_without_a_cache_dir_it_compiles_and_cache_only_needs_one(model_file):
@@ -143,6 +156,7 @@ FAULTS = [flip_middle_bit, truncate, garbage_manifest, other_openvino, missing_b
 @pytest.mark.parametrize("fault", FAULTS, ids=lambda f: f.__name__)
 def test_a_bad_entry_is_a_miss_removed_and_rewritten(cache, model_file, fault, caplog):
     load(cache.root, model_file)
+    load(cache.root, model_file)  # a hit on the entry that goes bad
     fault(cache, only_entry(cache)[1])
     again = load(cache.root, model_file)
     assert again.outcome == "wrote"
@@ -150,6 +164,7 @@ def test_a_bad_entry_is_a_miss_removed_and_rewritten(cache, model_file, fault, c
     np.testing.assert_array_equal(cache_toy.run(again.compiled), EXPECTED)
     assert load(cache.root, model_file).outcome == "hit"
     assert len(list(cache.blobs_dir.iterdir())) == 1
+    assert cache.hits(only_entry(cache)[1]) == 1  # the bad entry's hit went with it
 
 
 @pytest.mark.parametrize("fault", FAULTS, ids=lambda f: f.__name__)

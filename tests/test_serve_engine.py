@@ -31,6 +31,12 @@ def test_cold_cache_three_workers_compile_once_and_a_killed_worker_imports(tmp_p
         assert len(cache_lines(log, "HIT")) == 2, log
         with Client(served.endpoint) as client:
             assert client.complete("hello", model=str(model), max_tokens=3).usage.completion_tokens >= 1
+            loads = [w["load"] for w in client.status()["workers"]]
+        assert sorted(load["outcome"] for load in loads) == ["hit", "hit", "wrote"]
+        assert all(load["seconds"] > 0 and load["entry"] == loads[0]["entry"] for load in loads)
+        table = subprocess.run([sys.executable, "-m", "ovpool", "status", "--broker", served.endpoint],
+                               capture_output=True, text=True, check=True).stdout
+        assert [len(re.findall(rf" {outcome} \d+\.\ds ", table)) for outcome in ("hit", "wrote")] == [2, 1]
 
         victim = workers["CPU#1"]["pid"]
         os.kill(victim, signal.SIGKILL)
@@ -45,6 +51,7 @@ def test_cold_cache_three_workers_compile_once_and_a_killed_worker_imports(tmp_p
     listed = subprocess.run(ls, capture_output=True, text=True, check=True)
     entries = json.loads(listed.stdout)
     assert len(entries) == 1 and entries[0]["models"] == [str(model)]
+    assert entries[0]["hits"] == 3  # two workers at the cold start, then the restarted one
 
 
 def test_cache_only_miss_is_reported_failing_not_retried_forever(tmp_path, tiny_model):

@@ -39,6 +39,7 @@ def describe(store: CacheStore, manifest: Manifest, entry: Entry) -> dict[str, A
         "settings": {k[len("setting "):]: v for k, v in parts.items() if k.startswith("setting ")},
         "ports": entry.ports, "size": entry.size, "checksum": entry.checksum,
         "openvino": entry.openvino, "created": entry.created, "last_hit": store.last_hit(entry),
+        "hits": store.hits(entry),
         "blob": str(store.blob_path(entry)),
     }
 
@@ -100,8 +101,8 @@ def remove(store: CacheStore, entry_id: str) -> str:
 
 
 def gc(store: CacheStore, max_bytes: int | None = None) -> dict[str, list[str]]:
-    """Remove dead writers' temp files, garbage manifests, unreferenced blobs, then LRU entries
-    beyond ``max_bytes``. Returns what was removed, by kind."""
+    """Remove dead writers' temp files, garbage manifests, unreferenced blobs (and hit counters),
+    then LRU entries beyond ``max_bytes``. Returns what was removed, by kind."""
     with _writing(store):
         report = {"temp": _dead_temps(store), "manifests": [], "blobs": [], "entries": []}
         for family in _blob_families(store) | set(store.families()):
@@ -143,9 +144,9 @@ def _alive(pid: int) -> bool:
 
 
 def _blob_families(store: CacheStore) -> set[str]:
-    if not store.blobs_dir.is_dir():
-        return set()
-    return {p.name.split("-", 1)[0] for p in store.blobs_dir.glob("*.blob")}
+    """Families named by a blob or a hit counter (either may outlive its manifest)."""
+    paths = [*store.blobs_dir.glob("*.blob"), *store.hits_dir.glob("*.hits")]
+    return {p.name.split("-", 1)[0] for p in paths}
 
 
 def _gc_family(store: CacheStore, family: str, report: dict[str, list[str]]) -> None:
@@ -160,6 +161,10 @@ def _gc_family(store: CacheStore, family: str, report: dict[str, list[str]]) -> 
         if blob.name not in referenced:
             store.remove(blob)
             report["blobs"].append(blob.name)
+    counted = {store.hits_path(blob) for blob in referenced}
+    for hits in store.hits_dir.glob(f"{family}-*.hits"):
+        if hits not in counted:  # its entry is gone (a hit raced the removal): not a report item
+            store.remove(hits)
 
 
 def _evict_lru(store: CacheStore, max_bytes: int) -> list[str]:

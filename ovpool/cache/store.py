@@ -6,13 +6,15 @@
       manifests/<family>.json   one per graph family; entries inside
       blobs/<entry>.blob        exported CompiledModel (weights included)
       locks/<family>.lock       filelock; never deleted (deleting a held lock file splits waiters)
+      hits/<entry>.hits         one byte appended per hit: its size is the entry's hit count
       tmp/<name>.<pid>.<random>.partial   while writing; gc removes those of dead processes
       sources.json              content hashes of GGUF files by file identity (source_identity=content)
 
 Every file is written to tmp/, fsynced and renamed into place, so a reader sees the old file or
 the new one, never a torn one. The manifest is renamed last, so an export interrupted anywhere
 leaves no entry. A blob's last hit is its atime, set explicitly on each hit (no manifest rewrite
-and no lock on the hot path; it works on noatime mounts too).
+and no lock on the hot path; it works on noatime mounts too). Hits are counted the same way, off
+the manifest and without a lock: an O_APPEND write of one byte is atomic, so racing hits all count.
 
 Test hook: ``OVPOOL_CACHE_TEST_PAUSE=<phase>`` makes a writer print ``OVPOOL_CACHE_TEST_PAUSED
 <phase>`` to stderr and wait for a signal at that phase, so a test can SIGKILL it there. Phases:
@@ -69,10 +71,11 @@ class CacheStore:
         self.base = self.root / LAYOUT_VERSION
         self.manifests_dir, self.blobs_dir = self.base / "manifests", self.base / "blobs"
         self.locks_dir, self.tmp_dir = self.base / "locks", self.base / "tmp"
+        self.hits_dir = self.base / "hits"
 
     def prepare(self) -> None:
         """Create the layout; an OSError (read-only, permission) means exports must be skipped."""
-        for d in (self.manifests_dir, self.blobs_dir, self.locks_dir, self.tmp_dir):
+        for d in (self.manifests_dir, self.blobs_dir, self.locks_dir, self.tmp_dir, self.hits_dir):
             d.mkdir(parents=True, exist_ok=True)
         probe = self.tmp_dir / f"probe.{os.getpid()}.{secrets.token_hex(4)}.partial"
         probe.touch()
@@ -83,6 +86,11 @@ class CacheStore:
 
     def blob_path(self, entry: Entry | str) -> Path:
         return self.blobs_dir / (entry.blob if isinstance(entry, Entry) else entry)
+
+    def hits_path(self, entry: Entry | str) -> Path:
+        """The hit counter of an entry (or of the blob named ``entry``)."""
+        blob = Path(entry.blob if isinstance(entry, Entry) else entry)
+        return self.hits_dir / blob.with_suffix(".hits").name
 
     @contextlib.contextmanager
     def lock(self, name: str, timeout: float = -1) -> Iterator[None]:
@@ -130,11 +138,22 @@ class CacheStore:
         except FileNotFoundError:
             return entry.created
 
+    def hits(self, entry: Entry) -> int:
+        try:
+            return self.hits_path(entry).stat().st_size
+        except FileNotFoundError:
+            return 0
+
     def record_hit(self, entry: Entry) -> None:
-        """Set the blob's atime to now (the LRU clock of gc); silently nothing on a read-only dir."""
+        """Set the blob's atime to now (the LRU clock of gc) and count the hit; silently nothing on
+        a read-only dir."""
         path = self.blob_path(entry)
         with contextlib.suppress(OSError):
             os.utime(path, (time.time(), path.stat().st_mtime))
+        with contextlib.suppress(OSError):
+            self.hits_dir.mkdir(exist_ok=True)  # a cache written before hits were counted
+            with open(self.hits_path(entry), "ab") as f:
+                f.write(b".")
 
     # Writing (callers hold the family lock) ----------------------------------------------------
 
@@ -151,6 +170,7 @@ class CacheStore:
                 yield block
 
         self._atomic_write(self.blob_path(name), chunks(), "blob-write")
+        self.remove(self.hits_path(name))  # a new blob: the hits of one dropped before are not its own
         test_pause("blob-renamed")
         return size, f"crc32:{crc:08x}"
 
@@ -182,13 +202,15 @@ class CacheStore:
         else:
             self.remove(self.manifest_path(family))
         self.remove(self.blob_path(entry))
+        self.remove(self.hits_path(entry))
         return True
 
     def drop_family(self, family: str) -> None:
-        """Remove a family's manifest and every blob named after it. The caller holds its lock."""
+        """Remove a family's manifest and every blob and hit counter named after it. The caller
+        holds its lock."""
         self.remove(self.manifest_path(family))
-        for blob in self.blobs_dir.glob(f"{family}-*.blob"):
-            self.remove(blob)
+        for path in [*self.blobs_dir.glob(f"{family}-*.blob"), *self.hits_dir.glob(f"{family}-*.hits")]:
+            self.remove(path)
 
     def _atomic_write(self, final: Path, chunks: Iterable[bytes], phase: str) -> None:
         tmp = self.tmp_dir / f"{final.name}.{os.getpid()}.{secrets.token_hex(4)}.partial"

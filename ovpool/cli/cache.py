@@ -64,20 +64,20 @@ def cache_group() -> None:
 @cache_group.command("ls")
 @cache_options
 def ls_command(store: CacheStore, as_json: bool) -> None:
-    """List entries: model file, architecture, device, settings, ports, size, created, last hit."""
+    """List entries: model file, architecture, device, settings, ports, size, created, hits, last hit."""
     rows = [maintenance.describe(store, m, e) for m, e in maintenance.entries(store)]
     if as_json:
         emit_json(rows)
         return
     table = Table(title=f"model cache {store.root}")
     table.add_column("entry", no_wrap=True)  # show and rm need it whole
-    for col in ("model", "arch", "device", "settings", "ports", "size", "created", "last hit"):
+    for col in ("model", "arch", "device", "settings", "ports", "size", "created", "hits", "last hit"):
         table.add_column(col, overflow="fold")
     for r in rows:
         table.add_row(r["entry"], "\n".join(r["models"]), r["architecture"], r["device"],
                       " ".join(f"{k}={v}" for k, v in r["settings"].items()),
                       f"{len(r['ports'])} ports",
-                      _size(r["size"]), _when(r["created"]), _when(r["last_hit"]))
+                      _size(r["size"]), _when(r["created"]), str(r["hits"]), _when(r["last_hit"]))
     Console(width=200).print(table)
 
 
@@ -92,7 +92,8 @@ def show_command(entry: str, store: CacheStore, as_json: bool) -> None:
         return
     for key in ("entry", "family", "models", "blob", "size", "checksum", "openvino", "device"):
         click.echo(f"{key}: {info[key]}")
-    click.echo(f"created: {_when(info['created'])}\nlast hit: {_when(info['last_hit'])}\nports:")
+    click.echo(f"created: {_when(info['created'])}\nhits: {info['hits']}\n"
+               f"last hit: {_when(info['last_hit'])}\nports:")
     for p in info["ports"]:
         click.echo(f"  {p['direction']:3} {p['name']} {p['element_type']}{p['partial_shape']}")
     click.echo("fingerprint:")
