@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 import pytest
-from serve_helpers import serve, wait_for
+from serve_helpers import free_port, scrape, serve, wait_for
 
 from ovpool.client import Client
 
@@ -23,8 +23,9 @@ def cache_lines(text: str, kind: str) -> list[str]:
 
 
 def test_cold_cache_three_workers_compile_once_and_a_killed_worker_imports(tmp_path, tiny_model):
-    model, cache = tiny_model(), tmp_path / "cache"
-    with serve(tmp_path, "--model", str(model), "--workers", "3", "--cache-dir", str(cache)) as served:
+    model, cache, port = tiny_model(), tmp_path / "cache", free_port()
+    with serve(tmp_path, "--model", str(model), "--workers", "3", "--cache-dir", str(cache),
+               "--metrics-port", str(port)) as served:
         workers = served.wait_states("ready", timeout=120)
         log = served.output()
         assert len(cache_lines(log, "WROTE")) == 1, log
@@ -37,6 +38,9 @@ def test_cold_cache_three_workers_compile_once_and_a_killed_worker_imports(tmp_p
         table = subprocess.run([sys.executable, "-m", "ovpool", "status", "--broker", served.endpoint],
                                capture_output=True, text=True, check=True).stdout
         assert [len(re.findall(rf" {outcome} \d+\.\ds ", table)) for outcome in ("hit", "wrote")] == [2, 1]
+        events = [labels for (name, labels), value in scrape(port).items()
+                  if name == "ovpool_worker_cache_total" and value == 1]
+        assert sorted(dict(labels)["event"] for labels in events) == ["hits", "hits", "misses", "writes"]
 
         victim = workers["CPU#1"]["pid"]
         os.kill(victim, signal.SIGKILL)
