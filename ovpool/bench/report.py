@@ -75,6 +75,7 @@ def plot(results: dict, path: str | Path) -> Path:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     rows = results["sweep"]
     n = [r["concurrency"] for r in rows]
@@ -90,6 +91,9 @@ def plot(results: dict, path: str | Path) -> Path:
     right.set(xlabel="concurrent requests", ylabel="seconds", xscale="log", xticks=n)
     right.set_xticklabels([str(x) for x in n])
     right.legend()
+    for ax in (left, right):
+        # A log axis labels its minor ticks too ("2×10⁰"); only the measured levels are wanted.
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     fig.suptitle(f"{results['model']}, {results['max_tokens']} new tokens per request, {results['device']}")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
