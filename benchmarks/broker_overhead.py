@@ -1,11 +1,14 @@
 """Broker overhead with null-engine workers: requests/s routed and added latency per request.
 
-A null worker answers instantly (no model), so everything measured is the pool itself: client
-library -> broker -> worker process -> broker -> client, over loopback TCP, in separate processes.
+A null worker answers instantly (no model), so everything measured is the pool itself: driver
+-> broker -> worker process -> broker -> driver, over loopback TCP, in separate processes.
 
     .venv/bin/python benchmarks/broker_overhead.py [--workers 2] [--requests 20000] [--window 512]
+        [--client lean|full]
 
-Throughput: ``--requests`` requests with up to ``--window`` outstanding (the client pipelines).
+The load comes from a lean single-threaded driver on a raw DEALER socket (``--client lean``, see
+broker_driver.py) or from ``ovpool.Client`` with its I/O thread (``--client full``).
+Throughput: ``--requests`` requests with up to ``--window`` outstanding (pipelined).
 Latency: ``--samples`` requests one at a time; with a null engine the whole round trip is
 overhead, so its p50/p99 bound what the pool adds to a real generation.
 """
@@ -22,8 +25,24 @@ import time
 from contextlib import ExitStack
 from pathlib import Path
 
+from broker_driver import LeanDriver
+
 from ovpool.client import Client
 from ovpool.testing.pool import broker, free_endpoint, null_worker, wait_for_workers
+
+
+class FullClient:
+    """The same two phases through ``ovpool.Client`` (what an application would use)."""
+
+    def __init__(self, client: Client, max_tokens: int):
+        self.client = client
+        self.max_tokens = max_tokens
+
+    def throughput(self, total: int, window: int) -> float:
+        return throughput(self.client, total, window, self.max_tokens)
+
+    def latencies(self, samples: int) -> list[float]:
+        return latencies(self.client, samples, self.max_tokens)
 
 
 def throughput(client: Client, total: int, window: int, max_tokens: int) -> float:
@@ -76,14 +95,19 @@ def measure(args: argparse.Namespace) -> dict:
         workers = [stack.enter_context(null_worker(endpoint, slots=args.slots)) for _ in range(args.workers)]
         client = stack.enter_context(Client(endpoint))
         wait_for_workers(client, args.workers)
-        latencies(client, 200, args.max_tokens)  # warm up connections and caches
+        if args.client == "lean":
+            client.close()  # its I/O thread would share the driver's CPU
+            driver = stack.enter_context(LeanDriver(endpoint, args.max_tokens))
+        else:
+            driver = FullClient(client, args.max_tokens)
+        driver.latencies(200)  # warm up connections and caches
         pids = [broker_proc.proc.pid, *(w.proc.pid for w in workers), -1]
         before = cpu_seconds(pids)
-        rps = throughput(client, args.requests, args.window, args.max_tokens)
+        rps = driver.throughput(args.requests, args.window)
         used = [b - a for a, b in zip(before, cpu_seconds(pids), strict=True)]
-        lat = sorted(latencies(client, args.samples, args.max_tokens))
+        lat = sorted(driver.latencies(args.samples))
     per_request = [round(u / args.requests * 1e6) for u in used]
-    return {"workers": args.workers, "requests": args.requests, "window": args.window,
+    return {"client": args.client, "workers": args.workers, "requests": args.requests, "window": args.window,
             "max_tokens": args.max_tokens, "requests_per_s": round(rps),
             "latency_p50_ms": round(statistics.median(lat) * 1e3, 3),
             "latency_p99_ms": round(lat[int(len(lat) * 0.99) - 1] * 1e3, 3),
@@ -101,11 +125,14 @@ def main() -> None:
     ap.add_argument("--window", type=int, default=512)
     ap.add_argument("--samples", type=int, default=2000)
     ap.add_argument("--max-tokens", type=int, default=1)
+    ap.add_argument("--client", choices=["lean", "full"], default="lean",
+                    help="lean: single-threaded raw-socket driver; full: ovpool.Client")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     r = measure(args)
     print(json.dumps(r) if args.json else
-          f"{r['requests_per_s']} requests/s routed ({args.workers} null workers, window {args.window});"
+          f"{r['requests_per_s']} requests/s routed ({args.workers} null workers, window {args.window},"
+          f" {args.client} client);"
           f" round trip p50 {r['latency_p50_ms']} ms, p99 {r['latency_p99_ms']} ms;"
           f" CPU per request (us): {r['cpu_us_per_request']}; load average {r['load_average']:.1f}")
 
