@@ -280,9 +280,8 @@ def sampling_from_wire(params: dict) -> SamplingParams:
         types = _PARAM_TYPES.get(name)
         if types is None:
             continue  # SamplingParams.from_dict names unknown parameters
-        bad_bool = isinstance(value, bool) and bool not in types
-        bad_float = isinstance(value, float) and not math.isfinite(value)
-        if not isinstance(value, types) or bad_bool or bad_float:
+        kind = type(value)  # exact types: a bool is not an int here (msgpack yields no subclasses)
+        if kind not in types or (kind is float and not math.isfinite(value)):
             raise InvalidRequestError(f"sampling: {name}={value!r} is not a valid {types[0].__name__}")
         if name == "seed" and value is not None and not 0 <= value < 2**63:
             raise InvalidRequestError("sampling: seed must be in [0, 2**63)")

@@ -148,17 +148,17 @@ class Router(Scheduler):
         return Job(request, peer, deadline, queued_at=now, waiting_since=now)
 
     def _resolve_model(self, model: str, now: float) -> str:
+        resolved = (model if self._by_model.get(model) else None) if model else self._only_model()
+        if resolved is not None:  # the common cases, without building the served list per request
+            return resolved
         served = [m for m, ws in self._by_model.items() if ws]
         starting = now < self.started + timing.BROKER_GRACE_S
         if not model:
-            only = self._only_model()
-            if only is not None:
-                return only
             if not served and starting:
                 return ""  # the only model is decided when the first worker registers
             raise errors.InvalidRequestError(
                 f"name a model: this broker serves {sorted(served) or 'none yet'}")
-        if model not in served and not starting:
+        if not starting:
             raise errors.ModelNotFoundError(f"no worker serves model {model!r}; served: {sorted(served)}")
         return model
 
