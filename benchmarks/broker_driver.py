@@ -14,7 +14,7 @@ import zmq
 from ovpool.client import dealer
 from ovpool.errors import BrokerUnavailableError
 from ovpool.pending import make_submit
-from ovpool.protocol import Error, Final, Submit, decode, encode, recv_frames, send_frames
+from ovpool.protocol import Final, Partial, Submit, decode, encode, message_type, recv_frames, send_frames
 from ovpool.settings import Settings
 
 _STALL_S = 10.0  # no reply for this long means the pool is stuck: fail instead of hanging
@@ -71,10 +71,11 @@ class LeanDriver:
         finals = 0
         while True:
             try:
-                msg = decode(recv_frames(self._socket))
+                frames = recv_frames(self._socket)
             except zmq.Again:
                 return finals
-            if type(msg) is Final:
+            kind = message_type(frames)  # a PARTIAL's body is never unpacked: nothing here reads it
+            if kind is Final:
                 finals += 1
-            elif type(msg) is Error:
-                raise RuntimeError(f"request {msg.request_id} failed: {msg.code}: {msg.message}")
+            elif kind is not Partial:
+                raise RuntimeError(f"unexpected reply: {decode(frames)}")

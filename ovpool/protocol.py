@@ -212,18 +212,25 @@ def encode(msg: Message) -> list[bytes]:
     return [VERSION, _COMMAND_BYTES[type(msg)], _packb(msg.__dict__)]
 
 
-def decode(frames: list[bytes]) -> Message:
-    """The message in ``frames`` (identity frames already removed); raises a ProtocolError."""
+def message_type(frames: list[bytes]) -> type:
+    """The class of the message in ``frames`` without unpacking its body, for a receiver that
+    only counts some messages (benchmarks/broker_driver.py); raises a ProtocolError."""
     if len(frames) != 3:
         raise MalformedMessageError(f"expected 3 frames (version, command, body), got {len(frames)}")
-    version, command, body = frames
+    version, command, _ = frames
     if version != VERSION:
         raise UnsupportedVersionError(f"protocol version {bytes(version)[:16]!r} is not {VERSION!r}")
     cls = _BY_COMMAND.get(command[0]) if len(command) == 1 else None
     if cls is None:
         raise MalformedMessageError(f"unknown command {bytes(command)[:8]!r}")
+    return cls
+
+
+def decode(frames: list[bytes]) -> Message:
+    """The message in ``frames`` (identity frames already removed); raises a ProtocolError."""
+    cls = message_type(frames)
     try:
-        data = msgpack.unpackb(body, raw=False, strict_map_key=True, use_list=True)
+        data = msgpack.unpackb(frames[2], raw=False, strict_map_key=True, use_list=True)
     except Exception as exc:  # msgpack raises several unrelated types for corrupt input
         raise MalformedMessageError(f"{cls.__name__}: body is not valid msgpack") from exc
     return cls(**_checked(cls, data))

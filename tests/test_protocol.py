@@ -27,6 +27,7 @@ from ovpool.protocol import (
     decode,
     encode,
     load_to_wire,
+    message_type,
     sampling_from_wire,
 )
 
@@ -50,6 +51,22 @@ def test_every_message_round_trips(msg):
     frames = encode(msg)
     assert frames[0] == VERSION and len(frames) == 3
     assert decode(frames) == msg
+
+
+@pytest.mark.parametrize("msg", EXAMPLES, ids=lambda m: type(m).__name__)
+def test_message_type_names_the_class_without_reading_the_body(msg):
+    version, command, _ = encode(msg)
+    assert message_type([version, command, b"\xc1"]) is type(msg)  # \xc1: never valid msgpack
+
+
+@pytest.mark.parametrize("frames, error", [
+    ([b"OVP2", b"\x10", b""], errors.UnsupportedVersionError),
+    ([VERSION, b"\xff", b""], errors.MalformedMessageError),
+    ([VERSION, b"\x10"], errors.MalformedMessageError),
+])
+def test_message_type_rejects_what_decode_rejects(frames, error):
+    with pytest.raises(error):
+        message_type(frames)
 
 
 def test_commands_are_distinct():
