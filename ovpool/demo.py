@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import json
 import re
-import signal
 import subprocess
 import sys
 import tempfile
@@ -19,6 +18,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from ovpool.serve.child import terminate
 from ovpool.serve.spec import DEFAULT_MODEL, default_cache_dir
 from ovpool.settings import Settings
 
@@ -88,13 +88,7 @@ def report_load(log: Path, seconds: float) -> None:
 
 
 def stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    terminate(proc, grace_s=30)
 
 
 def ask(endpoint: str) -> None:

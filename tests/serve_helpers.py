@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -15,6 +14,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
+
+from ovpool.serve.child import terminate
 
 # Fast heartbeats make backoff, readiness and expiry quick (every timing constant derives from it).
 FAST_ENV = {"OVPOOL_HEARTBEAT_INTERVAL_S": "0.2", "OVPOOL_LOG_LEVEL": "INFO"}
@@ -111,10 +112,4 @@ def serve(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> Iter
     try:
         yield Served(proc, state_file, f"tcp://127.0.0.1:{port}", log)
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        terminate(proc, grace_s=15)

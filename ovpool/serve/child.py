@@ -28,6 +28,17 @@ _PR_SET_PDEATHSIG = 1
 _LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
 
 
+def terminate(proc: subprocess.Popen, grace_s: float = timing.SHUTDOWN_GRACE_S) -> int:
+    """SIGTERM ``proc``, wait up to ``grace_s``, then SIGKILL; returns the exit status."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            return proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    return proc.wait()
+
+
 def _child_setup(parent_pid: int) -> None:
     """Runs in the child between fork and exec: own group, die with the parent."""
     os.setpgid(0, 0)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import importlib
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -15,6 +14,7 @@ from pathlib import Path
 from ovpool import timing
 from ovpool.client import Client
 from ovpool.errors import BrokerUnavailableError
+from ovpool.serve.child import terminate
 
 
 @contextlib.contextmanager
@@ -61,13 +61,7 @@ class PoolProcess:
 
     def stop(self, timeout: float = 10.0) -> int:
         """SIGTERM and wait; SIGKILL if it does not exit in ``timeout``. Returns the exit status."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                return self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-        return self.proc.wait()
+        return terminate(self.proc, timeout)
 
     def kill(self) -> None:
         self.proc.kill()
