@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import functools
+import os
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -74,7 +75,9 @@ def ls_command(store: CacheStore, as_json: bool) -> None:
     for col in ("model", "arch", "device", "settings", "ports", "size", "created", "hits", "last hit"):
         table.add_column(col, overflow="fold")
     for r in rows:
-        table.add_row(r["entry"], "\n".join(r["models"]), r["architecture"], r["device"],
+        # File names keep the table readable; `cache show` and --json give the full paths.
+        table.add_row(r["entry"], "\n".join(os.path.basename(m) for m in r["models"]),
+                      r["architecture"], r["device"],
                       " ".join(f"{k}={v}" for k, v in r["settings"].items()),
                       f"{len(r['ports'])} ports",
                       _size(r["size"]), _when(r["created"]), str(r["hits"]), _when(r["last_hit"]))
