@@ -18,7 +18,7 @@ import zmq.asyncio
 from zmq.utils.monitor import recv_monitor_message
 
 from ovpool import errors, timing
-from ovpool.auth import HANDSHAKE_FAILURES, handshake_error
+from ovpool.auth import HANDSHAKE_EVENTS, HandshakeWatch
 from ovpool.client import ClientBase, dealer, safe_decode
 from ovpool.completion import Completion, Delta
 from ovpool.pending import FutureSink, StreamSink, unwrap
@@ -32,7 +32,8 @@ class AsyncClient(ClientBase):
         super().__init__(broker, model, timeout, settings)
         self._context = zmq.asyncio.Context()
         self._socket = dealer(self._context, self.broker, self.settings)
-        self._monitor = self._socket.get_monitor_socket(HANDSHAKE_FAILURES)
+        self._monitor = self._socket.get_monitor_socket(HANDSHAKE_EVENTS)
+        self._handshake = HandshakeWatch(self.broker)
         self._tasks: list[asyncio.Task] = []
 
     async def __aenter__(self) -> AsyncClient:
@@ -104,6 +105,9 @@ class AsyncClient(ClientBase):
         if not self._tasks:
             raise errors.BrokerUnavailableError("use `async with AsyncClient(...)` before sending")
         self._pending.add(msg, sink, time.monotonic())
+        if self._handshake.refused is not None:
+            self._pending._fail_all(self._handshake.refused)
+            return
         self._send([msg])
 
     def _send(self, msgs: list[Message]) -> None:
@@ -125,5 +129,6 @@ class AsyncClient(ClientBase):
     async def _watch(self) -> None:
         """A refused handshake fails the requests now instead of after CLIENT_UNAVAILABLE_S."""
         while True:
-            event = await recv_monitor_message(self._monitor)
-            self._pending._fail_all(handshake_error(event, self.broker))
+            refused = self._handshake.on_event(await recv_monitor_message(self._monitor))
+            if refused is not None:
+                self._pending._fail_all(refused)

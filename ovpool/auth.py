@@ -106,8 +106,36 @@ def is_loopback(endpoint: str) -> bool:
         return False  # "*", an interface name or a host name: may be reachable from outside
 
 
-# Socket-monitor events that mean the broker will never accept this peer as it is configured.
-HANDSHAKE_FAILURES = int(zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL)
+# Socket-monitor events a client watches to learn whether the broker accepts it.
+HANDSHAKE_EVENTS = int(zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+                       | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_SUCCEEDED)
+
+
+class HandshakeWatch:
+    """Whether the broker refuses this peer, from its socket-monitor events; remembered.
+
+    A refusal must be remembered: the first handshake runs at connect time, usually before any
+    request exists, and libzmq does not retry after an AUTH or PROTOCOL failure. A plain client
+    meeting a CURVE broker sometimes sees NO_DETAIL instead (EPIPE: the broker closed first) and
+    then retries; a broker dying mid-handshake looks the same once, so only a repeat counts.
+    """
+
+    def __init__(self, broker: str):
+        self.broker = broker
+        self.refused: AuthenticationError | None = None
+        self._unexplained = 0
+
+    def on_event(self, event: dict) -> AuthenticationError | None:
+        kind = event["event"]
+        if kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+            self.refused, self._unexplained = None, 0
+        elif kind != zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:
+            self.refused = handshake_error(event, self.broker)
+        else:
+            self._unexplained += 1
+            if self._unexplained >= 2:
+                self.refused = handshake_error(event, self.broker)
+        return self.refused
 
 
 def handshake_error(event: dict, broker: str) -> AuthenticationError:

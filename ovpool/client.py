@@ -22,7 +22,7 @@ import zmq.asyncio
 from zmq.utils.monitor import recv_monitor_message
 
 from ovpool import errors, timing
-from ovpool.auth import HANDSHAKE_FAILURES, handshake_error, secure_peer
+from ovpool.auth import HANDSHAKE_EVENTS, HandshakeWatch, secure_peer
 from ovpool.completion import Completion, Delta
 from ovpool.pending import FutureSink, PendingRequests, StreamSink, make_submit, unwrap
 from ovpool.protocol import (
@@ -78,7 +78,8 @@ class Client(ClientBase):
         super().__init__(broker, model, timeout, settings)
         self._context = zmq.Context()
         self._socket = dealer(self._context, self.broker, self.settings)
-        self._monitor = self._socket.get_monitor_socket(HANDSHAKE_FAILURES)
+        self._monitor = self._socket.get_monitor_socket(HANDSHAKE_EVENTS)
+        self._handshake = HandshakeWatch(self.broker)
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._wake_r, self._wake_w = os.pipe()
         self._woken = False
@@ -206,8 +207,10 @@ class Client(ClientBase):
                         self._send(self._commands.get_nowait()(now))
             if self._socket in ready:
                 self._receive(now)
-            if self._monitor in ready:  # the broker refuses us: fail now, not after the silence
-                self._pending._fail_all(handshake_error(recv_monitor_message(self._monitor), self.broker))
+            if self._monitor in ready:
+                self._handshake.on_event(recv_monitor_message(self._monitor))
+            if self._handshake.refused is not None:  # fail now, not after CLIENT_UNAVAILABLE_S
+                self._pending._fail_all(self._handshake.refused)
             if now >= next_tick:
                 next_tick = now + timing.POLL_INTERVAL_S
                 self._send(self._pending.tick(now))

@@ -81,3 +81,20 @@ def test_binding_beyond_loopback_without_curve_warns(caplog):
     with caplog.at_level(logging.WARNING), Broker("tcp://127.0.0.1:0"):
         pass
     assert "without CURVE" not in caplog.text
+
+
+def test_handshake_watch_remembers_refusals_and_forgives_one_unexplained_failure():
+    import zmq
+
+    from ovpool.auth import HandshakeWatch
+
+    def event(kind, value=0):
+        return {"event": kind, "value": value, "endpoint": b""}
+
+    watch = HandshakeWatch("tcp://127.0.0.1:1")
+    assert watch.on_event(event(zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL, 32)) is None  # may be a restart
+    repeated = watch.on_event(event(zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL, 32))
+    assert isinstance(repeated, errors.AuthenticationError) and "CURVE configured" in str(repeated)
+    assert watch.on_event(event(zmq.EVENT_HANDSHAKE_SUCCEEDED)) is None and watch.refused is None
+    refused = watch.on_event(event(zmq.EVENT_HANDSHAKE_FAILED_AUTH, 400))
+    assert "refused this peer's CURVE key" in str(refused) and watch.refused is refused
