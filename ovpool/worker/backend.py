@@ -19,7 +19,7 @@ from typing import Any, Protocol
 from ovpool.completion import Completion, Delta, Usage
 from ovpool.errors import InvalidRequestError, ModelLoadError, OvpoolError
 from ovpool.worker.events import Event, Failed, Finished, Token
-from ovpool.worker.sampling import SamplingParams
+from ovpool.worker.sampling import SamplingParams, check_prompt_length
 
 __all__ = ["Backend", "EngineBackend", "Event", "Failed", "Finished", "NullBackend", "Token"]
 log = logging.getLogger("ovpool.worker")
@@ -76,9 +76,7 @@ class NullBackend:
         _check_room(self.active, self.slots)
         text = prompt if isinstance(prompt, str) else "\n".join(m["content"] for m in prompt)
         n = len(text.split())  # a word is a "token" here
-        if n > self.max_prompt_tokens:
-            raise InvalidRequestError(f"prompt has {n} tokens, more than max_prompt_tokens="
-                                      f"{self.max_prompt_tokens}; shorten it or raise the setting")
+        check_prompt_length(n, self.max_prompt_tokens)
         self._sessions[request_id] = _NullSession(n, params, text)
 
     def cancel(self, request_id: str) -> None:
@@ -188,10 +186,11 @@ class Interleaved:
     def add(self, request_id: str, prompt: PromptOrMessages, params: SamplingParams) -> None:
         gen = self.engine.generation(prompt, params, prefill_chunk=self.engine.settings.prefill_chunk)
         n = len(gen.prompt_ids)
-        if n > self.max_prompt_tokens:
+        try:
+            check_prompt_length(n, self.max_prompt_tokens)
+        except InvalidRequestError:
             gen.close()
-            raise InvalidRequestError(f"prompt has {n} tokens, more than max_prompt_tokens="
-                                      f"{self.max_prompt_tokens}; shorten it or raise the setting")
+            raise
         self._generations[request_id] = gen
 
     def cancel(self, request_id: str) -> None:

@@ -14,7 +14,7 @@ import numpy as np
 
 from ovpool.completion import Completion, Delta, Usage
 from ovpool.errors import InvalidRequestError
-from ovpool.worker.sampling import Sampler, SamplingParams, StopMatcher
+from ovpool.worker.sampling import Sampler, SamplingParams, StopMatcher, check_prompt_length
 from ovpool.worker.session import Session
 
 
@@ -26,9 +26,7 @@ def check_prompt(ids: Sequence[int], *, vocab_size: int, context_length: int, ma
     bad = next((t for t in ids if not 0 <= t < vocab_size), None)
     if bad is not None:
         raise InvalidRequestError(f"token id {bad} is outside the vocabulary [0, {vocab_size})")
-    if len(ids) > max_prompt_tokens:
-        raise InvalidRequestError(f"the prompt has {len(ids)} tokens, more than max_prompt_tokens = "
-                                  f"{max_prompt_tokens}; shorten it or raise that setting")
+    check_prompt_length(len(ids), max_prompt_tokens)
     if len(ids) + new_tokens > context_length:
         raise InvalidRequestError(f"the prompt has {len(ids)} tokens; with {new_tokens} new token(s) "
                                   f"that exceeds the model's context of {context_length}; shorten it")

@@ -10,6 +10,16 @@ import numpy as np
 from ovpool.errors import InvalidRequestError
 
 
+def check_prompt_length(n_tokens: int, max_prompt_tokens: int) -> None:
+    """The worker's prompt-size limit (setting max_prompt_tokens), shared by every backend.
+
+    It lives here, not in generation.py, so the null backend can check it without loading OpenVINO.
+    """
+    if n_tokens > max_prompt_tokens:
+        raise InvalidRequestError(f"the prompt has {n_tokens} tokens, more than max_prompt_tokens = "
+                                  f"{max_prompt_tokens}; shorten it or raise that setting")
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """How to pick tokens. ``temperature == 0`` is greedy; the same seed gives the same tokens."""
