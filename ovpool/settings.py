@@ -98,8 +98,10 @@ _SETTINGS = [
             choices=("auto", "f32", "bf16", "f16"), graph=True),
     Setting("kv_cache_precision", str, "auto", "KV-cache element type (auto: the device's default)",
             choices=("auto", "f32", "f16", "bf16", "u8"), graph=True),
-    Setting("attention", str, "sdpa", "attention: ScaledDotProductAttention or a manual GQA path",
-            choices=("sdpa", "manual"), graph=True),
+    Setting("attention", str, "auto", "single-stream attention: paged (PagedAttention, the batching "
+            "graph), sdpa (stateful ScaledDotProductAttention) or manual (stateful MatMul/Softmax); "
+            "auto: paged, or sdpa where the paged graph cannot come from the cache",
+            choices=("auto", "paged", "sdpa", "manual"), graph=True),
     Setting("stateful", bool, True, "keep the KV cache in OpenVINO state variables", graph=True),
     Setting("kquant_requant", str, "none", "requantize K-quant weights (Q4_K, Q6_K) to another scheme",
             choices=("none", "q4_asym32", "q8_sym32"), graph=True),

@@ -6,7 +6,7 @@ import pytest
 
 from ovpool import Engine
 from ovpool.worker.backend import EngineBackend, Failed, Finished, Token
-from ovpool.worker.batch import PagedRunner, load_paged
+from ovpool.worker.batch import PagedRunner
 from ovpool.worker.batcher import Batcher
 from ovpool.worker.sampling import SamplingParams
 
@@ -60,7 +60,7 @@ def test_greedy_batched_equals_alone_with_joins_and_chunked_prefill(engine):
 
 
 def test_preemption_under_a_small_kv_cache_keeps_outputs_identical(engine):
-    runner = PagedRunner(load_paged(engine).compiled, num_blocks=4)  # 128 positions for 3 requests
+    runner = PagedRunner(engine.compiled, num_blocks=4)  # 128 positions for 3 requests
     batcher = Batcher(engine, runner, max_running=3, prefill_chunk=8, max_prompt_tokens=100)
     reqs = [(str(i), PROMPTS[i], SamplingParams(max_tokens=40, ignore_eos=True)) for i in range(3)]
     preempted = []
@@ -115,7 +115,7 @@ def test_cancel_frees_blocks_and_bad_requests_fail_clearly(engine):
 
 
 def test_a_sequence_outgrowing_the_cache_fails_with_a_clear_error(engine):
-    runner = PagedRunner(load_paged(engine).compiled, num_blocks=1)  # 32 positions
+    runner = PagedRunner(engine.compiled, num_blocks=1)  # 32 positions
     batcher = Batcher(engine, runner, max_running=2, prefill_chunk=8, max_prompt_tokens=100)
     with pytest.raises(Exception, match="kv_cache_mb"):
         batcher.add("too-long", "word " * 20, SamplingParams(max_tokens=4))
@@ -141,7 +141,7 @@ def test_smollm2_eight_batched_requests_equal_each_alone(smollm2_path):
 
 def test_cache_only_worker_still_serves_when_the_paged_graph_cannot_come_from_the_cache(tiny_model, tmp_path):
     from ovpool.worker.backend import Interleaved
-    from ovpool.worker.batch import reimport_problem
+    from ovpool.worker.loading import reimport_problem
 
     model = tiny_model(arch="llama", weight_type="Q8_0")
     with Engine(model, settings=F32, cache_dir=tmp_path) as eng:  # populates the engine's own entry

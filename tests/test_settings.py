@@ -11,7 +11,7 @@ def test_flag_beats_env_beats_default():
     s = Settings.resolve({"device": "GPU.0"}, env=env)
     assert (s.device, s.source("device")) == ("GPU.0", "flag")
     assert (s.slots, s.source("slots")) == (3, "env")
-    assert (s.attention, s.source("attention")) == ("sdpa", "default")
+    assert (s.attention, s.source("attention")) == ("auto", "default")
 
 
 def test_types_are_parsed_from_strings():
@@ -44,7 +44,7 @@ def test_bad_env_value_is_an_error_too():
 
 def test_explicit_default_has_same_graph_values_as_unset():
     unset = Settings.resolve(env={})
-    explicit = Settings.resolve({"attention": "sdpa", "stateful": "on"}, env={})
+    explicit = Settings.resolve({"attention": "auto", "stateful": "on"}, env={})
     assert unset.graph_values() == explicit.graph_values()
     assert explicit.source("attention") == "flag"
 

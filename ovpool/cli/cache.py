@@ -154,11 +154,15 @@ def explain_command(model: str, device: str | None, assignments: tuple[str, ...]
     import openvino as ov
 
     from ovpool.cache.lookup import Lookup
-    from ovpool.worker.engine import cache_identity
+    from ovpool.worker.loading import cache_identity, choose_attention
     from ovpool.worker.model import GGUFModel
+    from ovpool.worker.paged import PagedAttention
 
     settings, core = resolve_settings(assignments, device=device), ov.Core()
-    identity, config = cache_identity(GGUFModel.open(model), settings, settings.device, core)
+    attention = choose_attention(settings, settings.device, core, caching=True)
+    hook = PagedAttention() if attention == "paged" else None
+    identity, config = cache_identity(GGUFModel.open(model), settings.replace(attention=attention),
+                                      settings.device, core, hook)
     info = maintenance.explain(Lookup.create(core, store.root, identity, settings.device, config))
     if as_json:
         emit_json(info)

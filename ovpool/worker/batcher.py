@@ -13,9 +13,10 @@ import logging
 from typing import Any
 
 from ovpool.errors import InvalidRequestError, ModelLoadError, OvpoolError
-from ovpool.worker.batch import PagedRunner, load_paged
+from ovpool.worker.batch import PagedRunner
 from ovpool.worker.events import Event, Failed, Finished, Token
 from ovpool.worker.generation import Generation, check_prompt
+from ovpool.worker.loading import load_paged
 from ovpool.worker.sampling import SamplingParams
 from ovpool.worker.scheduler import Scheduler
 
@@ -33,10 +34,15 @@ class Batcher:
 
     @classmethod
     def load(cls, engine: Any, max_running: int, max_prompt_tokens: int | None = None) -> Batcher:
-        """Load the paged graph of ``engine`` (through the cache) with its KV blocks."""
-        result = load_paged(engine)
-        engine.model.close()  # as the Engine does: the compiled graph holds its own weights
+        """The paged graph of ``engine`` (its own if it runs one, else loaded through the cache)
+        with its KV blocks."""
         s = engine.settings
+        if engine.attention == "paged":
+            result = engine.load_result
+        else:
+            result = load_paged(engine.model, s, engine.device, engine.core,
+                                cache_dir=engine.cache_dir, cache_only=engine.cache_only)
+            engine.model.close()  # as the Engine does: the compiled graph holds its own weights
         runner = PagedRunner(result.compiled, s.kv_cache_mb)
         engine.load_report["paged"] = {"outcome": result.outcome, "entry": result.entry,
                                        "seconds": result.seconds, "kv_blocks": runner.num_blocks,

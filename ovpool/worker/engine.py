@@ -1,9 +1,9 @@
 """Engine: a GGUF model compiled for one OpenVINO device, with its tokenizer, ready to generate.
 
-Loading opens the GGUF header, resolves the effective graph settings, and gets the compiled model
-from ``ovpool.cache.loader.load_compiled`` (a cache hit never builds the graph or reads a weight).
-Each Generation borrows a Session (an InferRequest with its own KV cache) from a pool, so several
-can be interleaved; finished sessions are reset and reused.
+Loading opens the GGUF header, resolves the effective graph settings, chooses the graph (paged or
+stateful, see ovpool.worker.loading) and gets it compiled through the compiled-model cache (a hit
+never builds the graph or reads a weight). Each Generation borrows a session (an InferRequest with
+its own KV cache) from a pool, so several can be interleaved; finished sessions are reset and reused.
 """
 
 from __future__ import annotations
@@ -16,12 +16,11 @@ from typing import Any
 import numpy as np
 import openvino as ov
 
-from ovpool.cache.fingerprint import GraphIdentity
-from ovpool.cache.loader import load_compiled
 from ovpool.completion import Completion, Delta
 from ovpool.errors import InvalidRequestError
 from ovpool.settings import Settings
-from ovpool.worker import graph
+from ovpool.worker import graph, loading
+from ovpool.worker.batch import PagedSession
 from ovpool.worker.chat import check_messages, render
 from ovpool.worker.generation import Generation, check_prompt
 from ovpool.worker.model import GGUFModel
@@ -54,24 +53,24 @@ class Engine:
         # Kept: other graphs of this model (the worker's paged graph) use the same cache.
         self.cache_dir = cache_dir or self.settings.cache_dir or None
         self.cache_only = self.settings.cache_only if cache_only is None else cache_only
-        result = self._load(self.cache_dir, self.cache_only)
+        self.attention = loading.choose_attention(self.settings, self.device, self.core,
+                                                  caching=bool(self.cache_dir))
+        self.load_result = loading.load_graph(self.model, self.settings.replace(attention=self.attention),
+                                              self.device, self.core, cache_dir=self.cache_dir,
+                                              cache_only=self.cache_only)
+        result = self.load_result
         self.compiled = result.compiled
         # The compiled model holds its own weights: unmapping the file frees its pages (~its size).
         self.model.close()
         phases["compiled model"] = result.seconds
+        self.graph_settings = {**graph.resolve_auto(self.settings, self.device, self.core),
+                               "attention": self.attention}
         self.load_report = {"outcome": result.outcome, "entry": result.entry, "seconds": phases,
                             "graph_settings": self.graph_settings}
-        self._idle: list[Session] = []
+        self._idle: list[Session | PagedSession] = []
         if self.settings.warm_up:
             with _phase(phases, "warm-up"):
                 self._warm_up()
-
-    def _load(self, cache_dir: str | Path | None, cache_only: bool):
-        identity, config = cache_identity(self.model, self.settings, self.device, self.core)
-        self.graph_settings = dict(identity.settings)
-        return load_compiled(self.core, identity=identity, device=self.device, config=config,
-                             build=lambda: graph.build_model(self.model, self.graph_settings),
-                             cache_dir=cache_dir, cache_only=cache_only)
 
     def _warm_up(self) -> None:
         # The plugin sets its kernels up on the first prefill and on the first decode step (about a
@@ -152,10 +151,14 @@ class Engine:
         check_prompt(ids, vocab_size=self.hparams.vocab_size, context_length=self.hparams.context_length,
                      max_prompt_tokens=self.settings.max_prompt_tokens, new_tokens=new_tokens)
 
-    def _acquire(self) -> Session:
-        return self._idle.pop() if self._idle else Session(self.compiled.create_infer_request())
+    def _acquire(self) -> Session | PagedSession:
+        if self._idle:
+            return self._idle.pop()
+        if self.attention == "paged":
+            return PagedSession(self.compiled)
+        return Session(self.compiled.create_infer_request())
 
-    def _release(self, session: Session) -> None:
+    def _release(self, session: Session | PagedSession) -> None:
         session.reset()
         self._idle.append(session)
 
@@ -169,18 +172,6 @@ class Engine:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-def cache_identity(model: GGUFModel, settings: Settings, device: str,
-                   core: ov.Core, attention=None) -> tuple[GraphIdentity, dict]:
-    """The cache identity and compile config of ``model`` on ``device``, without building the graph
-    (also used by ``ovpool cache explain``); ``attention``: a graph variant, see graph.port_spec."""
-    graph_settings = graph.resolve_auto(settings, device, core)
-    ports = graph.port_spec(model.hparams, graph_settings, attention)
-    identity = GraphIdentity.from_model(
-        model, ports=ports, builder_hash=graph.BUILDER_HASH,
-        settings=graph_settings, source_identity=settings.source_identity)
-    return identity, graph.compile_config(graph_settings, device, core)
 
 
 class _phase:

@@ -1,0 +1,118 @@
+"""Which graph an Engine runs, and how it gets it compiled: through the compiled-model cache.
+
+Two graph variants serve one sequence: the stateful graph (KV cache in state variables, SDPA) and
+the paged graph (ovpool.worker.paged: KV cache in blocks, OpenVINO's PagedAttentionExtension, the
+same graph the worker batches with). On the CPU the paged graph is the faster one: its attention
+kernel skips the masked half of a causal prefill, which SDPA computes (SmolLM2, 512-token prompt:
+~100 ms of attention instead of ~370 ms). ``attention=auto`` therefore picks it, except where
+it would make a cache useless: OpenVINO 2026.4's CPU plugin cannot re-import an exported paged
+graph (``reimport_problem``), so with a cache directory on such a device auto means the stateful
+graph, which imports from the cache in a fraction of a compile.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from types import SimpleNamespace
+
+import openvino as ov
+import openvino.opset13 as ops
+
+from ovpool.cache.fingerprint import GraphIdentity
+from ovpool.cache.loader import LoadResult, load_compiled
+from ovpool.errors import CacheUnsupportedError
+from ovpool.settings import Settings
+from ovpool.worker import graph
+from ovpool.worker.model import GGUFModel
+from ovpool.worker.paged import PagedAttention
+
+log = logging.getLogger("ovpool.worker")
+
+
+def choose_attention(settings: Settings, device: str, core: ov.Core, caching: bool) -> str:
+    """The attention the engine's single-stream graph uses: the setting, with ``auto`` resolved
+    to ``paged`` (stateful off: ``sdpa``; caching on a device that cannot re-import paged graphs:
+    ``sdpa``)."""
+    chosen = settings.attention
+    if chosen != "auto":
+        return chosen
+    if not settings.stateful or (caching and reimport_problem(core, device)):
+        return "sdpa"
+    return "paged"
+
+
+def cache_identity(model: GGUFModel, settings: Settings, device: str,
+                   core: ov.Core, attention=None) -> tuple[GraphIdentity, dict]:
+    """The cache identity and compile config of ``model`` on ``device``, without building the graph
+    (also used by ``ovpool cache explain``); ``attention``: a graph variant, see graph.port_spec."""
+    graph_settings = graph.resolve_auto(settings, device, core)
+    ports = graph.port_spec(model.hparams, graph_settings, attention)
+    identity = GraphIdentity.from_model(
+        model, ports=ports, builder_hash=graph.BUILDER_HASH,
+        settings=graph_settings, source_identity=settings.source_identity)
+    return identity, graph.compile_config(graph_settings, device, core)
+
+
+def load_graph(model: GGUFModel, settings: Settings, device: str, core: ov.Core, *,
+               cache_dir: str | Path | None, cache_only: bool) -> LoadResult:
+    """The compiled graph for ``settings.attention`` (resolved: see choose_attention)."""
+    if settings.attention == "paged":
+        return load_paged(model, settings, device, core, cache_dir=cache_dir, cache_only=cache_only)
+    identity, config = cache_identity(model, settings, device, core)
+    values = dict(identity.settings)
+    return load_compiled(core, identity=identity, device=device, config=config,
+                         build=lambda: graph.build_model(model, values),
+                         cache_dir=cache_dir, cache_only=cache_only)
+
+
+def load_paged(model: GGUFModel, settings: Settings, device: str, core: ov.Core, *,
+               cache_dir: str | Path | None, cache_only: bool) -> LoadResult:
+    """The paged graph of ``model``: its ports differ from the stateful graph's, so it has its own
+    exact cache entry, used once the device can re-import it."""
+    attention = PagedAttention()
+    settings = settings.replace(attention="paged")  # whatever the single-stream graph uses
+    identity, config = cache_identity(model, settings, device, core, attention)
+    values = dict(identity.settings)
+    if cache_dir and (why := reimport_problem(core, device)):
+        if cache_only:
+            raise CacheUnsupportedError(f"cache-only mode cannot load the paged graph: {why}")
+        log.info("model cache: not used for the paged graph: %s", why)
+        cache_dir = None
+    return load_compiled(core, identity=identity, device=device, config=config,
+                         build=lambda: graph.build_model(model, values, attention),
+                         cache_dir=cache_dir, cache_only=cache_only)
+
+
+_REIMPORT: dict[str, str | None] = {}
+_TYPES = {"i32": ov.Type.i32, "i64": ov.Type.i64, "dynamic": ov.Type.dynamic}
+
+
+def reimport_problem(core: ov.Core, device: str) -> str | None:
+    """Why ``device``'s plugin cannot import an exported paged-attention graph; None if it can.
+
+    OpenVINO 2026.4's CPU plugin needs the op's head sizes from node rt_info, which an exported blob
+    does not keep; a cached paged graph would then fail at every start. Probed once per device on a
+    one-layer graph (~0.1 s), so a fixed OpenVINO gets the cache with no change here.
+    """
+    if device not in _REIMPORT:
+        compiled = core.compile_model(_probe_model(), device)
+        with compiled.export_model() as stream:
+            blob = stream.getvalue()
+        try:
+            core.import_model(blob, device)
+            _REIMPORT[device] = None
+        except RuntimeError as exc:
+            reason = [line for line in str(exc).splitlines() if line.strip()][-1]
+            _REIMPORT[device] = f"OpenVINO {ov.get_version()} cannot re-import it: {reason}"
+    return _REIMPORT[device]
+
+
+def _probe_model() -> ov.Model:
+    attention = PagedAttention()
+    params = {p["name"]: ops.parameter(ov.PartialShape(p["partial_shape"]), _TYPES[p["element_type"]],
+                                       name=p["name"])
+              for p in attention.ports(SimpleNamespace(n_layers=1))}
+    x = ops.parameter([1, 1, -1, 8], ov.Type.f32, name="x")  # [batch, heads, tokens, head_dim]
+    out = attention.attend(params, 0, x.output(0), x.output(0), x.output(0))
+    return ov.Model([ops.result(out)], [x, *params.values()])

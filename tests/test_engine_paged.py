@@ -1,0 +1,54 @@
+"""The engine's single-stream path on the paged graph: exact logits, growing KV blocks, and the
+choice between the paged and the stateful graph (ovpool.worker.loading)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ovpool import Engine
+from ovpool.testing.reference import Reference
+from ovpool.worker import batch
+from ovpool.worker.loading import reimport_problem
+from ovpool.worker.model import GGUFModel
+
+EXACT = {"inference_precision": "f32", "kv_cache_precision": "f32"}
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("weight_type", ["F16", "Q4_1", "Q4_K"])
+def test_paged_logits_match_the_numpy_reference(tiny_model, arch, weight_type):
+    path = tiny_model(arch, weight_type, False)
+    ids = [int(t) for t in np.random.default_rng(3).integers(0, 200, 13)]
+    expected = Reference(GGUFModel.open(path)).logits(np.array(ids))
+    with Engine(path, settings={**EXACT, "attention": "paged"}) as eng:
+        assert eng.attention == "paged"
+        np.testing.assert_allclose(eng.logits(ids), expected, atol=2e-4 * np.abs(expected).max())
+
+
+def test_paged_sequences_outgrowing_their_blocks_match_the_stateful_graph(tiny_model, monkeypatch):
+    monkeypatch.setattr(batch, "_SESSION_POSITIONS", 32)  # one block: every sequence here grows
+    path = tiny_model("llama", "Q4_1")
+    prompt = "the quick brown fox jumps over the lazy dog " * 3
+    runs = {}
+    for attention in ("paged", "sdpa"):
+        with Engine(path, settings={**EXACT, "attention": attention}) as eng:
+            long_ids = eng.tokenize(prompt * 2)
+            runs[attention] = (eng.complete(prompt, max_tokens=90, ignore_eos=True).token_ids,
+                               eng.logits(long_ids))
+    assert len(runs["paged"][0]) == 90 and runs["paged"][0] == runs["sdpa"][0]
+    np.testing.assert_allclose(runs["paged"][1], runs["sdpa"][1], atol=1e-4)
+
+
+def test_auto_runs_paged_unless_the_cache_cannot_hold_it(tiny_model, tmp_path):
+    path = tiny_model("llama", "Q8_0")
+    with Engine(path) as eng:
+        assert eng.attention == "paged" and eng.graph_settings["attention"] == "paged"
+        broken = reimport_problem(eng.core, eng.device)
+    with Engine(path, cache_dir=tmp_path) as cached:
+        assert cached.attention == ("sdpa" if broken else "paged")
+        assert cached.load_report["outcome"] == "wrote"
+    with Engine(path, settings={"stateful": False}) as stateless:
+        assert stateless.attention == "sdpa"
+    with Engine(path, settings={"attention": "manual"}) as manual:
+        assert manual.attention == "manual"
