@@ -35,7 +35,6 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-import filelock
 import numpy as np
 
 from ovpool.cache.manifest import Entry, Manifest
@@ -95,6 +94,8 @@ class CacheStore:
     @contextlib.contextmanager
     def lock(self, name: str, timeout: float = -1) -> Iterator[None]:
         """Hold ``locks/<name>.lock`` (blocking unless ``timeout`` >= 0; filelock.Timeout then)."""
+        import filelock  # here: a cache hit takes no lock, and the import costs start-up time
+
         with filelock.FileLock(self.locks_dir / f"{name}.lock", timeout=timeout, thread_local=False):
             yield
 

@@ -1,6 +1,8 @@
 """The ``ovpool`` command: a thin click layer; every subcommand calls the library.
 
-Subcommands live in one module per topic; each module's ``register(group)`` adds its commands.
+Subcommands live in one module per topic; each module's ``register(group)`` adds its commands. A
+module is imported only when one of its commands runs (or for ``--help``), so a worker's start does
+not pay for the table printer, the cache tools or the benchmarks.
 """
 
 from __future__ import annotations
@@ -11,12 +13,26 @@ import click
 
 from ovpool import logs
 from ovpool.cli.common import run_cli
+from ovpool.cli.startup import defer_openvino_converter
 
-# One module per topic under ovpool/cli/, each with register(group).
-_COMMAND_MODULES = ("settings_cmd", "generate", "pool", "serve", "cache", "bench")
+# Each command and its module under ovpool/cli/ (which has register(group)).
+COMMAND_MODULES = {"settings": "settings_cmd", "generate": "generate", "broker": "pool", "worker": "pool",
+                   "complete": "pool", "status": "pool", "keys": "pool", "serve": "serve", "probe": "serve",
+                   "cache": "cache", "bench": "bench"}
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+class _LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMAND_MODULES)
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name in COMMAND_MODULES and name not in self.commands:
+            importlib.import_module(f"ovpool.cli.{COMMAND_MODULES[name]}").register(self)
+        return self.commands.get(name)
+
+
+@click.group(cls=_LazyGroup,
+             context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.option("--log-level", default=None, envvar="OVPOOL_LOG_LEVEL",
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
               help="Log level (env OVPOOL_LOG_LEVEL; default INFO).")
@@ -28,9 +44,6 @@ def main(log_level: str | None, log_json: bool | None) -> None:
     logs.configure(log_level, log_json)
 
 
-for _name in _COMMAND_MODULES:
-    importlib.import_module(f"ovpool.cli.{_name}").register(main)
-
-
 def entry() -> None:
+    defer_openvino_converter()
     run_cli(main)

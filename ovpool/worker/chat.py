@@ -12,13 +12,12 @@ import json
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from functools import lru_cache
-from typing import Any
-
-import jinja2
-from jinja2.ext import loopcontrols
-from jinja2.sandbox import ImmutableSandboxedEnvironment
+from typing import TYPE_CHECKING, Any
 
 from ovpool.errors import InvalidRequestError, ModelFormatError
+
+if TYPE_CHECKING:
+    import jinja2
 
 TEMPLATE_KEY = "tokenizer.chat_template"
 
@@ -43,6 +42,11 @@ def _strftime_now(fmt: str) -> str:
 
 @lru_cache(maxsize=16)
 def _compile(template: str) -> jinja2.Template:
+    # Imported here: Jinja2 costs ~30 ms of start-up and only chat requests need it.
+    import jinja2
+    from jinja2.ext import loopcontrols
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
@@ -76,6 +80,8 @@ def render(template: str | None, messages: Any, add_generation_prompt: bool = Tr
             f"this model has no chat template ({TEMPLATE_KEY} is missing from its GGUF metadata); "
             "send a plain prompt instead of messages")
     compiled = _compile(template)
+    import jinja2  # already loaded by _compile
+
     try:
         return compiled.render(messages=check_messages(messages),
                                add_generation_prompt=add_generation_prompt,
