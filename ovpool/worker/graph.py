@@ -42,8 +42,9 @@ def port_spec(hparams: HParams, settings=None, attention=None) -> list[dict]:
 
     ``attention`` (e.g. ovpool.worker.paged.PagedAttention) replaces the KV cache, the attention
     mask and ``logits_from`` with its own inputs: ``ports(hparams)`` lists them,
-    ``attend(params, layer, q, k, v)`` takes q/k/v [batch, heads, seq, head_dim] after RoPE and
-    returns [batch, seq, heads*head_dim], ``select(params, x)`` picks the rows that get logits.
+    ``attend(params, layer, q, k, v)`` takes q/k/v [batch, seq, heads, head_dim] after RoPE (no
+    transposes) and returns [batch, seq, heads*head_dim], ``select(params, x)`` picks the rows
+    that get logits.
     """
     s = Settings.coerce(settings)
     if attention is not None:
@@ -103,7 +104,9 @@ def build_model(model: GGUFModel, settings=None, attention=None) -> ov.Model:
     params = {p["name"]: _parameter(p) for p in port_spec(h, s, attention) if p["direction"] == "in"}
     embed = W.load(model, "token_embd.weight", requant=s.kquant_requant)
     x = embed.lookup(params["input_ids"].output(0))
-    cos, sin = L.rope_tables(params["position_ids"].output(0), h, _rope_factors(model))
+    # The paged op takes tokens-major q/k/v: RoPE works in that layout, so no transposes.
+    heads_axis = 1 if attention is None else 2
+    cos, sin = L.rope_tables(params["position_ids"].output(0), h, _rope_factors(model), heads_axis)
     mask = None if attention else L.attention_mask(params["attention_mask"].output(0),
                                                    params["input_ids"].output(0))
     ctx = _Context(model, s, params, cos, sin, mask, [], [], attention)
@@ -171,9 +174,10 @@ def _block(ctx: _Context, i: int, x: ov.Output) -> ov.Output:
     n = L.rms_norm(x, _vector(ctx.model, b + "attn_norm.weight"), h.rms_eps)
     q, k, v = _projections(ctx, [b + "attn_q", b + "attn_k", b + "attn_v"], n,
                            [h.n_heads, h.n_kv_heads, 0])
-    q = L.apply_rope(L.split_heads(q, h.n_heads, h.head_dim), ctx.cos, ctx.sin)
-    k = L.apply_rope(L.split_heads(k, h.n_kv_heads, h.head_dim), ctx.cos, ctx.sin)
-    v = L.split_heads(v, h.n_kv_heads, h.head_dim)
+    major = ctx.attention is None  # SDPA wants [batch, heads, seq, head_dim]
+    q = L.apply_rope(L.split_heads(q, h.n_heads, h.head_dim, major), ctx.cos, ctx.sin)
+    k = L.apply_rope(L.split_heads(k, h.n_kv_heads, h.head_dim, major), ctx.cos, ctx.sin)
+    v = L.split_heads(v, h.n_kv_heads, h.head_dim, major)
     if ctx.attention is not None:  # e.g. paged attention (see port_spec)
         a = ctx.attention.attend(ctx.params, i, q, k, v)
     else:

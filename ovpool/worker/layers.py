@@ -28,16 +28,18 @@ def rms_norm(x: ov.Output, weight: np.ndarray, eps: float) -> ov.Output:
     return ops.multiply(ops.multiply(inv, x), const(weight.reshape(1, 1, -1))).output(0)
 
 
-def rope_tables(position_ids: ov.Output, h: HParams, freq_factors: np.ndarray | None = None):
-    """cos and sin [batch, 1, seq, head_dim] for rotate-half RoPE. ``freq_factors`` (GGUF's
-    rope_freqs.weight, Llama 3.1's long-context scaling) divide the frequencies, as in llama.cpp."""
+def rope_tables(position_ids: ov.Output, h: HParams, freq_factors: np.ndarray | None = None,
+                heads_axis: int = 1):
+    """cos and sin [batch, 1, seq, head_dim] (``heads_axis`` 2: [batch, seq, 1, head_dim]) for
+    rotate-half RoPE. ``freq_factors`` (GGUF's rope_freqs.weight, Llama 3.1's long-context scaling)
+    divide the frequencies, as in llama.cpp."""
     half = h.rope_dim // 2
     inv_freq = 1.0 / (h.rope_base ** (np.arange(half, dtype=np.float64) * 2 / h.rope_dim))
     if freq_factors is not None:
         inv_freq = inv_freq / freq_factors
     pos = ops.unsqueeze(ops.convert(position_ids, "f32"), const([-1], np.int64))
     freqs = ops.multiply(pos, const(inv_freq.reshape(1, 1, half)))
-    emb = ops.unsqueeze(ops.concat([freqs, freqs], -1), const([1], np.int64))
+    emb = ops.unsqueeze(ops.concat([freqs, freqs], -1), const([heads_axis], np.int64))
     return ops.cos(emb).output(0), ops.sin(emb).output(0)
 
 
@@ -51,9 +53,12 @@ def apply_rope(x: ov.Output, cos: ov.Output, sin: ov.Output) -> ov.Output:
     return ops.add(ops.multiply(x, cos), ops.multiply(rotated, sin)).output(0)
 
 
-def split_heads(x: ov.Output, heads: int, head_dim: int) -> ov.Output:
-    """[batch, seq, heads*head_dim] → [batch, heads, seq, head_dim]."""
+def split_heads(x: ov.Output, heads: int, head_dim: int, heads_major: bool = True) -> ov.Output:
+    """[batch, seq, heads*head_dim] → [batch, heads, seq, head_dim] (or, not ``heads_major``,
+    [batch, seq, heads, head_dim])."""
     x = ops.reshape(x, const([0, 0, heads, head_dim], np.int64), True)
+    if not heads_major:
+        return x.output(0)
     return ops.transpose(x, const([0, 2, 1, 3], np.int64)).output(0)
 
 

@@ -113,6 +113,6 @@ def _probe_model() -> ov.Model:
     params = {p["name"]: ops.parameter(ov.PartialShape(p["partial_shape"]), _TYPES[p["element_type"]],
                                        name=p["name"])
               for p in attention.ports(SimpleNamespace(n_layers=1))}
-    x = ops.parameter([1, 1, -1, 8], ov.Type.f32, name="x")  # [batch, heads, tokens, head_dim]
+    x = ops.parameter([1, -1, 1, 8], ov.Type.f32, name="x")  # [batch, tokens, heads, head_dim]
     out = attention.attend(params, 0, x.output(0), x.output(0), x.output(0))
     return ov.Model([ops.result(out)], [x, *params.values()])

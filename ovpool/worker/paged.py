@@ -46,8 +46,7 @@ class PagedAttention:
         return [{"name": n, "direction": "in", "element_type": t, "partial_shape": p} for n, t, p in rows]
 
     def attend(self, params: dict, layer: int, q, k, v) -> ov.Output:
-        """q [1, heads, T, head_dim], k/v [1, kv_heads, T, head_dim] → [1, T, heads*head_dim]."""
-        q, k, v = (_tokens_major(x) for x in (q, k, v))
+        """q [1, T, heads, head_dim], k/v [1, T, kv_heads, head_dim] → [1, T, heads*head_dim]."""
         head_dim = q.get_partial_shape()[-1]
         n_heads, kv_heads = (x.get_partial_shape()[-2].get_length() for x in (q, k))
         args = [_flat(q), _flat(k), _flat(v),
@@ -72,11 +71,6 @@ class PagedAttention:
     def select(self, params: dict, x: ov.Output) -> ov.Output:
         """Rows ``logits_indices`` of x [1, T, embd] → [1, n, embd]."""
         return ops.gather(x, params["logits_indices"], _scalar(1, np.int64)).output(0)
-
-
-def _tokens_major(x: ov.Output) -> ov.Output:
-    """[1, heads, T, head_dim] → [1, T, heads, head_dim]."""
-    return ops.transpose(x, _scalar([0, 2, 1, 3], np.int64)).output(0)
 
 
 def _flat(x: ov.Output) -> ov.Output:
