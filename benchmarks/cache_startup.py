@@ -2,15 +2,26 @@
 
 Every run is a fresh Python process; the parent stamps the wall clock just before starting it and
 the child reports the wall clock at its first generated token, so the time includes interpreter
-start, imports, model load and the first forward pass. The child also reports its load time alone
-(``Engine(...)`` or ``openvino_genai.LLMPipeline(...)``). Medians over ``--repeats``.
+start, imports, model load and the first forward pass; ovpool's children import as an ``ovpool``
+command does (OpenVINO's model converter deferred, see ovpool.cli.startup). Medians over
+``--repeats``.
 
     .venv/bin/python benchmarks/cache_startup.py [--model smollm2] [--device CPU] [--repeats 3]
         [--evict] [--json]
 
+Engine load alone (``Engine(...)`` or ``openvino_genai.LLMPipeline(...)``) is compared both ways,
+because the two put the CPU plugin's one-time set-up in different places: ovpool's Engine pays it in
+its constructor (setting ``warm_up``), GenAI's LLMPipeline in its first requests. The set-up is the
+plugin repacking every 4-bit weight matrix into the blocked layout of each shape class it meets
+(1-6 rows and 7+ rows get different layouts here). The "hit, no warm-up" scenario loads with
+``warm_up=false``; each child also times the set-up its first requests paid: the short prompt's
+first token, then a longer prompt (18 tokens) with a decode step, minus the same requests once warm.
+Both engines get the raw prompt (GenAI's chat template off), greedy, EOS ignored.
+
 Targets (issue 4): a hit's start-to-first-token ≤ 0.25× the uncached start, and the engine's load
-on a hit ≤ 0.15× GenAI's load. ``--evict`` drops the GGUF's and the blob's pages from the page
-cache before each run (POSIX_FADV_DONTNEED), measuring a cold disk instead of a warm page cache.
+on a hit ≤ 0.15× GenAI's load, judged like-for-like (neither set up, or both). ``--evict`` drops
+the GGUF's and the blob's pages from the page cache before each run (POSIX_FADV_DONTNEED),
+measuring a cold disk instead of a warm page cache.
 """
 
 from __future__ import annotations
@@ -23,13 +34,17 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 PROMPT = "The capital of France is"
-SCENARIOS = ("no cache", "hit", "cache-only", "genai")
+# 18 tokens: prefills of 7 rows or more use a weight layout of their own (see above).
+LONG_PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle on the beach"
+SCENARIOS = ("no cache", "hit", "hit, no warm-up", "cache-only", "genai")
 
 
-def child(args: argparse.Namespace) -> None:
+def load(args: argparse.Namespace) -> tuple[dict, Callable[[str, int], object]]:
+    """Load the scenario's model; (load figures, a function running one request: prompt, new tokens)."""
     if args.child == "genai":
         import openvino_genai as genai
 
@@ -37,20 +52,37 @@ def child(args: argparse.Namespace) -> None:
 
         t0 = time.perf_counter()
         pipe = genai.LLMPipeline(str(resolve_model_path(args.model)), args.device)
-        load_s, outcome = time.perf_counter() - t0, "genai"
-        t1 = time.perf_counter()
-        pipe.generate(PROMPT, max_new_tokens=1)
-    else:
-        from ovpool.worker.engine import Engine
+        return ({"load_s": time.perf_counter() - t0, "warm_up_s": 0.0, "outcome": "genai"},
+                lambda prompt, n: pipe.generate(prompt, max_new_tokens=n, ignore_eos=True,
+                                                apply_chat_template=False))
+    from ovpool.cli.startup import defer_openvino_converter
 
-        t0 = time.perf_counter()
-        engine = Engine(args.model, device=args.device, cache_dir=args.cache_dir or None,
-                        cache_only=args.child == "cache-only")
-        load_s, outcome = time.perf_counter() - t0, engine.load_report["outcome"]
-        t1 = time.perf_counter()
-        engine.complete(PROMPT, max_tokens=1)
-    print(json.dumps({"first_token_at": time.time(), "load_s": load_s, "outcome": outcome,
-                      "first_forward_s": time.perf_counter() - t1}))
+    defer_openvino_converter()  # as every ovpool command (worker, generate) starts
+    from ovpool.worker.engine import Engine
+
+    t0 = time.perf_counter()
+    engine = Engine(args.model, device=args.device, cache_dir=args.cache_dir or None,
+                    cache_only=args.child == "cache-only",
+                    settings={"warm_up": args.child != "hit, no warm-up"})
+    figures = {"load_s": time.perf_counter() - t0, "outcome": engine.load_report["outcome"],
+               "warm_up_s": engine.load_report["seconds"].get("warm-up", 0.0)}
+    return figures, lambda prompt, n: engine.complete(prompt, max_tokens=n, ignore_eos=True)
+
+
+def timed(request: Callable[[str, int], object], prompt: str, new_tokens: int) -> float:
+    t0 = time.perf_counter()
+    request(prompt, new_tokens)
+    return time.perf_counter() - t0
+
+
+def child(args: argparse.Namespace) -> None:
+    figures, request = load(args)
+    first = timed(request, PROMPT, 1)
+    first_token_at = time.time()
+    first_long = timed(request, LONG_PROMPT, 2)  # the other prefill layout, and a decode step
+    setup = first - timed(request, PROMPT, 1) + first_long - timed(request, LONG_PROMPT, 2)
+    print(json.dumps({"first_token_at": first_token_at, **figures, "first_forward_s": first,
+                      "first_requests_setup_s": setup}))
 
 
 def evict(paths: list[Path]) -> None:
@@ -74,18 +106,29 @@ def run(scenario: str, args: argparse.Namespace, cache_dir: str) -> dict:
     if proc.returncode != 0:
         raise SystemExit(f"{scenario} run failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
     out = json.loads(proc.stdout.strip().splitlines()[-1])
-    return {"start_to_first_token_s": out["first_token_at"] - start, "load_s": out["load_s"],
-            "first_forward_s": out["first_forward_s"], "outcome": out["outcome"]}
+    return {"start_to_first_token_s": out.pop("first_token_at") - start, **out}
 
 
 def summarize(runs: dict[str, list[dict]]) -> dict:
     med = {s: {k: statistics.median(r[k] for r in rs) for k in rs[0] if k != "outcome"}
            for s, rs in runs.items()}
-    hit_vs_cold = med["hit"]["start_to_first_token_s"] / med["no cache"]["start_to_first_token_s"]
-    load_vs_genai = med["hit"]["load_s"] / med["genai"]["load_s"]
-    return {"median": med, "hit_vs_no_cache": hit_vs_cold, "hit_load_vs_genai_load": load_vs_genai,
-            "targets_met": {"hit <= 0.25x no cache": hit_vs_cold <= 0.25,
-                            "hit load <= 0.15x genai load": load_vs_genai <= 0.15}}
+    hit, bare, genai = med["hit"], med["hit, no warm-up"], med["genai"]
+    genai_set_up = genai["load_s"] + genai["first_requests_setup_s"]
+    ratios = {
+        "hit / no cache (start to first token)":
+            hit["start_to_first_token_s"] / med["no cache"]["start_to_first_token_s"],
+        "hit load, no warm-up / genai load (neither set up)": bare["load_s"] / genai["load_s"],
+        "hit load with warm-up / genai load + its first-request set-up (both set up)":
+            hit["load_s"] / genai_set_up,
+        "hit load with warm-up / genai load (ovpool set up, genai not)": hit["load_s"] / genai["load_s"],
+    }
+    targets = {"hit <= 0.25x no cache": ratios["hit / no cache (start to first token)"] <= 0.25,
+               "hit load <= 0.15x genai load, neither set up":
+                   ratios["hit load, no warm-up / genai load (neither set up)"] <= 0.15,
+               "hit load <= 0.15x genai load, both set up":
+                   ratios["hit load with warm-up / genai load + its first-request set-up (both set up)"]
+                   <= 0.15}
+    return {"median": med, "ratios": ratios, "targets_met": targets}
 
 
 def main() -> None:
@@ -116,15 +159,20 @@ def main() -> None:
 
 
 def print_table(summary: dict, args: argparse.Namespace) -> None:
-    print(f"model={args.model} device={args.device} repeats={args.repeats} evict={args.evict} (medians)")
-    print(f"{'scenario':<14}{'start→first token (s)':>24}{'load (s)':>12}{'first forward (s)':>20}")
+    print(f"model={args.model} device={args.device} repeats={args.repeats} evict={args.evict} (medians, s)")
+    columns = (("start_to_first_token_s", "start→1st token"), ("load_s", "load"),
+               ("warm_up_s", "of it warm-up"), ("first_forward_s", "1st request"),
+               ("first_requests_setup_s", "set-up in 1st requests"))
+    print(f"{'scenario':<17}" + "".join(f"{title:>24}" for _, title in columns))
     for s in SCENARIOS:
         m = summary["median"][s]
-        print(f"{s:<14}{m['start_to_first_token_s']:>24.2f}{m['load_s']:>12.2f}{m['first_forward_s']:>20.2f}")
+        print(f"{s:<17}" + "".join(f"{m[key]:>24.2f}" for key, _ in columns))
     populate = summary["populate (compile + export)"]
-    print(f"populate (compile + export): {populate['start_to_first_token_s']:.2f} s")
-    print(f"hit / no cache: {summary['hit_vs_no_cache']:.3f} (target <= 0.25); hit load / genai load: "
-          f"{summary['hit_load_vs_genai_load']:.3f} (target <= 0.15)")
+    print(f"populate (compile + export): {populate['start_to_first_token_s']:.2f}")
+    for name, ratio in summary["ratios"].items():
+        print(f"{name}: {ratio:.3f}")
+    met = summary["targets_met"]
+    print("targets met: " + ", ".join(f"{k}: {'yes' if v else 'no'}" for k, v in met.items()))
 
 
 if __name__ == "__main__":
