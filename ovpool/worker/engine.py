@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import openvino as ov
 
+from ovpool.cache.loader import LoadResult
 from ovpool.completion import Completion, Delta
 from ovpool.errors import InvalidRequestError
 from ovpool.settings import Settings
@@ -55,22 +56,24 @@ class Engine:
         self.cache_only = self.settings.cache_only if cache_only is None else cache_only
         self.attention = loading.choose_attention(self.settings, self.device, self.core,
                                                   caching=bool(self.cache_dir))
-        self.load_result = loading.load_graph(self.model, self.settings.replace(attention=self.attention),
-                                              self.device, self.core, cache_dir=self.cache_dir,
-                                              cache_only=self.cache_only)
-        result = self.load_result
+        self.graph_settings = {**graph.resolve_auto(self.settings, self.device, self.core),
+                               "attention": self.attention}
+        self.load_result = result = self._load()
         self.compiled = result.compiled
         # The compiled model holds its own weights: unmapping the file frees its pages (~its size).
         self.model.close()
         phases["compiled model"] = result.seconds
-        self.graph_settings = {**graph.resolve_auto(self.settings, self.device, self.core),
-                               "attention": self.attention}
         self.load_report = {"outcome": result.outcome, "entry": result.entry, "seconds": phases,
                             "graph_settings": self.graph_settings}
         self._idle: list[Session | PagedSession] = []
         if self.settings.warm_up:
             with _phase(phases, "warm-up"):
                 self._warm_up()
+
+    def _load(self) -> LoadResult:
+        return loading.load_graph(self.model, self.settings.replace(attention=self.attention),
+                                  self.device, self.core, cache_dir=self.cache_dir,
+                                  cache_only=self.cache_only)
 
     def _warm_up(self) -> None:
         # The plugin sets its kernels up on the first prefill and on the first decode step (about a
