@@ -8,9 +8,11 @@ Both sides run greedy, ignore_eos, no chat template, on the same prompt token id
   subprocesses of its own (alternating sides), medians.
 * TTFT of a ``--prompt-tokens`` prompt and decode tokens/s over ``--new-tokens`` tokens (after the
   first): one paired subprocess loads both sides, warms each up once, then alternates them for
-  ``--rounds`` rounds, so background load on a shared machine hits both alike; the best of the
-  rounds per side (other processes only ever slow a run down). The same rounds also give the CPU
-  time of the prefill and per decoded token, which time spent descheduled does not inflate.
+  ``--rounds`` rounds (which side goes first alternates), so background load on a shared machine
+  hits both alike; the best of the rounds per side (other processes only ever slow a run down),
+  and the median over rounds of the per-round ratio (column ``paired``), which cancels slow spells
+  that outlast a round. The same rounds also give the CPU time of the prefill and per decoded
+  token, which time spent descheduled does not inflate.
 
 Each round uses a fresh prompt (disjoint windows of real text), so GenAI's prefix cache cannot
 answer a timed prompt from an earlier one.
@@ -136,9 +138,9 @@ def child_paired(args: argparse.Namespace) -> dict:
     for run in runners.values():
         run(WARMUP_PROMPT, WARMUP_TOKENS)
     rounds: dict[str, list[dict[str, float]]] = {side: [] for side in SIDES}
-    for prompt in json.loads(args.ids):
-        for side, run in runners.items():
-            rounds[side].append(timed(side, run, prompt, args.new_tokens))
+    for i, prompt in enumerate(json.loads(args.ids)):
+        for side in SIDES[::-1] if i % 2 else SIDES:  # neither side always runs first
+            rounds[side].append(timed(side, runners[side], prompt, args.new_tokens))
     best = {key: max if key == "decode_tps" else min
             for key in ("ttft_s", "decode_tps", "prefill_cpu_s", "decode_cpu_ms")}
     return {side: {**{key: pick(r[key] for r in rs) for key, pick in best.items()}, "rounds": rs}
@@ -161,23 +163,31 @@ def summarize(loads: dict[str, list[dict]], paired: dict) -> dict:
                   "peak_rss_mb": statistics.median(r["peak_rss_mb"] for r in loads[side]),
                   **{k: v for k, v in paired[side].items() if k != "rounds"}}
            for side in SIDES}
-    # Ratios read as "ovpool is N× better" whichever direction is better for the metric.
-    ratios = {}
-    for key, _, better in [*METRICS, *((k, label, "lower") for k, label in CPU_METRICS)]:
-        a, b = med["ovpool"][key], med["genai"][key]
-        ratios[key] = a / b if better == "higher" else b / a
-    return {"result": med, "ratio_ovpool_better": ratios}
+    metrics = [(key, better) for key, _, better in METRICS] + [(k, "lower") for k, _ in CPU_METRICS]
+    ratios = {key: _ratio(med["ovpool"][key], med["genai"][key], better) for key, better in metrics}
+    # Per-round ratios: the two sides of one round ran seconds apart, so slow spells of a shared
+    # machine cancel out in each ratio; their median is the steadier comparison.
+    rounds = zip(paired["ovpool"]["rounds"], paired["genai"]["rounds"], strict=True)
+    pairs = [{key: _ratio(o[key], g[key], better) for key, better in metrics if key in o} for o, g in rounds]
+    paired_ratios = {key: statistics.median(p[key] for p in pairs) for key in pairs[0]}
+    return {"result": med, "ratio_ovpool_better": ratios, "paired_ratio_median": paired_ratios}
+
+
+def _ratio(ovpool: float, genai: float, better: str) -> float:
+    """"ovpool is N× better", whichever direction is better for the metric."""
+    return ovpool / genai if better == "higher" else genai / ovpool
 
 
 def print_table(summary: dict, args: argparse.Namespace) -> None:
     print(f"model={args.model} device={args.device} prompt={args.prompt_tokens} tokens "
           f"new={args.new_tokens} repeats={args.repeats} rounds={args.rounds} "
           "(ratio > 1 means ovpool is better)")
-    print(f"{'metric':<16}{'ovpool':>12}{'genai':>12}{'ratio':>9}")
+    print(f"{'metric':<16}{'ovpool':>12}{'genai':>12}{'ratio':>9}{'paired':>9}")
     for key, label in [(k, label) for k, label, _ in METRICS] + list(CPU_METRICS):
-        m = summary["result"]
+        m, paired = summary["result"], summary["paired_ratio_median"]
+        column = f"{paired[key]:>8.2f}x" if key in paired else ""
         print(f"{label:<16}{m['ovpool'][key]:>12.3f}{m['genai'][key]:>12.3f}"
-              f"{summary['ratio_ovpool_better'][key]:>8.2f}x")
+              f"{summary['ratio_ovpool_better'][key]:>8.2f}x{column}")
 
 
 def parse_args() -> argparse.Namespace:
@@ -187,7 +197,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--prompt-tokens", type=int, default=512)
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--repeats", type=int, default=3, help="load/RSS subprocesses per side (median)")
-    p.add_argument("--rounds", type=int, default=4, help="alternating timed generations (best)")
+    p.add_argument("--rounds", type=int, default=8, help="alternating timed generations (best, "
+                   "and the median of per-round ratios)")
     p.add_argument("--json", action="store_true", help="print every measurement and the summary")
     p.add_argument("--child", choices=[*SIDES, "paired"], help=argparse.SUPPRESS)
     p.add_argument("--ids", help=argparse.SUPPRESS)
