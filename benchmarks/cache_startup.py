@@ -3,7 +3,7 @@
 Every run is a fresh Python process; the parent stamps the wall clock just before starting it and
 the child reports the wall clock at its first generated token, so the time includes interpreter
 start, imports, model load and the first forward pass; ovpool's children import as an ``ovpool``
-command does (OpenVINO's model converter deferred, see ovpool.cli.startup). Medians over
+command does (OpenVINO's model converter deferred, see ovpool.startup). Medians over
 ``--repeats``.
 
     .venv/bin/python benchmarks/cache_startup.py [--model smollm2] [--device CPU] [--repeats 3]
@@ -55,7 +55,7 @@ def load(args: argparse.Namespace) -> tuple[dict, Callable[[str, int], object]]:
         return ({"load_s": time.perf_counter() - t0, "warm_up_s": 0.0, "outcome": "genai"},
                 lambda prompt, n: pipe.generate(prompt, max_new_tokens=n, ignore_eos=True,
                                                 apply_chat_template=False))
-    from ovpool.cli.startup import defer_openvino_converter
+    from ovpool.startup import defer_openvino_converter
 
     defer_openvino_converter()  # as every ovpool command (worker, generate) starts
     from ovpool.worker.engine import Engine

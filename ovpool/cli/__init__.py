@@ -13,7 +13,7 @@ import click
 
 from ovpool import logs
 from ovpool.cli.common import run_cli
-from ovpool.cli.startup import defer_openvino_converter
+from ovpool.startup import defer_openvino_converter
 
 # Each command and its module under ovpool/cli/ (which has register(group)).
 COMMAND_MODULES = {"settings": "settings_cmd", "generate": "generate", "broker": "pool", "worker": "pool",

@@ -6,11 +6,11 @@ import sys
 
 import openvino
 
-from ovpool.cli.startup import _DeferConverter, defer_openvino_converter
+from ovpool.startup import _DeferConverter, defer_openvino_converter
 
 _CHILD = """
 import sys
-from ovpool.cli.startup import defer_openvino_converter
+from ovpool.startup import defer_openvino_converter
 defer_openvino_converter()
 import openvino as ov
 print("loaded at import:", "openvino.tools.ovc" in sys.modules)
