@@ -52,3 +52,12 @@ def test_auto_runs_paged_unless_the_cache_cannot_hold_it(tiny_model, tmp_path):
         assert stateless.attention == "sdpa"
     with Engine(path, settings={"attention": "manual"}) as manual:
         assert manual.attention == "manual"
+
+
+def test_the_batcher_shares_the_engines_paged_graph(tiny_model):
+    from ovpool.worker.backend import EngineBackend
+
+    with Engine(tiny_model("llama", "Q8_0")) as eng:
+        assert EngineBackend(eng, slots=2).wait_batching()
+        assert eng.load_report["paged"]["outcome"] == "shared"
+        assert eng.complete("hello", max_tokens=3, ignore_eos=True).finish_reason == "length"

@@ -38,7 +38,8 @@ COMPILE_CONFIG = {"CACHE_MODE": "OPTIMIZE_SPEED"}
 @dataclass(frozen=True)
 class LoadResult:
     compiled: ov.CompiledModel
-    outcome: str  # "hit", "wrote" (compiled and exported) or "compiled" (no cache or export skipped)
+    outcome: str  # "hit", "wrote" (compiled and exported), "compiled" (no cache or export skipped)
+    # or "shared" (another user's compiled model, e.g. the worker's batcher reusing the engine's)
     entry: str | None
     seconds: float
 

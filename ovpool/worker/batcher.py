@@ -9,6 +9,7 @@ decodes. A request whose sequence outgrows the whole KV cache fails with a clear
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Any
 
@@ -37,8 +38,8 @@ class Batcher:
         """The paged graph of ``engine`` (its own if it runs one, else loaded through the cache)
         with its KV blocks."""
         s = engine.settings
-        if engine.attention == "paged":
-            result = engine.load_result
+        if engine.attention == "paged":  # the engine's single-stream graph: nothing to compile
+            result = dataclasses.replace(engine.load_result, outcome="shared", seconds=0.0)
         else:
             result = load_paged(engine.model, s, engine.device, engine.core,
                                 cache_dir=engine.cache_dir, cache_only=engine.cache_only)
