@@ -40,7 +40,8 @@ def test_ports_select_an_entry_not_a_family(model_file):
 
 def test_explicit_default_setting_fingerprints_like_unset(model_file):
     unset = Settings.resolve({}, env={}).graph_values()
-    explicit = Settings.resolve({"attention": "sdpa", "stateful": "on"}, env={}).graph_values()
+    defaults = {"attention": "auto", "stateful": "on", "q4_storage": "auto"}
+    explicit = Settings.resolve(defaults, env={}).graph_values()
     assert fp(identity(model_file, unset)).family == fp(identity(model_file, explicit)).family
 
 

@@ -176,6 +176,8 @@ def test_auto_settings_resolve_to_the_device_defaults():
     assert values["inference_precision"] == default("INFERENCE_PRECISION_HINT")
     assert values["kv_cache_precision"] == default("KV_CACHE_PRECISION")
     assert values["attention"] == "manual" and "auto" not in values.values()
+    gpu = resolve_auto({"inference_precision": "f16", "kv_cache_precision": "f16"}, "GPU.1", core)
+    assert values["q4_storage"] == "i8" and gpu["q4_storage"] == "i4"  # no GPU plugin query needed
     config = compile_config({"inference_precision": "f32", "kv_cache_precision": "f16"}, "CPU", core)
     assert config == {"INFERENCE_PRECISION_HINT": "f32", "KV_CACHE_PRECISION": "f16",
                       "DYNAMIC_QUANTIZATION_GROUP_SIZE": 0}
@@ -183,9 +185,11 @@ def test_auto_settings_resolve_to_the_device_defaults():
     assert bf16["INFERENCE_PRECISION_HINT"] == "bf16" and "DYNAMIC_QUANTIZATION_GROUP_SIZE" not in bf16
 
 
-@pytest.mark.parametrize("weight_type,element", [("Q4_1", "i4"), ("Q8_0", "i8"), ("Q4_K", "i4")])
-def test_compiled_weights_stay_compressed(tiny_model, weight_type, element):
-    model, request = compile_graph(tiny_model("llama", weight_type, False, n_embd=256, n_ff=512))
+@pytest.mark.parametrize("weight_type,storage,element", [
+    ("Q4_1", "i4", "i4"), ("Q4_1", "i8", "i8"), ("Q8_0", "i4", "i8"), ("Q4_K", "i4", "i4")])
+def test_compiled_weights_stay_compressed(tiny_model, weight_type, storage, element):
+    path = tiny_model("llama", weight_type, False, n_embd=256, n_ff=512)
+    model, request = compile_graph(path, q4_storage=storage)
     h = model.hparams
     runtime = request.get_compiled_model().get_runtime_model()
     consts = [op.output(0) for op in runtime.get_ordered_ops()
@@ -196,3 +200,13 @@ def test_compiled_weights_stay_compressed(tiny_model, weight_type, element):
     assert element in elements
     # Scales and corrections are per 32 weights; a decompressed matrix would be n_embd * n_ff.
     assert largest_float < h.n_embd * h.n_ff // 8
+
+
+@pytest.mark.parametrize("weight_type,requant", [("Q4_0", "none"), ("Q4_1", "none"), ("Q4_K", "none"),
+                                                 ("Q4_K", "q4_asym32")])
+def test_bytewise_4bit_codes_give_the_same_logits(tiny_model, weight_type, requant):
+    path = tiny_model("qwen2", weight_type, False)
+    model, packed = compile_graph(path, q4_storage="i4", kquant_requant=requant)
+    _, bytewise = compile_graph(path, q4_storage="i8", kquant_requant=requant)
+    ids = prompt(model)
+    np.testing.assert_array_equal(score(bytewise, ids), score(packed, ids))

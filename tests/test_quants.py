@@ -14,6 +14,7 @@ from ovpool.worker.quants import (
     requantize,
     unpack,
     unpack_nibbles,
+    widen,
 )
 
 # Byte offsets of the f16 scale fields inside one block of each type.
@@ -112,3 +113,13 @@ def test_requantized_k_quants_stay_within_a_rounding_step(qtype, scheme, element
     # the f16 rounding of the scale times the largest code.
     rounding = 0.5 if element == "i8" else 1.0
     assert (err <= step * (rounding + steps * 2.0**-11) + 1e-7).all()
+
+
+@pytest.mark.parametrize("qtype,requant,element", [(T.Q4_0, None, "i8"), (T.Q4_1, None, "i8"),
+                                                   (T.Q4_K, "q4_asym32", "u8"), (T.Q8_0, None, "i8")])
+def test_widened_codes_mean_the_same_weights(qtype, requant, element):
+    packed = unpack(qtype, random_blocks(qtype, 4, 256), (4, 256))
+    packed = requantize(packed, requant) if requant else packed
+    wide = widen(packed)
+    assert wide.element == element and wide.codes.shape == (4, 256)
+    np.testing.assert_array_equal(dequantize(wide), dequantize(packed))

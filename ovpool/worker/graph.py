@@ -102,7 +102,8 @@ def build_model(model: GGUFModel, settings=None, attention=None) -> ov.Model:
     if h.rope_dim != h.head_dim:
         raise UnsupportedModelError(f"partial RoPE ({h.rope_dim} of {h.head_dim} dims) is not supported")
     params = {p["name"]: _parameter(p) for p in port_spec(h, s, attention) if p["direction"] == "in"}
-    embed = W.load(model, "token_embd.weight", requant=s.kquant_requant)
+    encoding = W.Encoding.of(s)
+    embed = W.load(model, "token_embd.weight", encoding=encoding)
     x = embed.lookup(params["input_ids"].output(0))
     # The paged op takes tokens-major q/k/v: RoPE works in that layout, so no transposes.
     heads_axis = 1 if attention is None else 2
@@ -117,7 +118,7 @@ def build_model(model: GGUFModel, settings=None, attention=None) -> ov.Model:
     else:
         x = ops.slice(x, params["logits_from"], const_i64([_MAX]), const_i64([1]), const_i64([1]))
     x = L.rms_norm(x, _vector(model, "output_norm.weight"), h.rms_eps)
-    head = embed if h.tied_embeddings else W.load(model, "output.weight", requant=s.kquant_requant)
+    head = embed if h.tied_embeddings else W.load(model, "output.weight", encoding=encoding)
     logits = ops.result(head.linear(x))
     logits.output(0).get_tensor().set_names({"logits"})
     return ov.Model([logits, *ctx.results], ctx.sinks, list(params.values()), model.name)
@@ -148,10 +149,10 @@ def _projections(ctx: _Context, names: list[str], x: ov.Output, heads: list[int]
     weights are encoded alike. ``heads`` > 0 marks llama Q/K rows to un-permute for RoPE."""
     llama = ctx.model.architecture == "llama"
     permutes = [ctx.h.head_dim if n and llama else 0 for n in heads]
-    requant = ctx.settings.kquant_requant
-    stacked = W.load_stacked(ctx.model, [n + ".weight" for n in names], permutes, requant)
+    encoding = W.Encoding.of(ctx.settings)
+    stacked = W.load_stacked(ctx.model, [n + ".weight" for n in names], permutes, encoding)
     if stacked is None:
-        outs = [W.load(ctx.model, n + ".weight", p, requant).linear(x)
+        outs = [W.load(ctx.model, n + ".weight", p, encoding).linear(x)
                 for n, p in zip(names, permutes, strict=True)]
     else:
         sizes = [ctx.model.tensors[n + ".weight"].shape[0] for n in names]
@@ -220,6 +221,8 @@ def resolve_auto(settings=None, device: str = "CPU", core: ov.Core | None = None
                        ("kv_cache_precision", "KV_CACHE_PRECISION")):
         if values[name] == "auto":
             values[name] = _type_name(core.get_property(_device_type(device), prop))
+    if values["q4_storage"] == "auto":  # see quants.widen: the CPU plugin sets i4 up slowly
+        values["q4_storage"] = "i8" if _device_type(device) == "CPU" else "i4"
     return values
 
 

@@ -38,7 +38,7 @@ QK_K = 256
 @dataclass(frozen=True)
 class Packed:
     codes: np.ndarray  # [rows, cols] (u4/i4: [rows, cols // 2] packed bytes)
-    element: str  # "f32", "f16", "bf16", "i8", "u4", "i4"
+    element: str  # "f32", "f16", "bf16", "i8", "u8", "u4", "i4"
     shape: tuple[int, int]
     group: int = 0
     scale: np.ndarray | None = None  # [rows, groups] float16 or float32
@@ -128,6 +128,16 @@ def unpack_nibbles(packed: np.ndarray, element: str) -> np.ndarray:
     lo, hi = packed & np.uint8(15), packed >> np.uint8(4)
     q = np.stack([lo, hi], axis=-1).reshape(packed.shape[0], -1)
     return (q.astype(np.int8) ^ 8) - 8 if element == "i4" else q
+
+
+def widen(p: Packed) -> Packed:
+    """``p`` with each 4-bit code in a byte of its own (i4 → i8, u4 → u8): the same values, scales
+    and zero points. OpenVINO's CPU plugin repacks 4-bit weights for its kernels with a reference
+    (non-JIT) reorder at the first inference of each kernel layout, 8-bit ones with a JIT one:
+    SmolLM2's two set-ups take ~0.3 s instead of ~1 s."""
+    if p.element not in ("i4", "u4"):
+        return p
+    return replace(p, codes=unpack_nibbles(p.codes, p.element), element=p.element.replace("4", "8"))
 
 
 def _f16(blocks: np.ndarray, start: int, rows: int) -> np.ndarray:

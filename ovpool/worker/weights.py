@@ -9,16 +9,18 @@ plugin repacks them at compile time anyway, and the memmap's pages stay clean pa
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import openvino as ov
 import openvino.opset13 as ops
 from gguf import GGMLQuantizationType as T
 
 from ovpool.worker.model import GGUFModel
-from ovpool.worker.quants import Packed, concat_rows, permute_rows, requantize, unpack
+from ovpool.worker.quants import Packed, concat_rows, permute_rows, requantize, unpack, widen
 
 _ELEMENT = {"f32": ov.Type.f32, "f16": ov.Type.f16, "bf16": ov.Type.bf16, "i8": ov.Type.i8,
-            "u4": ov.Type.u4, "i4": ov.Type.i4}
+            "u8": ov.Type.u8, "u4": ov.Type.u4, "i4": ov.Type.i4}
 
 
 def constant(array: np.ndarray, element: ov.Type | None = None, shape=None) -> ov.Node:
@@ -35,29 +37,41 @@ def constant(array: np.ndarray, element: ov.Type | None = None, shape=None) -> o
     return ops.constant(tensor, shared_memory=True)
 
 
-def load(model: GGUFModel, name: str, head_size: int = 0, requant: str = "none") -> Weight:
-    """Tensor ``name`` as a Weight; ``head_size`` > 0 un-permutes llama's Q/K rows (see below);
-    ``requant`` re-encodes K-quant weights (setting kquant_requant)."""
-    return Weight(_packed(model, name, head_size, requant), name)
+@dataclass(frozen=True)
+class Encoding:
+    """How GGUF blocks become constants: the graph settings ``kquant_requant`` and ``q4_storage``
+    (``auto`` here keeps 4-bit codes packed; the engine passes resolved settings)."""
+
+    requant: str = "none"
+    q4_storage: str = "i4"
+
+    @classmethod
+    def of(cls, settings) -> Encoding:
+        return cls(settings.kquant_requant, settings.q4_storage)
+
+
+def load(model: GGUFModel, name: str, head_size: int = 0, encoding: Encoding = Encoding()) -> Weight:
+    """Tensor ``name`` as a Weight; ``head_size`` > 0 un-permutes llama's Q/K rows (see below)."""
+    return Weight(_packed(model, name, head_size, encoding), name)
 
 
 def load_stacked(model: GGUFModel, names: list[str], head_sizes: list[int],
-                 requant: str = "none") -> Weight | None:
+                 encoding: Encoding = Encoding()) -> Weight | None:
     """Tensors sharing an input (Q, K, V; gate, up) as one Weight with their rows stacked, so one
     MatMul kernel runs where there were several; None if their encodings differ."""
-    parts = [_packed(model, n, hs, requant) for n, hs in zip(names, head_sizes, strict=True)]
+    parts = [_packed(model, n, hs, encoding) for n, hs in zip(names, head_sizes, strict=True)]
     packed = concat_rows(parts)
     return None if packed is None else Weight(packed, "+".join(names))
 
 
-def _packed(model: GGUFModel, name: str, head_size: int, requant: str) -> Packed:
+def _packed(model: GGUFModel, name: str, head_size: int, encoding: Encoding) -> Packed:
     info = model.tensors[name]
     packed = unpack(info.ggml_type, model.raw(name), info.shape)
-    if requant != "none" and info.ggml_type in (T.Q4_K, T.Q6_K):
-        packed = requantize(packed, requant)
+    if encoding.requant != "none" and info.ggml_type in (T.Q4_K, T.Q6_K):
+        packed = requantize(packed, encoding.requant)
     if head_size:
         packed = permute_rows(packed, rope_halves_order(packed.shape[0], head_size))
-    return packed
+    return widen(packed) if encoding.q4_storage == "i8" else packed
 
 
 def rope_halves_order(rows: int, head_size: int) -> np.ndarray:
