@@ -87,8 +87,10 @@ _SETTINGS = [
     Setting("curve_server_key", str, "", "the broker's CURVE public key file (clients and workers)"),
     Setting("curve_allowed_keys", str, "", "broker: directory of public keys allowed to connect"),
     Setting("prefill_chunk", int, 256, "prompt tokens prefilled per step while others decode", minimum=1),
-    Setting("warm_up", bool, True, "run a short prefill and decode step while loading, so the first "
-            "request does not pay the device's kernel setup"),
+    Setting("warm_up", str, "idle", "when the device's one-time kernel set-up runs (a short prefill "
+            "and a decode step): idle (a worker, once it is registered and nothing waits; a bare "
+            "Engine leaves it to its first requests), load (in Engine(...)) or off",
+            choices=("idle", "load", "off")),
     Setting("batching", str, "paged", "how a worker runs its sequences: paged (one batched forward pass "
             "per step, continuous batching) or interleaved (one pass per sequence)",
             choices=("paged", "interleaved")),

@@ -169,11 +169,14 @@ def test_stateless_graph_generates_like_the_stateful_one(tiny_model):
     assert runs[0] == runs[1]
 
 
-def test_warm_up_is_reported_and_leaves_no_state_behind(tiny_model):
+def test_warm_up_runs_at_load_or_on_request_and_leaves_no_state_behind(tiny_model):
     path = tiny_model(arch="llama", weight_type="Q8_0")
-    with Engine(path, settings={"warm_up": False}) as cold:
-        assert "warm-up" not in cold.load_report["seconds"]
-        expected = cold.complete(PROMPT, max_tokens=8, ignore_eos=True).token_ids
-    with Engine(path) as warm:
-        assert "warm-up" in warm.load_report["seconds"]
+    with Engine(path) as lazy:  # the default, idle: a bare engine leaves the set-up to its requests
+        assert "warm-up" not in lazy.load_report["seconds"] and not lazy.warmed
+        expected = lazy.complete(PROMPT, max_tokens=8, ignore_eos=True).token_ids
+        lazy.warm_up()
+        assert lazy.warmed and "warm-up" in lazy.load_report["seconds"]
+        assert lazy.complete(PROMPT, max_tokens=8, ignore_eos=True).token_ids == expected
+    with Engine(path, settings={"warm_up": "load"}) as warm:
+        assert warm.warmed and "warm-up" in warm.load_report["seconds"]
         assert warm.complete(PROMPT, max_tokens=8, ignore_eos=True).token_ids == expected

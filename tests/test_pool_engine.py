@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from ovpool import errors
@@ -37,6 +39,20 @@ def test_two_engine_workers_answer_like_the_engine_alone(tiny_model, tmp_path):
     assert "".join(d.text for d in streamed) == alone[0].text
     assert all(c.usage.prompt_tokens == a.usage.prompt_tokens for c, a in zip(together, alone, strict=True))
     assert all(str(model) in w["models"] for w in status["workers"])  # the path given is an alias
+
+
+def test_an_idle_worker_sets_its_kernels_up_once_registered(tiny_model, tmp_path):
+    log = tmp_path / "worker.log"
+    endpoint = free_endpoint()
+    with fast_heartbeats(0.5), broker(endpoint), \
+            PoolProcess("worker", "--broker", endpoint, "--model", str(tiny_model()), log=log), \
+            Client(endpoint) as client:
+        wait_for_workers(client, 1, timeout=120)
+        deadline = time.monotonic() + 60
+        while "kernels set up while idle" not in log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert "kernels set up while idle" in log.read_text()
+        assert client.complete("once upon a time", max_tokens=4, ignore_eos=True).finish_reason == "length"
 
 
 def test_smollm2_through_the_pool(smollm2_path):

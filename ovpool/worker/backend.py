@@ -40,6 +40,9 @@ class Backend(Protocol):
 
     def step(self) -> list[Event]: ...
 
+    def idle(self) -> None:
+        """Nothing is running or waiting: a moment for one-time work (e.g. kernel set-up)."""
+
 
 def _check_room(active: int, slots: int) -> None:
     if active >= slots:
@@ -94,6 +97,9 @@ class NullBackend:
                 del self._sessions[rid]
                 events.append(Finished(rid, self._completion(s)))
         return events
+
+    def idle(self) -> None:
+        pass
 
     @staticmethod
     def _completion(s: _NullSession) -> Completion:
@@ -158,6 +164,11 @@ class EngineBackend:
         if self.runs is self._batcher:
             events += self._batcher.step()
         return events
+
+    def idle(self) -> None:
+        if self.engine.settings.warm_up == "idle" and not self.engine.warmed:
+            self.engine.warm_up()
+            log.info("kernels set up while idle in %.2f s", self.engine.load_report["seconds"]["warm-up"])
 
 
 def _load_batcher(engine: Any, slots: int, max_prompt_tokens: int) -> concurrent.futures.Future | None:

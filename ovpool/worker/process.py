@@ -91,6 +91,8 @@ class Worker:
                  self.ready.slots, self.broker)
         next_heartbeat = 0.0
         while not stop.is_set():
+            if not self._active and not self._socket.poll(0):
+                self.backend.idle()
             wait_s = 0.0 if self._active else timing.POLL_INTERVAL_S
             if self._socket.poll(wait_s * 1000):
                 self._receive()
