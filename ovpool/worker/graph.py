@@ -113,10 +113,6 @@ def build_model(model: GGUFModel, settings=None, attention=None) -> ov.Model:
     ctx = _Context(model, s, params, cos, sin, mask, [], [], attention)
     for i in range(h.n_layers):
         x = _block(ctx, i, x)
-    if attention is not None:
-        x = attention.select(params, x)
-    else:
-        x = ops.slice(x, params["logits_from"], const_i64([_MAX]), const_i64([1]), const_i64([1]))
     x = L.rms_norm(x, _vector(model, "output_norm.weight"), h.rms_eps)
     head = embed if h.tied_embeddings else W.load(model, "output.weight", encoding=encoding)
     logits = ops.result(head.linear(x))
@@ -185,12 +181,24 @@ def _block(ctx: _Context, i: int, x: ov.Output) -> ov.Output:
         k, v = _cache(ctx, i, "key", k), _cache(ctx, i, "value", v)
         a = L.merge_heads(L.attend(q, k, v, ctx.mask, h, ctx.settings.attention == "manual"),
                           h.n_heads * h.head_dim)
+    if i == h.n_layers - 1:
+        # Past the last attention only the positions that get logits matter (the KV cache is
+        # written): the last layer's output projection and MLP run on those rows alone.
+        a, x = _rows_for_logits(ctx, a), _rows_for_logits(ctx, x)
     (o,) = _projections(ctx, [b + "attn_output"], a, [0])
     x = ops.add(x, o)
     n = L.rms_norm(x, _vector(ctx.model, b + "ffn_norm.weight"), h.rms_eps)
     gate, up = _projections(ctx, [b + "ffn_gate", b + "ffn_up"], n, [0, 0])
     (down,) = _projections(ctx, [b + "ffn_down"], L.swiglu(gate, up), [0])
     return ops.add(x, down).output(0)
+
+
+def _rows_for_logits(ctx: _Context, x: ov.Output) -> ov.Output:
+    """The rows of x [batch, seq, ...] that get logits: ``logits_from``.. (or the attention hook's)."""
+    if ctx.attention is not None:
+        return ctx.attention.select(ctx.params, x)
+    p = ctx.params
+    return ops.slice(x, p["logits_from"], const_i64([_MAX]), const_i64([1]), const_i64([1])).output(0)
 
 
 def _cache(ctx: _Context, layer: int, kind: str, new: ov.Output) -> ov.Output:
