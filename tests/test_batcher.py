@@ -176,3 +176,17 @@ def test_requests_started_before_the_paged_graph_is_ready_finish_unbatched(engin
     assert done["early"].token_ids == alone(engine, PROMPTS[0], params).token_ids
     assert done["late"].token_ids == alone(engine, PROMPTS[3], params).token_ids
     assert not any(isinstance(e, Finished) for e in events)
+
+
+def test_idle_warm_up_covers_the_engine_and_a_separate_batching_graph(tiny_model, tmp_path):
+    model = tiny_model(arch="llama", weight_type="Q4_1")
+    with Engine(model, settings=F32, cache_dir=tmp_path) as eng:
+        backend = EngineBackend(eng, slots=2)
+        assert backend.wait_batching()
+        backend.idle()
+        assert eng.warmed and backend.runs.warmed
+        params = SamplingParams(max_tokens=6, ignore_eos=True)
+        done, _, failed = drain(backend, {0: [("a", PROMPTS[0], params), ("b", PROMPTS[3], params)]})
+        assert not failed
+        assert done["a"].token_ids == alone(eng, PROMPTS[0], params).token_ids
+        assert done["b"].token_ids == alone(eng, PROMPTS[3], params).token_ids

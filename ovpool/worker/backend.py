@@ -166,9 +166,14 @@ class EngineBackend:
         return events
 
     def idle(self) -> None:
-        if self.engine.settings.warm_up == "idle" and not self.engine.warmed:
+        if self.engine.settings.warm_up != "idle":
+            return
+        if not self.engine.warmed:
             self.engine.warm_up()
             log.info("kernels set up while idle in %.2f s", self.engine.load_report["seconds"]["warm-up"])
+        batcher = self._batcher if self.runs is self._batcher else None
+        if batcher is not None and not batcher.warmed:  # its own compiled graph, or the engine's
+            batcher.warm_up()
 
 
 def _load_batcher(engine: Any, slots: int, max_prompt_tokens: int) -> concurrent.futures.Future | None:

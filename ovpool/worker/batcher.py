@@ -14,12 +14,13 @@ import logging
 from typing import Any
 
 from ovpool.errors import InvalidRequestError, ModelLoadError, OvpoolError
-from ovpool.worker.batch import PagedRunner
+from ovpool.worker.batch import PagedRunner, PagedSession
 from ovpool.worker.events import Event, Failed, Finished, Token
 from ovpool.worker.generation import Generation, check_prompt
 from ovpool.worker.loading import load_paged
 from ovpool.worker.sampling import SamplingParams
 from ovpool.worker.scheduler import Scheduler
+from ovpool.worker.session import warm_up
 
 log = logging.getLogger("ovpool.worker")
 
@@ -32,6 +33,14 @@ class Batcher:
         self.scheduler = Scheduler(num_blocks=runner.num_blocks, block_size=runner.block_size,
                                    prefill_chunk=prefill_chunk, max_running=max_running)
         self._generations: dict[str, Generation] = {}
+        self.warmed = False
+
+    def warm_up(self) -> None:
+        """The device's one-time set-up for this graph (see session.warm_up), on a session of its
+        own so that no KV block of the scheduler's is touched."""
+        if not self.warmed:
+            warm_up(PagedSession(self.runner.request.get_compiled_model()))
+            self.warmed = True
 
     @classmethod
     def load(cls, engine: Any, max_running: int, max_prompt_tokens: int | None = None) -> Batcher:

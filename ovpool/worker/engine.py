@@ -26,13 +26,10 @@ from ovpool.worker.chat import check_messages, render
 from ovpool.worker.generation import Generation, check_prompt
 from ovpool.worker.model import GGUFModel
 from ovpool.worker.sampling import SamplingParams
-from ovpool.worker.session import Session
+from ovpool.worker.session import Session, warm_up
 from ovpool.worker.tokenizer import Tokenizer
 
 Prompt = str | Sequence[int] | Sequence[Mapping[str, Any]]
-# The CPU plugin lays weights out once for passes of 1-6 rows and once for 7 or more: a prefill of
-# 8 tokens and one decode step set both up.
-_WARM_UP_PROMPT = 8
 
 
 class Engine:
@@ -78,18 +75,14 @@ class Engine:
                                   cache_only=self.cache_only)
 
     def warm_up(self) -> None:
-        """Set the device's kernels up now (once; seconds in ``load_report``), not in a request.
-
-        The CPU plugin sets up on the first pass of each weight layout (SmolLM2 here: ~0.15 s each
-        with q4_storage=i8, ~0.5 s with i4). Worth it before requests arrive; a process that
-        generates once (``ovpool generate``) gains nothing from it.
-        """
+        """Set the device's kernels up now (once; seconds in ``load_report``), not in a request
+        (see session.warm_up). Worth it before requests arrive; a process that generates once
+        (``ovpool generate``) gains nothing from it."""
         if self.warmed:
             return
         with _phase(self.load_report["seconds"], "warm-up"):
             session = self._acquire()
-            session.forward([0] * _WARM_UP_PROMPT, logits_from=_WARM_UP_PROMPT - 1)
-            session.forward([0], logits_from=0)
+            warm_up(session)
             self._release(session)
         self.warmed = True
 

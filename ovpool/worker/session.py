@@ -16,6 +16,9 @@ from ovpool.errors import ModelLoadError
 
 _PAST = "past_key_values."
 _PRESENT = "present."
+# The CPU plugin lays weights out once for passes of 1-6 rows and once for 7 or more: a prefill of
+# 8 tokens and one decode step set both up.
+_WARM_UP_PROMPT = 8
 
 
 class Session:
@@ -81,3 +84,12 @@ def _empty_kv(port: ov.ConstOutput) -> ov.Tensor:
     shape = port.get_partial_shape()
     dims = [1, shape[1].get_length(), 0, shape[3].get_length()]
     return ov.Tensor(port.get_element_type(), ov.Shape(dims))
+
+
+def warm_up(session) -> None:
+    """One pass of each kernel layout on ``session`` (a Session or a PagedSession), then reset: the
+    device's one-time set-up (SmolLM2 on a CPU: ~0.15 s per layout with q4_storage=i8, ~0.5 s with
+    i4) is shared by every request of the compiled model, so no request pays it."""
+    session.forward([0] * _WARM_UP_PROMPT, logits_from=_WARM_UP_PROMPT - 1)
+    session.forward([0], logits_from=0)
+    session.reset()
