@@ -15,6 +15,7 @@ import time
 import pytest
 from serve_helpers import alive, descendants, free_port, scrape, serve, wait_for
 
+from ovpool import timing
 from ovpool.client import Client
 
 pytestmark = pytest.mark.slow
@@ -48,7 +49,11 @@ def test_killed_worker_is_restarted(tmp_path):
         assert after["CPU#1"]["pid"] != victim and after["CPU#1"]["last_exit"] == -signal.SIGKILL
         assert after["CPU#0"]["pid"] == before["CPU#0"]["pid"] and after["CPU#0"]["restarts"] == 0
         with Client(served.endpoint) as client:
-            assert len(client.status()["workers"]) == 2
+            # The restarted worker may register before the broker's heartbeat expiry drops the
+            # killed one; after that expiry exactly the two live workers remain.
+            workers = wait_for(lambda: len(w := client.status()["workers"]) == 2 and w,
+                               timing.HEARTBEAT_EXPIRY_S + 10, "the killed worker to expire")
+            assert {w["pid"] for w in workers} == {after["CPU#0"]["pid"], after["CPU#1"]["pid"]}
 
 
 def test_worker_failing_at_start_is_given_up_and_reported(tmp_path):
