@@ -58,6 +58,9 @@ def test_the_batcher_shares_the_engines_paged_graph(tiny_model):
     from ovpool.worker.backend import EngineBackend
 
     with Engine(tiny_model("llama", "Q8_0")) as eng:
-        assert EngineBackend(eng, slots=2).wait_batching()
+        backend = EngineBackend(eng, slots=2)
+        assert backend.wait_batching()
         assert eng.load_report["paged"]["outcome"] == "shared"
+        backend.idle()  # one warm-up serves both: it is one compiled graph
+        assert eng.warmed and backend.runs.warmed
         assert eng.complete("hello", max_tokens=3, ignore_eos=True).finish_reason == "length"

@@ -172,7 +172,7 @@ class EngineBackend:
             self.engine.warm_up()
             log.info("kernels set up while idle in %.2f s", self.engine.load_report["seconds"]["warm-up"])
         batcher = self._batcher if self.runs is self._batcher else None
-        if batcher is not None and not batcher.warmed:  # its own compiled graph, or the engine's
+        if batcher is not None:
             batcher.warm_up()
 
 

@@ -36,11 +36,16 @@ class Batcher:
         self.warmed = False
 
     def warm_up(self) -> None:
-        """The device's one-time set-up for this graph (see session.warm_up), on a session of its
-        own so that no KV block of the scheduler's is touched."""
-        if not self.warmed:
+        """The device's one-time set-up for this graph (see session.warm_up): the engine's when it is
+        the engine's graph (see load), else on a session of its own, so that no KV block of the
+        scheduler's is touched."""
+        if self.warmed:
+            return
+        if self.engine.attention == "paged":
+            self.engine.warm_up()
+        else:
             warm_up(PagedSession(self.runner.request.get_compiled_model()))
-            self.warmed = True
+        self.warmed = True
 
     @classmethod
     def load(cls, engine: Any, max_running: int, max_prompt_tokens: int | None = None) -> Batcher:

@@ -92,6 +92,10 @@ class _Context:
     def h(self) -> HParams:
         return self.model.hparams
 
+    @property
+    def encoding(self) -> W.Encoding:
+        return W.Encoding.of(self.settings)
+
 
 def build_model(model: GGUFModel, settings=None, attention=None) -> ov.Model:
     """The model's OpenVINO graph (reads the weights into compressed constants).
@@ -145,10 +149,9 @@ def _projections(ctx: _Context, names: list[str], x: ov.Output, heads: list[int]
     weights are encoded alike. ``heads`` > 0 marks llama Q/K rows to un-permute for RoPE."""
     llama = ctx.model.architecture == "llama"
     permutes = [ctx.h.head_dim if n and llama else 0 for n in heads]
-    encoding = W.Encoding.of(ctx.settings)
-    stacked = W.load_stacked(ctx.model, [n + ".weight" for n in names], permutes, encoding)
+    stacked = W.load_stacked(ctx.model, [n + ".weight" for n in names], permutes, ctx.encoding)
     if stacked is None:
-        outs = [W.load(ctx.model, n + ".weight", p, encoding).linear(x)
+        outs = [W.load(ctx.model, n + ".weight", p, ctx.encoding).linear(x)
                 for n, p in zip(names, permutes, strict=True)]
     else:
         sizes = [ctx.model.tensors[n + ".weight"].shape[0] for n in names]

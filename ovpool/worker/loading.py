@@ -93,7 +93,8 @@ def reimport_problem(core: ov.Core, device: str) -> str | None:
 
     OpenVINO 2026.4's CPU plugin needs the op's head sizes from node rt_info, which an exported blob
     does not keep; a cached paged graph would then fail at every start. Probed once per device on a
-    one-layer graph (~0.1 s), so a fixed OpenVINO gets the cache with no change here.
+    one-layer graph (~0.04 s once the plugin is loaded), so a fixed OpenVINO gets the cache with no
+    change here.
     """
     if device not in _REIMPORT:
         compiled = core.compile_model(_probe_model(), device)
