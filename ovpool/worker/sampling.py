@@ -73,12 +73,17 @@ class Sampler:
 
     def __init__(self, params: SamplingParams):
         self.params = params
-        self._rng = np.random.default_rng(params.seed)
+        # Greedy choices never draw, and a process's first np.random costs ~10 ms (its import).
+        self._rng = None if self.greedy else np.random.default_rng(params.seed)
+
+    @property
+    def greedy(self) -> bool:
+        return self.params.temperature == 0 or self.params.top_k == 1
 
     def choose(self, logits: np.ndarray) -> int:
-        p = self.params
-        if p.temperature == 0 or p.top_k == 1:
+        if self.greedy:
             return int(np.argmax(logits))
+        p = self.params
         scaled = np.asarray(logits, dtype=np.float32) / np.float32(p.temperature)
         probs = np.exp(scaled - scaled.max())
         probs /= probs.sum()
