@@ -1,20 +1,33 @@
 """Start-up trims for ovpool's own processes (every ``ovpool`` command: workers, serve, generate).
 
-``import openvino`` ends by importing its model converter, openvino.tools.ovc (with telemetry,
-urllib, http and numpy.ma: about 0.1 s here), only to offer ``openvino.convert_model``, which ovpool
-never calls. ``defer_openvino_converter()`` makes that one import fail the way openvino's
-``__init__`` already tolerates (ImportError) and sets ``openvino.convert_model`` to a function that
-imports the converter on its first call, so code that does convert models still works. It acts
-once, and only if openvino is not loaded yet; a later ``import openvino.tools.ovc`` loads normally.
+``defer_heavy_imports()`` defers two imports that ovpool's start does not use; it acts once per
+package, and only if that package is not loaded yet:
+
+- ``import openvino`` ends by importing its model converter, openvino.tools.ovc (with telemetry,
+  urllib, http and numpy.ma: about 0.1 s here), only to offer ``openvino.convert_model``, which
+  ovpool never calls. That one import fails the way openvino's ``__init__`` already tolerates
+  (ImportError), and ``openvino.convert_model`` becomes a function that imports the converter on its
+  first call, so code that does convert models still works. A later ``import openvino.tools.ovc``
+  loads normally.
+- ``import gguf`` runs the package's ``__init__``, which imports every submodule: reader, writer,
+  vocab, metadata (with PyYAML), ... (~70 ms here), while ovpool's loading needs only its
+  constants. The package then loads with ``gguf.constants`` only, and runs its real ``__init__`` on
+  the first lookup of any other name (``gguf.GGUFReader``, ``from gguf import GGUFWriter``);
+  submodules import as usual.
 """
 
 from __future__ import annotations
 
+import importlib
 import importlib.abc
+import importlib.machinery
+import importlib.util
 import sys
+from types import ModuleType
 from typing import Any
 
 _CONVERTER = "openvino.tools.ovc"
+_GGUF = "gguf"
 
 
 class _DeferConverter(importlib.abc.MetaPathFinder):
@@ -36,6 +49,40 @@ def convert_model(*args: Any, **kwargs: Any) -> Any:
     return convert(*args, **kwargs)
 
 
-def defer_openvino_converter() -> None:
-    if "openvino" not in sys.modules and not any(isinstance(f, _DeferConverter) for f in sys.meta_path):
-        sys.meta_path.insert(0, _DeferConverter())
+class _DeferGGUF(importlib.abc.MetaPathFinder):
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None):
+        if fullname != _GGUF:
+            return None
+        sys.meta_path.remove(self)
+        real = importlib.machinery.PathFinder.find_spec(fullname)
+        if real is None or real.origin is None:
+            return None
+        return importlib.util.spec_from_file_location(
+            fullname, real.origin, loader=_ConstantsFirst(real.loader),
+            submodule_search_locations=real.submodule_search_locations)
+
+
+class _ConstantsFirst(importlib.abc.Loader):
+    """Loads the gguf package as ``from .constants import *``; its own ``__init__`` runs on the
+    first lookup of a name that is not there."""
+
+    def __init__(self, real: importlib.abc.Loader):
+        self.real = real
+
+    def exec_module(self, module: ModuleType) -> None:
+        constants = importlib.import_module(f"{_GGUF}.constants")
+        module.__dict__.update((k, v) for k, v in vars(constants).items() if not k.startswith("_"))
+
+        def load_the_rest(name: str) -> Any:
+            del module.__dict__["__getattr__"]
+            exec(self.real.get_code(_GGUF), module.__dict__)
+            return getattr(module, name)
+
+        module.__getattr__ = load_the_rest
+
+
+def defer_heavy_imports() -> None:
+    """Install both deferrals (see the module docstring)."""
+    for package, finder in (("openvino", _DeferConverter), (_GGUF, _DeferGGUF)):
+        if package not in sys.modules and not any(isinstance(f, finder) for f in sys.meta_path):
+            sys.meta_path.insert(0, finder())

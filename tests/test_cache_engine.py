@@ -10,6 +10,7 @@ import sys
 import numpy as np
 import pytest
 
+from ovpool.cache import prefetch
 from ovpool.cache.maintenance import entries
 from ovpool.cache.store import CacheStore
 from ovpool.errors import CacheMissError
@@ -63,6 +64,7 @@ def test_cache_only_start_reads_no_weight_page(smollm2_path, tmp_path):
     assert resident_pages(model, weights_start)[0] == 0
     cache_only = generate(model, cache.root, {"OVPOOL_CACHE_ONLY": "1"})
     assert "model cache HIT" in cache_only.stderr and cache_only.stdout == populated.stdout
+    assert "begun before the lookup" in cache_only.stderr  # `ovpool generate` prefetched the blob
     resident, total = resident_pages(model, weights_start)
     # Reading the header may pull a read-ahead window past its end; nothing more.
     assert resident <= 64 and resident / total < 0.01, (resident, total)
@@ -78,3 +80,14 @@ def test_engine_cache_only_names_a_changed_setting(tiny_model, tmp_path):
         assert hit.complete("Hello", max_tokens=5).token_ids == expected
     with pytest.raises(CacheMissError, match="setting kv_cache_precision: f16 here, f32 in cache"):
         Engine(model, settings={"kv_cache_precision": "f16"}, cache_dir=tmp_path, cache_only=True)
+
+
+def test_engine_takes_over_the_import_begun_from_its_hint(tiny_model, tmp_path):
+    model = tiny_model()
+    with Engine(model, cache_dir=tmp_path) as engine:
+        expected = engine.complete("Hello", max_tokens=5).token_ids
+    early = prefetch.start(model, "CPU", {}, tmp_path)  # as `ovpool worker` does before the engine
+    assert early is not None
+    with Engine(model, cache_dir=tmp_path) as hit:
+        assert hit.load_report["outcome"] == "hit" and hit.compiled is early.result()[0]
+        assert hit.complete("Hello", max_tokens=5).token_ids == expected

@@ -3,12 +3,16 @@ choice between the paged and the stateful graph (ovpool.worker.loading)."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
+import openvino as ov
 import pytest
 
 from ovpool import Engine
+from ovpool.cache.store import CacheStore
 from ovpool.testing.reference import Reference
-from ovpool.worker import batch
+from ovpool.worker import batch, loading
 from ovpool.worker.loading import reimport_problem
 from ovpool.worker.model import GGUFModel
 
@@ -52,6 +56,21 @@ def test_auto_runs_paged_unless_the_cache_cannot_hold_it(tiny_model, tmp_path):
         assert stateless.attention == "sdpa"
     with Engine(path, settings={"attention": "manual"}) as manual:
         assert manual.attention == "manual"
+
+
+def test_a_cache_dir_keeps_the_paged_reimport_answer_per_openvino_version(tmp_path, monkeypatch):
+    core, store, key = ov.Core(), CacheStore(tmp_path), f"{ov.get_version()} CPU"
+    monkeypatch.setattr(loading, "_REIMPORT", {})  # a fresh process
+    answer = reimport_problem(core, "CPU", tmp_path)
+    assert json.loads(store.probes_path.read_text()) == {key: answer}
+    store.probes_path.write_text(json.dumps({key: "kept answer"}))
+    monkeypatch.setattr(loading, "_REIMPORT", {})
+    assert reimport_problem(core, "CPU", tmp_path) == "kept answer"  # read, not probed again
+    store.probes_path.write_text("{ torn")
+    monkeypatch.setattr(loading, "_REIMPORT", {})
+    again = reimport_problem(core, "CPU", tmp_path)  # probed again (a reason names a fresh node)
+    assert (again is None) == (answer is None) and again != "kept answer"
+    assert json.loads(store.probes_path.read_text()) == {key: again}
 
 
 def test_the_batcher_shares_the_engines_paged_graph(tiny_model):

@@ -1,17 +1,18 @@
-"""ovpool's commands import OpenVINO without its model converter, and openvino.convert_model still
-works for code that calls it (it imports the converter then)."""
+"""ovpool's commands import OpenVINO without its model converter and gguf with its constants only;
+openvino.convert_model and the rest of gguf still work for code that uses them (they load then)."""
 
 import subprocess
 import sys
 
+import gguf
 import openvino
 
-from ovpool.startup import _DeferConverter, defer_openvino_converter
+from ovpool.startup import _DeferConverter, _DeferGGUF, defer_heavy_imports
 
 _CHILD = """
 import sys
-from ovpool.startup import defer_openvino_converter
-defer_openvino_converter()
+from ovpool.startup import defer_heavy_imports
+defer_heavy_imports()
 import openvino as ov
 print("loaded at import:", "openvino.tools.ovc" in sys.modules)
 try:
@@ -19,6 +20,22 @@ try:
 except Exception as exc:
     print("error:", exc)
 print("loaded after a call:", "openvino.tools.ovc" in sys.modules)
+"""
+
+_GGUF_CHILD = """
+import sys
+from ovpool.startup import defer_heavy_imports
+defer_heavy_imports()
+from gguf import GGMLQuantizationType, GGML_QUANT_SIZES
+import gguf
+print("constants:", GGML_QUANT_SIZES[GGMLQuantizationType.Q4_0])
+print("reader loaded:", "gguf.gguf_reader" in sys.modules, "yaml" in sys.modules)
+from gguf import GGUFWriter
+print("writer:", GGUFWriter.__module__, "reader:", gguf.GGUFReader.__module__)
+try:
+    gguf.no_such_name
+except AttributeError as exc:
+    print("missing:", exc)
 """
 
 
@@ -29,7 +46,16 @@ def test_the_converter_loads_on_the_first_convert_model_call_not_at_import():
     assert "loaded after a call: True" in out
 
 
-def test_an_already_imported_openvino_is_left_alone():
-    assert openvino.__name__ in sys.modules
-    defer_openvino_converter()
-    assert not any(isinstance(f, _DeferConverter) for f in sys.meta_path)
+def test_gguf_loads_its_constants_first_and_the_rest_on_first_use():
+    out = subprocess.run([sys.executable, "-c", _GGUF_CHILD], capture_output=True, text=True,
+                         check=True).stdout
+    assert "constants: (32, 18)" in out
+    assert "reader loaded: False False" in out
+    assert "writer: gguf.gguf_writer reader: gguf.gguf_reader" in out
+    assert "missing: module 'gguf' has no attribute 'no_such_name'" in out
+
+
+def test_already_imported_packages_are_left_alone():
+    assert {openvino.__name__, gguf.__name__} <= set(sys.modules)
+    defer_heavy_imports()
+    assert not any(isinstance(f, _DeferConverter | _DeferGGUF) for f in sys.meta_path)

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import openvino as ov
 
+from ovpool.cache import prefetch
 from ovpool.cache.fingerprint import GraphIdentity, ports_key
 from ovpool.cache.lookup import Lookup
 from ovpool.cache.manifest import Entry, Manifest, is_static
@@ -46,8 +47,11 @@ class LoadResult:
 
 def load_compiled(core: ov.Core, *, identity: GraphIdentity, device: str, config: dict,
                   build: Callable[[], ov.Model], cache_dir: str | Path | None,
-                  cache_only: bool) -> LoadResult:
+                  cache_only: bool, hint: str | None = None) -> LoadResult:
+    """The compiled graph; ``hint``: the key under which a hit or export is remembered for the next
+    start's early import (ovpool.cache.prefetch; an engine's own graph only)."""
     start = time.perf_counter()
+    started = prefetch.claim()  # dropped here unless this load's hit is that blob
     if "CACHE_DIR" in config:
         raise CacheUnsupportedError("OpenVINO's own CACHE_DIR is not used; pass cache_dir instead")
     if not cache_dir:
@@ -58,11 +62,11 @@ def load_compiled(core: ov.Core, *, identity: GraphIdentity, device: str, config
     if not _cacheable(device, identity, cache_only):
         return LoadResult(compile_model(core, build(), device, config), "compiled", None, _since(start))
     lookup = Lookup.create(core, cache_dir, identity, device, config)
-    compiled, found = _try_hit(lookup, core, device, config, cache_only)
+    compiled, found = _try_hit(lookup, core, device, config, cache_only, started, hint)
     if compiled is not None:
         return LoadResult(compiled, "hit", found, _since(start))
     log.info("model cache MISS %s: %s", lookup.family, found)
-    compiled, outcome, entry = _compile_and_export(lookup, core, device, config, build)
+    compiled, outcome, entry = _compile_and_export(lookup, core, device, config, build, hint)
     return LoadResult(compiled, outcome, entry, _since(start))
 
 
@@ -88,13 +92,15 @@ def _cacheable(device: str, identity: GraphIdentity, cache_only: bool) -> bool:
     return False
 
 
-def _try_hit(lookup: Lookup, core, device, config, cache_only) -> tuple[ov.CompiledModel | None, str]:
+def _try_hit(lookup: Lookup, core, device, config, cache_only, started=None,
+             hint=None) -> tuple[ov.CompiledModel | None, str]:
     """(compiled, entry id) on a hit, else (None, why it missed); cache-only mode raises instead."""
     try:
         entry, reason = lookup.find()
         if entry is not None:
-            compiled = lookup.import_entry(core, entry, device, config)
+            compiled = lookup.import_entry(core, entry, device, config, started)
             log.info("model cache HIT %s", entry.id)
+            prefetch.remember(lookup.store, hint, entry.blob, device, config)
             return compiled, entry.id
     except CacheCorruptError as exc:
         if cache_only:
@@ -109,8 +115,8 @@ def _try_hit(lookup: Lookup, core, device, config, cache_only) -> tuple[ov.Compi
     return None, reason
 
 
-def _compile_and_export(lookup: Lookup, core, device, config,
-                        build) -> tuple[ov.CompiledModel, str, str | None]:
+def _compile_and_export(lookup: Lookup, core, device, config, build,
+                        hint) -> tuple[ov.CompiledModel, str, str | None]:
     with contextlib.ExitStack() as stack:
         try:
             lookup.store.prepare()
@@ -120,7 +126,7 @@ def _compile_and_export(lookup: Lookup, core, device, config,
                         lookup.store.root, exc)
             return compile_model(core, build(), device, config), "compiled", None
         # Look again: the process that held the lock before us may have exported this graph.
-        compiled, entry = _try_hit(lookup, core, device, config, cache_only=False)
+        compiled, entry = _try_hit(lookup, core, device, config, cache_only=False, hint=hint)
         if compiled is not None:
             return compiled, "hit", entry
         compiled = compile_model(core, build(), device, config)
@@ -129,11 +135,12 @@ def _compile_and_export(lookup: Lookup, core, device, config,
         except OSError as exc:
             log.warning("model cache: export failed (%s); going on with the compiled model", exc)
             return compiled, "compiled", None
-        log.info("model cache WROTE %s", entry)
-        return compiled, "wrote", entry
+        log.info("model cache WROTE %s", entry.id)
+        prefetch.remember(lookup.store, hint, entry.blob, device, config)
+        return compiled, "wrote", entry.id
 
 
-def _export(lookup: Lookup, compiled: ov.CompiledModel) -> str:
+def _export(lookup: Lookup, compiled: ov.CompiledModel) -> Entry:
     store, fp = lookup.store, lookup.fp
     entry_id = f"{lookup.family}-{ports_key(lookup.ports)}"
     blob = f"{entry_id}.blob"
@@ -151,7 +158,7 @@ def _export(lookup: Lookup, compiled: ov.CompiledModel) -> str:
     except BaseException:
         store.remove(store.blob_path(blob))
         raise
-    return entry_id
+    return entry
 
 
 def _since(start: float) -> float:

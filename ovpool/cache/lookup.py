@@ -2,8 +2,9 @@
 
 A hit imports the blob through a copy-on-write memmap (``ov.Tensor(..., shared_memory=True)``), so
 its pages stay clean and shared between workers through the page cache, while a second thread
-computes the blob's crc32 (zlib releases the GIL). The compiled model is used only if both the
-import and the checksum succeed: a truncated or bit-flipped blob is a miss, never wrong output.
+computes the blob's crc32 (ovpool.cache.prefetch.BlobImport; the import may have begun before the
+lookup). The compiled model is used only if both the import and the checksum succeed: a truncated
+or bit-flipped blob is a miss, never wrong output.
 An unusable entry or manifest is removed under the family lock, after checking that it is still
 the same one (another process may have replaced it meanwhile).
 """
@@ -12,7 +13,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -26,8 +26,9 @@ from ovpool.cache.fingerprint import (
     openvino_version,
 )
 from ovpool.cache.manifest import Entry, Manifest, nearest, parse_bounds
+from ovpool.cache.prefetch import BlobImport
 from ovpool.cache.sources import ContentHashes
-from ovpool.cache.store import CacheStore, crc32_of
+from ovpool.cache.store import CacheStore
 from ovpool.errors import CacheCorruptError
 
 log = logging.getLogger("ovpool.cache")
@@ -79,20 +80,25 @@ class Lookup:
         shown = "; ".join(diffs[:6]) + (f"; and {len(diffs) - 6} more" if len(diffs) > 6 else "")
         return f"no entry with this fingerprint; the nearest differs in {shown}"
 
-    def import_entry(self, core: ov.Core, entry: Entry, device: str, config: dict) -> ov.CompiledModel:
-        """Import and verify ``entry``; an unusable blob is dropped and raises CacheCorruptError."""
+    def import_entry(self, core: ov.Core, entry: Entry, device: str, config: dict,
+                     started: BlobImport | None = None) -> ov.CompiledModel:
+        """Import and verify ``entry`` (taking over ``started`` if it is this blob's import, see
+        ovpool.cache.prefetch); an unusable blob is dropped and raises CacheCorruptError."""
+        path = self.store.blob_path(entry)
         try:
-            blob = self.store.open_blob(entry)
-            with ThreadPoolExecutor(1) as pool:
-                checksum = pool.submit(crc32_of, blob)
-                compiled = _import(core, blob, device, config, entry)
-                if checksum.result() != entry.checksum:
-                    raise CacheCorruptError(f"blob {entry.blob} fails its checksum (expected "
-                                            f"{entry.checksum}, found {checksum.result()})")
+            if started is not None and started.serves(path, entry.size, device, config):
+                log.info("model cache: import of %s begun before the lookup", entry.blob)
+            else:
+                self.store.check_blob(entry)
+                started = BlobImport(core, path, device, config)
+            compiled, checksum = started.result()
+            if checksum != entry.checksum:
+                raise CacheCorruptError(f"blob {entry.blob} fails its checksum (expected "
+                                        f"{entry.checksum}, found {checksum})")
         except CacheCorruptError:
             self.drop(entry)
             raise
-        compiled._ovpool_blob = blob  # the imported model may point into the mapping; keep it alive
+        compiled._ovpool_blob = started.blob  # the imported model may point into the mapping
         self.store.record_hit(entry)
         return compiled
 
@@ -119,14 +125,6 @@ class Lookup:
         except OSError as exc:
             log.warning("model cache: cannot remove a bad entry from %s (%s); it stays a miss",
                         self.store.root, exc)
-
-
-def _import(core: ov.Core, blob, device: str, config: dict, entry: Entry) -> ov.CompiledModel:
-    try:
-        return core.import_model(ov.Tensor(blob, shared_memory=True), device, config)
-    except RuntimeError as exc:
-        first = str(exc).strip().splitlines()[-1][:200] if str(exc).strip() else type(exc).__name__
-        raise CacheCorruptError(f"OpenVINO cannot import blob {entry.blob}: {first}") from exc
 
 
 def _ports_reason(manifest: Manifest, ports: Sequence[Mapping[str, str]]) -> str:

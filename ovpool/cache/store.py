@@ -7,8 +7,10 @@
       blobs/<entry>.blob        exported CompiledModel (weights included)
       locks/<family>.lock       filelock; never deleted (deleting a held lock file splits waiters)
       hits/<entry>.hits         one byte appended per hit: its size is the entry's hit count
+      hints/<key>.json          the blob an engine's request last used (see ovpool.cache.prefetch)
       tmp/<name>.<pid>.<random>.partial   while writing; gc removes those of dead processes
       sources.json              content hashes of GGUF files by file identity (source_identity=content)
+      probes.json               device capabilities probed once per OpenVINO version (ovpool.worker.loading)
 
 Every file is written to tmp/, fsynced and renamed into place, so a reader sees the old file or
 the new one, never a torn one. The manifest is renamed last, so an export interrupted anywhere
@@ -70,11 +72,13 @@ class CacheStore:
         self.base = self.root / LAYOUT_VERSION
         self.manifests_dir, self.blobs_dir = self.base / "manifests", self.base / "blobs"
         self.locks_dir, self.tmp_dir = self.base / "locks", self.base / "tmp"
-        self.hits_dir = self.base / "hits"
+        self.hits_dir, self.hints_dir = self.base / "hits", self.base / "hints"
+        self.probes_path = self.base / "probes.json"
 
     def prepare(self) -> None:
         """Create the layout; an OSError (read-only, permission) means exports must be skipped."""
-        for d in (self.manifests_dir, self.blobs_dir, self.locks_dir, self.tmp_dir, self.hits_dir):
+        for d in (self.manifests_dir, self.blobs_dir, self.locks_dir, self.tmp_dir, self.hits_dir,
+                  self.hints_dir):
             d.mkdir(parents=True, exist_ok=True)
         probe = self.tmp_dir / f"probe.{os.getpid()}.{secrets.token_hex(4)}.partial"
         probe.touch()
@@ -85,6 +89,9 @@ class CacheStore:
 
     def blob_path(self, entry: Entry | str) -> Path:
         return self.blobs_dir / (entry.blob if isinstance(entry, Entry) else entry)
+
+    def hint_path(self, key: str) -> Path:
+        return self.hints_dir / f"{key}.json"
 
     def hits_path(self, entry: Entry | str) -> Path:
         """The hit counter of an entry (or of the blob named ``entry``)."""
@@ -123,15 +130,18 @@ class CacheStore:
                     yield manifest
 
     def open_blob(self, entry: Entry) -> np.memmap:
-        """The blob as a copy-on-write memmap (pages stay clean and shared); size is checked."""
-        path = self.blob_path(entry)
+        """The blob as a read-only memmap; its existence and size are checked."""
+        self.check_blob(entry)
+        return np.memmap(self.blob_path(entry), dtype=np.uint8, mode="r")
+
+    def check_blob(self, entry: Entry) -> None:
+        """CacheCorruptError unless the entry's blob exists with the size the entry records."""
         try:
-            size = path.stat().st_size
+            size = self.blob_path(entry).stat().st_size
         except FileNotFoundError as exc:
             raise CacheCorruptError(f"blob {entry.blob} of entry {entry.id} is missing") from exc
         if size != entry.size:
             raise CacheCorruptError(f"blob {entry.blob} has {size} bytes, its entry says {entry.size}")
-        return np.memmap(path, dtype=np.uint8, mode="c")
 
     def last_hit(self, entry: Entry) -> float:
         try:

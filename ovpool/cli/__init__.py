@@ -13,7 +13,7 @@ import click
 
 from ovpool import logs
 from ovpool.cli.common import run_cli
-from ovpool.startup import defer_openvino_converter
+from ovpool.startup import defer_heavy_imports
 
 # Each command and its module under ovpool/cli/ (which has register(group)).
 COMMAND_MODULES = {"settings": "settings_cmd", "generate": "generate", "broker": "pool", "worker": "pool",
@@ -45,5 +45,5 @@ def main(log_level: str | None, log_json: bool | None) -> None:
 
 
 def entry() -> None:
-    defer_openvino_converter()
+    defer_heavy_imports()
     run_cli(main)

@@ -159,7 +159,7 @@ def explain_command(model: str, device: str | None, assignments: tuple[str, ...]
     from ovpool.worker.paged import PagedAttention
 
     settings, core = resolve_settings(assignments, device=device), ov.Core()
-    attention = choose_attention(settings, settings.device, core, caching=True)
+    attention = choose_attention(settings, settings.device, core, store.root)
     hook = PagedAttention() if attention == "paged" else None
     identity, config = cache_identity(GGUFModel.open(model), settings.replace(attention=attention),
                                       settings.device, core, hook)

@@ -29,10 +29,13 @@ def generate_command(prompt: str, model: str, max_tokens: int, temperature: floa
                      device: str | None, cache_dir: str | None, cache_only: bool | None,
                      assignments: tuple[str, ...]) -> None:
     """Generate a continuation of PROMPT locally; timings go to stderr."""
+    from ovpool.cache import prefetch
+
+    settings = resolve_settings(assignments, device=device, cache_dir=cache_dir, cache_only=cache_only)
+    prefetch.start(model, settings=settings)  # a likely cache hit imports while the engine's modules do
     from ovpool.worker.engine import Engine
     from ovpool.worker.sampling import SamplingParams
 
-    settings = resolve_settings(assignments, device=device, cache_dir=cache_dir, cache_only=cache_only)
     params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                             seed=seed, stop=stop, ignore_eos=ignore_eos)
     with Engine(model, settings=settings) as engine:

@@ -58,9 +58,13 @@ def broker_command(bind: str, queue_limit: int | None, metrics_port: int | None,
 def worker_command(broker: str | None, model: str, backend: str, name: str | None, token_delay: float,
                    assignments: tuple[str, ...], **flags: Any) -> None:
     """Run a worker process serving one model on one device."""
+    settings = resolve_settings(assignments, broker=broker, **flags)
+    if backend == "engine":
+        from ovpool.cache import prefetch
+
+        prefetch.start(model, settings=settings)  # a likely cache hit imports while the rest does
     from ovpool.worker.process import Worker
 
-    settings = resolve_settings(assignments, broker=broker, **flags)
     with _backend(backend, model, settings, token_delay) as (be, load_report), stop_on_signals() as stop, \
             Worker(settings.broker, be, settings=settings, device=settings.device, name=name,
                    load_report=load_report) as worker:

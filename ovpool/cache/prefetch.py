@@ -1,0 +1,127 @@
+"""Importing blobs on threads, and starting a likely hit's import before its lookup.
+
+A hit's import and checksum (SmolLM2 on a 2-core CPU: ~0.2 s) need only the blob, but which blob
+is known only once the fingerprint is computed: after the graph builder's modules are imported and
+the GGUF header is read, ~0.3 s of single-threaded Python in a fresh process. So each hit or export
+of an engine's graph leaves a hint: under a key of what a process knows before any of that (the
+model file and its identity, the device, the graph settings as given), the blob it used and the
+compile config. ``start`` (ovpool's commands call it before importing the engine; Engine calls it
+too) looks the hint up and begins importing that blob and computing its checksum, on two threads
+(OpenVINO's import and zlib release the GIL). The lookup takes the import over (``claim``) only if
+the fingerprint chose the same blob file (same inode, size and mtime), device and config, and it
+still checks the checksum against the entry: a stale hint costs CPU time, never a wrong model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import openvino as ov
+
+from ovpool.cache.fingerprint import stat_identity
+from ovpool.cache.store import CacheStore, crc32_of
+from ovpool.errors import CacheCorruptError, OvpoolError
+from ovpool.settings import Settings
+from ovpool.worker.aliases import resolve_model_path
+
+
+class BlobImport:
+    """One blob being imported (``core.import_model``) and checksummed, each on its own thread."""
+
+    def __init__(self, core: ov.Core, path: Path, device: str, config: Mapping[str, Any]):
+        self.path, self.device, self.config = Path(path), device, dict(config)
+        with open(self.path, "rb") as f:  # the identity of exactly the file that gets mapped
+            self.identity = _identity(os.fstat(f.fileno()))
+            # Copy-on-write: pages stay clean, shared with other workers through the page cache.
+            self.blob = np.memmap(f, dtype=np.uint8, mode="c")
+        pool = ThreadPoolExecutor(2, thread_name_prefix="ovpool-blob")
+        self._compiled = pool.submit(_import, core, self.blob, device, self.config, self.path.name)
+        self._checksum = pool.submit(crc32_of, self.blob)
+        pool.shutdown(wait=False)  # the threads end with their work
+
+    def serves(self, path: Path, size: int, device: str, config: Mapping[str, Any]) -> bool:
+        """Whether this import is of the file now at ``path`` (``size`` bytes), for ``device``
+        and ``config``."""
+        try:
+            current = _identity(os.stat(path))
+        except OSError:
+            return False
+        return (Path(path) == self.path and current == self.identity and current[1] == size
+                and device == self.device and dict(config) == self.config)
+
+    def result(self) -> tuple[ov.CompiledModel, str]:
+        """(compiled model, ``crc32:<hex>`` of the blob), once both threads are done; a blob
+        OpenVINO cannot import raises CacheCorruptError."""
+        checksum = self._checksum.result()
+        return self._compiled.result(), checksum
+
+
+def _identity(st: os.stat_result) -> tuple[int, int, int, int]:
+    return st.st_ino, st.st_size, st.st_mtime_ns, st.st_dev
+
+
+def _import(core: ov.Core, blob: np.memmap, device: str, config: dict, name: str) -> ov.CompiledModel:
+    try:
+        return core.import_model(ov.Tensor(blob, shared_memory=True), device, config)
+    except RuntimeError as exc:
+        first = str(exc).strip().splitlines()[-1][:200] if str(exc).strip() else type(exc).__name__
+        raise CacheCorruptError(f"OpenVINO cannot import blob {name}: {first}") from exc
+
+
+def hint_key(model_path: str | Path, device: str, settings: Settings) -> str:
+    """The hint key of an engine's request: model path and file identity, device, graph settings."""
+    parts = [str(model_path), stat_identity(model_path), device, settings.graph_values()]
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:24]
+
+
+def remember(store: CacheStore, key: str | None, blob: str, device: str, config: Mapping[str, Any]) -> None:
+    """Point ``key``'s hint at ``blob`` unless it already does; a read-only cache keeps its old one."""
+    if key is None:
+        return
+    text = json.dumps({"blob": blob, "device": device, "config": dict(config)}, sort_keys=True)
+    path = store.hint_path(key)
+    with contextlib.suppress(OSError):
+        if path.is_file() and path.read_text() == text:
+            return
+        store.hints_dir.mkdir(exist_ok=True)  # a cache written before hints
+        store.write_text(path, text)
+
+
+_started: BlobImport | None = None
+
+
+def start(model: str | Path, device: str | None = None, settings: Settings | Mapping[str, Any] | None = None,
+          cache_dir: str | Path | None = None, core: ov.Core | None = None) -> BlobImport | None:
+    """Begin importing the blob that ``Engine(model, device, settings, cache_dir)`` used last, if
+    the cache has a hint for it (and none is pending: one per process until ``claim``); the import
+    begun, or None. Without a cache directory, hint or blob the engine loads as it would have."""
+    global _started
+    settings = Settings.coerce(settings)
+    cache_dir = cache_dir or settings.cache_dir
+    if _started is not None or not cache_dir:
+        return None
+    device = device or settings.device
+    store = CacheStore(cache_dir)
+    # A hint is only advice: whatever is wrong with it (or the model argument) is left to the
+    # engine's own load to find and report.
+    with contextlib.suppress(OvpoolError, OSError, ValueError, KeyError, TypeError):
+        key = hint_key(resolve_model_path(model), device, settings)
+        hint = json.loads(store.hint_path(key).read_text())
+        blob = store.blobs_dir / Path(hint["blob"]).name
+        _started = BlobImport(core or ov.Core(), blob, hint["device"], hint["config"])
+    return _started
+
+
+def claim() -> BlobImport | None:
+    """The import ``start`` began, handed over once (then dropped by whoever does not use it)."""
+    global _started
+    started, _started = _started, None
+    return started

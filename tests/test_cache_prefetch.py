@@ -1,0 +1,98 @@
+"""A hit's import begun before its lookup (ovpool.cache.prefetch), against the toy graph: taken over
+only when the lookup chose the same blob file, device and config; never a wrong or corrupt model."""
+
+import os
+
+import cache_toy
+import numpy as np
+import pytest
+from test_cache_loader import CORE, EXPECTED, flip_middle_bit, only_entry, read_only
+
+from ovpool.cache import prefetch
+from ovpool.cache.loader import load_compiled
+from ovpool.cache.store import CacheStore
+from ovpool.settings import Settings
+
+
+@pytest.fixture
+def toy(tmp_path):
+    """(cache, model file): the toy graph's GGUF stand-in is random bytes."""
+    path = tmp_path / "toy.gguf"
+    path.write_bytes(os.urandom(8192))
+    return CacheStore(tmp_path / "cache"), path
+
+
+@pytest.fixture(autouse=True)
+def nothing_pending():
+    prefetch.claim()
+    yield
+    prefetch.claim()
+
+
+def load(cache, model_file):
+    """A load as an engine's: remembered under the hint key of (model file, CPU, default settings)."""
+    key = prefetch.hint_key(model_file, "CPU", Settings.coerce(None))
+    return load_compiled(CORE, identity=cache_toy.identity(model_file), device="CPU", config={},
+                         build=cache_toy.build, cache_dir=cache.root, cache_only=False, hint=key)
+
+
+def start(cache, model_file, settings=None):
+    return prefetch.start(model_file, "CPU", settings, cache.root, CORE)
+
+
+def test_a_hit_takes_over_the_import_begun_from_the_hint(toy):
+    cache, model_file = toy
+    assert start(cache, model_file) is None  # an empty cache has no hint
+    written = load(cache, model_file)
+    assert written.outcome == "wrote"
+    early = start(cache, model_file)
+    assert early is not None and early.path == cache.blob_path(only_entry(cache)[1])
+    hit = load(cache, model_file)
+    assert hit.outcome == "hit" and hit.compiled is early.result()[0]
+    np.testing.assert_array_equal(cache_toy.run(hit.compiled), EXPECTED)
+    assert cache.hits(only_entry(cache)[1]) == 1
+
+
+def test_other_settings_or_a_touched_model_file_have_no_hint(toy):
+    cache, model_file = toy
+    load(cache, model_file)
+    assert start(cache, model_file, {"kv_cache_precision": "u8"}) is None
+    os.utime(model_file)
+    assert start(cache, model_file) is None
+
+
+def test_an_import_of_another_file_is_not_taken(toy):
+    cache, model_file = toy
+    load(cache, model_file)
+    early = start(cache, model_file)
+    early.result()
+    copy = early.path.with_suffix(".copy")  # the same bytes in another file, as a re-export writes
+    copy.write_bytes(early.path.read_bytes())
+    copy.rename(early.path)
+    hit = load(cache, model_file)
+    assert hit.outcome == "hit" and hit.compiled is not early.result()[0]
+    np.testing.assert_array_equal(cache_toy.run(hit.compiled), EXPECTED)
+
+
+def test_a_corrupt_blob_imported_early_is_still_a_miss_and_removed(toy):
+    cache, model_file = toy
+    load(cache, model_file)
+    bad = only_entry(cache)[1]
+    flip_middle_bit(cache, bad)
+    assert start(cache, model_file) is not None
+    again = load(cache, model_file)
+    assert again.outcome == "wrote" and only_entry(cache)[1].created > bad.created
+    np.testing.assert_array_equal(cache_toy.run(again.compiled), EXPECTED)
+
+
+def test_a_read_only_cache_hits_with_its_old_hint(toy):
+    cache, model_file = toy
+    load(cache, model_file)
+    [hint] = cache.hints_dir.iterdir()
+    hint.write_text('{"blob": "gone.blob", "device": "CPU", "config": {}}')
+    with read_only(cache.root):
+        assert start(cache, model_file) is None  # the hint names no blob: nothing begun
+        assert load(cache, model_file).outcome == "hit"
+    assert "gone.blob" in hint.read_text()
+    load(cache, model_file)  # writable again: the hint follows the hit
+    assert start(cache, model_file).path == cache.blob_path(only_entry(cache)[1])
