@@ -43,6 +43,7 @@ class LoadResult:
     # or "shared" (another user's compiled model, e.g. the worker's batcher reusing the engine's)
     entry: str | None
     seconds: float
+    decode: ov.CompiledModel | None = None  # paged graphs: see ovpool.worker.decode_graph
 
 
 def load_compiled(core: ov.Core, *, identity: GraphIdentity, device: str, config: dict,

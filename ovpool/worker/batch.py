@@ -23,10 +23,15 @@ _SESSION_POSITIONS = 1024
 
 class PagedRunner:
     """One InferRequest over ``compiled`` with ``kv_cache_mb`` MiB of KV blocks (at least one),
-    or exactly ``num_blocks`` blocks."""
+    or exactly ``num_blocks`` blocks; one-token passes of one sequence run on ``decode`` (see
+    ovpool.worker.decode_graph) if given, on the same blocks."""
 
-    def __init__(self, compiled: ov.CompiledModel, kv_cache_mb: int = 0, num_blocks: int = 0):
+    def __init__(self, compiled: ov.CompiledModel, kv_cache_mb: int = 0, num_blocks: int = 0,
+                 decode: ov.CompiledModel | None = None):
+        self.compiled, self.decode = compiled, decode
         self.request = compiled.create_infer_request()
+        # [the dynamic graph's, the decode graph's if any]: all of them see the same KV blocks.
+        self.requests = [self.request] + ([decode.create_infer_request()] if decode else [])
         caches = [p for p in compiled.inputs if "_cache." in p.get_any_name()]
         self._layout = {p.get_any_name(): (p.get_element_type(),
                                            [d.get_length() for d in list(p.get_partial_shape())[1:]])
@@ -52,7 +57,8 @@ class PagedRunner:
             if name in self._caches:
                 tensor.data[:self.num_blocks] = self._caches[name].data
             self._caches[name] = tensor
-            self.request.set_tensor(name, tensor)
+            for request in self.requests:
+                request.set_tensor(name, tensor)
         self.num_blocks = num_blocks
 
     def forward(self, chunks: Sequence[Chunk], rows: Sequence[int] | None = None) -> np.ndarray:
@@ -61,20 +67,23 @@ class PagedRunner:
 
         The array is the request's output buffer: valid until the next forward pass.
         """
+        inputs = feeds(chunks, rows)
+        one_token = inputs["input_ids"].size == 1 and inputs["logits_indices"].size == 1
+        request = self.requests[-1] if one_token else self.request
         try:
             # Shared both ways, as in Session.forward: no copy of the inputs or of the logits.
-            self.request.infer(feeds(chunks, rows), share_inputs=True, share_outputs=True)
+            request.infer(inputs, share_inputs=True, share_outputs=True)
         except RuntimeError as exc:
             raise ModelLoadError(f"inference failed ({len(chunks)} sequences): {exc}") from exc
-        return self.request.get_tensor("logits").data[0]
+        return request.get_tensor("logits").data[0]
 
 
 class PagedSession:
     """One sequence on the paged graph, with ovpool.worker.session.Session's interface
     (``forward``, ``reset``, ``past``). Its KV blocks double whenever the sequence outgrows them."""
 
-    def __init__(self, compiled: ov.CompiledModel):
-        self.runner = PagedRunner(compiled, num_blocks=1)
+    def __init__(self, compiled: ov.CompiledModel, decode: ov.CompiledModel | None = None):
+        self.runner = PagedRunner(compiled, num_blocks=1, decode=decode)
         self.runner.grow(-(-_SESSION_POSITIONS // self.runner.block_size))
         self.past = 0
 

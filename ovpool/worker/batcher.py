@@ -44,7 +44,7 @@ class Batcher:
         if self.engine.attention == "paged":
             self.engine.warm_up()
         else:
-            warm_up(PagedSession(self.runner.request.get_compiled_model()))
+            warm_up(PagedSession(self.runner.compiled, self.runner.decode))
         self.warmed = True
 
     @classmethod
@@ -58,7 +58,7 @@ class Batcher:
             result = load_paged(engine.model, s, engine.device, engine.core,
                                 cache_dir=engine.cache_dir, cache_only=engine.cache_only)
             engine.model.close()  # as the Engine does: the compiled graph holds its own weights
-        runner = PagedRunner(result.compiled, s.kv_cache_mb)
+        runner = PagedRunner(result.compiled, s.kv_cache_mb, decode=result.decode)
         engine.load_report["paged"] = {"outcome": result.outcome, "entry": result.entry,
                                        "seconds": result.seconds, "kv_blocks": runner.num_blocks,
                                        "block_size": runner.block_size}

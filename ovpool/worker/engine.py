@@ -164,7 +164,7 @@ class Engine:
         if self._idle:
             return self._idle.pop()
         if self.attention == "paged":
-            return PagedSession(self.compiled)
+            return PagedSession(self.compiled, self.load_result.decode)
         return Session(self.compiled.create_infer_request())
 
     def _release(self, session: Session | PagedSession) -> None:

@@ -13,6 +13,7 @@ graph, which imports from the cache in a fraction of a compile.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 from pathlib import Path
@@ -26,7 +27,7 @@ from ovpool.cache.loader import LoadResult, load_compiled
 from ovpool.cache.store import CacheStore
 from ovpool.errors import CacheUnsupportedError
 from ovpool.settings import Settings
-from ovpool.worker import graph
+from ovpool.worker import decode_graph, graph
 from ovpool.worker.model import GGUFModel
 from ovpool.worker.paged import PagedAttention
 
@@ -84,9 +85,18 @@ def load_paged(model: GGUFModel, settings: Settings, device: str, core: ov.Core,
             raise CacheUnsupportedError(f"cache-only mode cannot load the paged graph: {why}")
         log.info("model cache: not used for the paged graph: %s", why)
         cache_dir = None
-    return load_compiled(core, identity=identity, device=device, config=config,
-                         build=lambda: graph.build_model(model, values, attention),
-                         cache_dir=cache_dir, cache_only=cache_only, hint=hint)
+    decode = decode_graph.wanted(settings.decode_graph, device, model.path)
+    pending = []
+
+    def build() -> ov.Model:
+        built = graph.build_model(model, values, attention)
+        if decode:
+            pending.append(decode_graph.compile_beside(core, built, device, config))
+        return built
+
+    result = load_compiled(core, identity=identity, device=device, config=config, build=build,
+                           cache_dir=cache_dir, cache_only=cache_only, hint=hint)
+    return dataclasses.replace(result, decode=pending[0].result()) if pending else result
 
 
 _REIMPORT: dict[str, str | None] = {}
