@@ -3,12 +3,17 @@ graph that shares its KV blocks, with the same numbers as the dynamic graph."""
 
 from __future__ import annotations
 
+from concurrent.futures import Future
+
 import numpy as np
+import openvino as ov
 import pytest
 
 from ovpool import Engine
-from ovpool.worker import decode_graph
+from ovpool.worker import decode_graph, graph
 from ovpool.worker.batch import PagedRunner
+from ovpool.worker.model import GGUFModel
+from ovpool.worker.paged import PagedAttention
 from ovpool.worker.scheduler import Chunk
 
 EXACT = {"inference_precision": "f32", "kv_cache_precision": "f32", "attention": "paged"}
@@ -20,15 +25,16 @@ def test_decode_steps_run_on_the_one_token_graph_with_the_same_tokens(tiny_model
     runs = {}
     for choice in ("on", "off"):
         with Engine(path, settings={**EXACT, "decode_graph": choice}) as eng:
+            decode = decode_graph.ready(eng.load_result.decode, wait=True)
             done = eng.complete("the quick brown fox", max_tokens=24, ignore_eos=True)
             runs[choice] = (done.token_ids, eng.logits([5, 9]), eng.logits([7]))
             runner = eng._idle[0].runner
             if choice == "on":
-                assert str(eng.load_result.decode.input("input_ids").get_partial_shape()) == "[1,1]"
+                assert str(decode.input("input_ids").get_partial_shape()) == "[1,1]"
                 # The decode request ran (its logits port holds one row) on the shared blocks.
                 assert list(runner.requests[-1].get_tensor("logits").shape)[:2] == [1, 1]
             else:
-                assert eng.load_result.decode is None and len(runner.requests) == 1
+                assert decode is None and len(runner.requests) == 1
     assert len(runs["on"][0]) == 24 and runs["on"][0] == runs["off"][0]
     for on, off in zip(runs["on"][1:], runs["off"][1:], strict=True):
         np.testing.assert_allclose(on, off, atol=1e-5 * np.abs(off).max())
@@ -36,11 +42,27 @@ def test_decode_steps_run_on_the_one_token_graph_with_the_same_tokens(tiny_model
 
 def test_a_one_token_chunk_without_logits_runs_on_the_dynamic_graph(tiny_model):
     with Engine(tiny_model("llama", "Q8_0"), settings={"decode_graph": "on"}) as eng:
+        decode_graph.ready(eng.load_result.decode, wait=True)
         runner = PagedRunner(eng.compiled, num_blocks=4, decode=eng.load_result.decode)
         start = Chunk("a", 0, [3, 4, 5], [0], sample=False)
         assert runner.forward([start]).shape[0] == 0
         assert runner.forward([Chunk("a", 3, [6], [0], sample=False)]).shape[0] == 0
+        assert len(runner.requests) == 1  # no one-token pass with logits yet
         assert runner.forward([Chunk("a", 4, [7], [0], sample=True)]).shape[0] == 1
+        assert len(runner.requests) == 2
+
+
+def test_decode_steps_wait_for_no_compile(tiny_model, monkeypatch):
+    """Until the decode graph is compiled, one-token passes run on the dynamic graph; a decode graph
+    that fails to compile leaves them there."""
+    never = Future()  # a compile that has not finished
+    with Engine(tiny_model("llama", "Q8_0"), settings={"decode_graph": "off"}) as eng:
+        runner = PagedRunner(eng.compiled, num_blocks=2, decode=never)
+        assert runner.forward([Chunk("a", 0, [3], [0], sample=True)]).shape[0] == 1
+        assert len(runner.requests) == 1
+        never.set_result(None)  # compiled as None: it failed (logged by the compile thread)
+        assert runner.forward([Chunk("a", 1, [4], [0], sample=True)]).shape[0] == 1
+        assert len(runner.requests) == 1
 
 
 def test_auto_wants_a_decode_graph_on_the_cpu_when_the_weights_fit_twice(tmp_path, monkeypatch):
@@ -51,3 +73,11 @@ def test_auto_wants_a_decode_graph_on_the_cpu_when_the_weights_fit_twice(tmp_pat
     assert decode_graph.wanted("on", "GPU.1", model) and not decode_graph.wanted("off", "CPU", model)
     monkeypatch.setattr(decode_graph, "MEMORY_SHARE", 1e-12)  # as if the model were huge
     assert not decode_graph.wanted("auto", "CPU", model)
+
+
+def test_a_decode_graph_that_cannot_compile_is_left_out_with_a_warning(tiny_model, caplog):
+    model = GGUFModel.open(tiny_model("llama", "Q8_0"))
+    built = graph.build_model(model, {"attention": "paged"}, PagedAttention())
+    pending = decode_graph.compile_beside(ov.Core(), built, "NO_SUCH_DEVICE", {})
+    assert decode_graph.ready(pending, wait=True) is None
+    assert "decode graph not compiled" in caplog.text and "NO_SUCH_DEVICE" in caplog.text

@@ -18,6 +18,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,7 +44,7 @@ class LoadResult:
     # or "shared" (another user's compiled model, e.g. the worker's batcher reusing the engine's)
     entry: str | None
     seconds: float
-    decode: ov.CompiledModel | None = None  # paged graphs: see ovpool.worker.decode_graph
+    decode: Future | None = None  # a paged graph's decode graph: see ovpool.worker.decode_graph
 
 
 def load_compiled(core: ov.Core, *, identity: GraphIdentity, device: str, config: dict,

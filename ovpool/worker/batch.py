@@ -9,11 +9,13 @@ single-stream path when it runs the paged graph (ovpool.worker.loading).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from concurrent.futures import Future
 
 import numpy as np
 import openvino as ov
 
 from ovpool.errors import ModelLoadError
+from ovpool.worker import decode_graph
 from ovpool.worker.scheduler import Chunk
 
 _MIB = 1 << 20
@@ -23,15 +25,15 @@ _SESSION_POSITIONS = 1024
 
 class PagedRunner:
     """One InferRequest over ``compiled`` with ``kv_cache_mb`` MiB of KV blocks (at least one),
-    or exactly ``num_blocks`` blocks; one-token passes of one sequence run on ``decode`` (see
-    ovpool.worker.decode_graph) if given, on the same blocks."""
+    or exactly ``num_blocks`` blocks; one-token passes of one sequence run on the decode graph
+    (ovpool.worker.decode_graph) being compiled in ``decode``, once it is ready, on the same blocks."""
 
     def __init__(self, compiled: ov.CompiledModel, kv_cache_mb: int = 0, num_blocks: int = 0,
-                 decode: ov.CompiledModel | None = None):
+                 decode: Future | None = None):
         self.compiled, self.decode = compiled, decode
         self.request = compiled.create_infer_request()
-        # [the dynamic graph's, the decode graph's if any]: all of them see the same KV blocks.
-        self.requests = [self.request] + ([decode.create_infer_request()] if decode else [])
+        # [the dynamic graph's, then the decode graph's once ready]: all see the same KV blocks.
+        self.requests = [self.request]
         caches = [p for p in compiled.inputs if "_cache." in p.get_any_name()]
         self._layout = {p.get_any_name(): (p.get_element_type(),
                                            [d.get_length() for d in list(p.get_partial_shape())[1:]])
@@ -69,7 +71,7 @@ class PagedRunner:
         """
         inputs = feeds(chunks, rows)
         one_token = inputs["input_ids"].size == 1 and inputs["logits_indices"].size == 1
-        request = self.requests[-1] if one_token else self.request
+        request = (one_token and self._decode_request()) or self.request
         try:
             # Shared both ways, as in Session.forward: no copy of the inputs or of the logits.
             request.infer(inputs, share_inputs=True, share_outputs=True)
@@ -77,12 +79,20 @@ class PagedRunner:
             raise ModelLoadError(f"inference failed ({len(chunks)} sequences): {exc}") from exc
         return request.get_tensor("logits").data[0]
 
+    def _decode_request(self) -> ov.InferRequest | None:
+        if len(self.requests) == 1 and (compiled := decode_graph.ready(self.decode)) is not None:
+            request = compiled.create_infer_request()
+            for name, tensor in self._caches.items():
+                request.set_tensor(name, tensor)
+            self.requests.append(request)
+        return self.requests[1] if len(self.requests) > 1 else None
+
 
 class PagedSession:
     """One sequence on the paged graph, with ovpool.worker.session.Session's interface
     (``forward``, ``reset``, ``past``). Its KV blocks double whenever the sequence outgrows them."""
 
-    def __init__(self, compiled: ov.CompiledModel, decode: ov.CompiledModel | None = None):
+    def __init__(self, compiled: ov.CompiledModel, decode: Future | None = None):
         self.runner = PagedRunner(compiled, num_blocks=1, decode=decode)
         self.runner.grow(-(-_SESSION_POSITIONS // self.runner.block_size))
         self.past = 0

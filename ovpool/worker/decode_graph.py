@@ -9,7 +9,9 @@ KV-block inputs stay dynamic, and both graphs read and write the same blocks
 prefills on the dynamic graph and decodes on this one.
 
 The price is a second compiled model with its own copy of the weights (SmolLM2: ~+225 MiB RSS) and
-a second compile, run beside the first (~+0.7 s of load). The ``decode_graph`` setting decides;
+a second compile, on a thread of its own: started as soon as the graph is built, it runs beside the
+dynamic graph's compile, and decode steps move to it once it is ready (no request waits for it; a
+warm-up does, so that it sets the decode graph up too). The ``decode_graph`` setting decides;
 ``auto`` uses it on the CPU when twice the model's file fits in ``MEMORY_SHARE`` of physical memory.
 It is compiled, never cached: like every paged graph on OpenVINO 2026.4's CPU plugin it could not
 be re-imported (ovpool.worker.loading.reimport_problem).
@@ -17,6 +19,7 @@ be re-imported (ovpool.worker.loading.reimport_problem).
 
 from __future__ import annotations
 
+import logging
 import os
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -24,6 +27,9 @@ from pathlib import Path
 import openvino as ov
 
 from ovpool.cache.loader import compile_model
+from ovpool.errors import OvpoolError
+
+log = logging.getLogger("ovpool.worker")
 
 # The dynamic paged graph's inputs that one token of one sequence fixes (see ovpool.worker.paged).
 ONE_TOKEN = {"input_ids": [1, 1], "position_ids": [1, 1], "past_lens": [1], "subsequence_begins": [2],
@@ -51,8 +57,24 @@ def one_token(model: ov.Model) -> ov.Model:
 
 def compile_beside(core: ov.Core, model: ov.Model, device: str, config: dict) -> Future:
     """Start compiling the decode graph of ``model`` on a thread (compiling releases the GIL, so
-    it runs beside the dynamic graph's compile); the Future's result is the compiled model."""
+    it runs beside the dynamic graph's compile); see ``ready``."""
     pool = ThreadPoolExecutor(1, thread_name_prefix="decode-graph")
-    future = pool.submit(compile_model, core, one_token(model), device, config)
+    future = pool.submit(_compile, core, one_token(model), device, config)
     pool.shutdown(wait=False)
     return future
+
+
+def ready(pending: Future | None, wait: bool = False) -> ov.CompiledModel | None:
+    """The compiled decode graph once its compile has finished (``wait``: wait for it); None while
+    it compiles, or if it could not be compiled (the dynamic graph serves every pass then)."""
+    if pending is None or not (wait or pending.done()):
+        return None
+    return pending.result()
+
+
+def _compile(core: ov.Core, model: ov.Model, device: str, config: dict) -> ov.CompiledModel | None:
+    try:
+        return compile_model(core, model, device, config)
+    except OvpoolError as exc:  # an optimisation: the dynamic graph runs decode steps too
+        log.warning("decode graph not compiled, decode steps stay on the dynamic graph: %s", exc)
+        return None

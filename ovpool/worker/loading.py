@@ -96,7 +96,7 @@ def load_paged(model: GGUFModel, settings: Settings, device: str, core: ov.Core,
 
     result = load_compiled(core, identity=identity, device=device, config=config, build=build,
                            cache_dir=cache_dir, cache_only=cache_only, hint=hint)
-    return dataclasses.replace(result, decode=pending[0].result()) if pending else result
+    return dataclasses.replace(result, decode=pending[0]) if pending else result
 
 
 _REIMPORT: dict[str, str | None] = {}
