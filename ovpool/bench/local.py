@@ -15,7 +15,8 @@ from ovpool.worker.sampling import SamplingParams
 
 def single_stream(engine: Engine, max_tokens: int) -> dict:
     """Time to first token and decode tokens/s of one request on the engine's own graph."""
-    engine.complete(PROMPTS[0], max_tokens=4)  # warm-up
+    engine.warm_up()  # the steady state: kernels set up, the decode graph (if any) compiled
+    engine.complete(PROMPTS[0], max_tokens=4)
     done = engine.complete(PROMPTS[0], max_tokens=max_tokens, ignore_eos=True)
     t = done.timings
     return {"ttft_s": t["ttft_s"], "decode_tokens_per_s": t.get("decode_tps"),
