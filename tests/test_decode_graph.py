@@ -81,3 +81,27 @@ def test_a_decode_graph_that_cannot_compile_is_left_out_with_a_warning(tiny_mode
     pending = decode_graph.compile_beside(ov.Core(), built, "NO_SUCH_DEVICE", {})
     assert decode_graph.ready(pending, wait=True) is None
     assert "decode graph not compiled" in caplog.text and "NO_SUCH_DEVICE" in caplog.text
+
+
+@pytest.mark.parametrize(("args", "expected"), [
+    (["--max-tokens", "6"], "off"),  # finishes before a decode graph would pay for its compile
+    (["--max-tokens", "400"], "auto"),
+    (["--max-tokens", "6", "--set", "decode_graph=on"], "on"),  # asked for: kept
+])
+def test_generate_leaves_the_decode_graph_out_of_short_generations(tiny_model, monkeypatch, args, expected):
+    from click.testing import CliRunner
+
+    from ovpool.cli import main
+    from ovpool.worker import engine
+
+    seen = []
+    real = engine.Engine
+
+    def spy(model, settings=None, **kwargs):
+        seen.append(settings.decode_graph)
+        return real(model, settings=settings, **kwargs)
+
+    monkeypatch.setattr(engine, "Engine", spy)
+    done = CliRunner().invoke(main, ["generate", "--model", str(tiny_model("llama", "Q8_0")), *args, "hi"])
+    assert done.exit_code == 0, done.output
+    assert seen == [expected]
