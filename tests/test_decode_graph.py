@@ -3,8 +3,6 @@ graph that shares its KV blocks, with the same numbers as the dynamic graph."""
 
 from __future__ import annotations
 
-from concurrent.futures import Future
-
 import numpy as np
 import openvino as ov
 import pytest
@@ -25,7 +23,7 @@ def test_decode_steps_run_on_the_one_token_graph_with_the_same_tokens(tiny_model
     runs = {}
     for choice in ("on", "off"):
         with Engine(path, settings={**EXACT, "decode_graph": choice}) as eng:
-            decode = decode_graph.ready(eng.load_result.decode, wait=True)
+            decode = eng.load_result.decode and eng.load_result.decode.ready(wait=True)
             done = eng.complete("the quick brown fox", max_tokens=24, ignore_eos=True)
             runs[choice] = (done.token_ids, eng.logits([5, 9]), eng.logits([7]))
             runner = eng._idle[0].runner
@@ -42,7 +40,7 @@ def test_decode_steps_run_on_the_one_token_graph_with_the_same_tokens(tiny_model
 
 def test_a_one_token_chunk_without_logits_runs_on_the_dynamic_graph(tiny_model):
     with Engine(tiny_model("llama", "Q8_0"), settings={"decode_graph": "on"}) as eng:
-        decode_graph.ready(eng.load_result.decode, wait=True)
+        eng.load_result.decode.ready(wait=True)
         runner = PagedRunner(eng.compiled, num_blocks=4, decode=eng.load_result.decode)
         start = Chunk("a", 0, [3, 4, 5], [0], sample=False)
         assert runner.forward([start]).shape[0] == 0
@@ -52,17 +50,21 @@ def test_a_one_token_chunk_without_logits_runs_on_the_dynamic_graph(tiny_model):
         assert len(runner.requests) == 2
 
 
-def test_decode_steps_wait_for_no_compile(tiny_model, monkeypatch):
-    """Until the decode graph is compiled, one-token passes run on the dynamic graph; a decode graph
-    that fails to compile leaves them there."""
-    never = Future()  # a compile that has not finished
-    with Engine(tiny_model("llama", "Q8_0"), settings={"decode_graph": "off"}) as eng:
-        runner = PagedRunner(eng.compiled, num_blocks=2, decode=never)
+def test_it_is_made_on_demand_and_passes_run_on_the_dynamic_graph_until_then(tiny_model, monkeypatch):
+    monkeypatch.setattr(decode_graph, "START_AFTER", 2)
+    with Engine(tiny_model("llama", "Q8_0"), settings={"decode_graph": "on"}) as eng:
+        decode = eng.load_result.decode
+        assert not decode.started  # loading does not make it
+        runner = PagedRunner(eng.compiled, num_blocks=2, decode=decode)
         assert runner.forward([Chunk("a", 0, [3], [0], sample=True)]).shape[0] == 1
-        assert len(runner.requests) == 1
-        never.set_result(None)  # compiled as None: it failed (logged by the compile thread)
-        assert runner.forward([Chunk("a", 1, [4], [0], sample=True)]).shape[0] == 1
-        assert len(runner.requests) == 1
+        assert len(runner.requests) == 1 and not decode.started
+        runner.forward([Chunk("a", 1, [4], [0], sample=True)])  # the START_AFTER-th pass without it
+        assert decode.started and decode.ready(wait=True) is not None
+        runner.forward([Chunk("a", 2, [5], [0], sample=True)])
+        assert len(runner.requests) == 2
+    with Engine(tiny_model("llama", "Q8_0"), settings={"decode_graph": "on"}) as eng:
+        eng.warm_up()  # a warm-up makes it (and sets it up)
+        assert eng.load_result.decode.ready() is not None
 
 
 def test_auto_wants_a_decode_graph_on_the_cpu_when_the_weights_fit_twice(tmp_path, monkeypatch):
@@ -76,16 +78,16 @@ def test_auto_wants_a_decode_graph_on_the_cpu_when_the_weights_fit_twice(tmp_pat
 
 
 def test_a_decode_graph_that_cannot_compile_is_left_out_with_a_warning(tiny_model, caplog):
-    model = GGUFModel.open(tiny_model("llama", "Q8_0"))
-    built = graph.build_model(model, {"attention": "paged"}, PagedAttention())
-    pending = decode_graph.compile_beside(ov.Core(), built, "NO_SUCH_DEVICE", {})
-    assert decode_graph.ready(pending, wait=True) is None
+    path = tiny_model("llama", "Q8_0")
+    build = lambda: graph.build_model(GGUFModel.open(path), {"attention": "paged"}, PagedAttention())  # noqa: E731
+    decode = decode_graph.DecodeGraph(build, ov.Core(), "NO_SUCH_DEVICE", {})
+    assert decode.ready(wait=True) is None
     assert "decode graph not compiled" in caplog.text and "NO_SUCH_DEVICE" in caplog.text
 
 
 @pytest.mark.parametrize(("args", "expected"), [
     (["--max-tokens", "6"], "off"),  # finishes before a decode graph would pay for its compile
-    (["--max-tokens", "400"], "auto"),
+    (["--max-tokens", "2000"], "auto"),
     (["--max-tokens", "6", "--set", "decode_graph=on"], "on"),  # asked for: kept
 ])
 def test_generate_leaves_the_decode_graph_out_of_short_generations(tiny_model, monkeypatch, args, expected):

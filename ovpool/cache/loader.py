@@ -18,9 +18,9 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
-from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import openvino as ov
 
@@ -44,7 +44,7 @@ class LoadResult:
     # or "shared" (another user's compiled model, e.g. the worker's batcher reusing the engine's)
     entry: str | None
     seconds: float
-    decode: Future | None = None  # a paged graph's decode graph: see ovpool.worker.decode_graph
+    decode: Any = None  # a paged graph's ovpool.worker.decode_graph.DecodeGraph
 
 
 def load_compiled(core: ov.Core, *, identity: GraphIdentity, device: str, config: dict,

@@ -9,13 +9,12 @@ single-stream path when it runs the paged graph (ovpool.worker.loading).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from concurrent.futures import Future
 
 import numpy as np
 import openvino as ov
 
 from ovpool.errors import ModelLoadError
-from ovpool.worker import decode_graph
+from ovpool.worker.decode_graph import DecodeGraph
 from ovpool.worker.scheduler import Chunk
 
 _MIB = 1 << 20
@@ -25,11 +24,11 @@ _SESSION_POSITIONS = 1024
 
 class PagedRunner:
     """One InferRequest over ``compiled`` with ``kv_cache_mb`` MiB of KV blocks (at least one),
-    or exactly ``num_blocks`` blocks; one-token passes of one sequence run on the decode graph
-    (ovpool.worker.decode_graph) being compiled in ``decode``, once it is ready, on the same blocks."""
+    or exactly ``num_blocks`` blocks; one-token passes of one sequence run on the ``decode`` graph
+    (ovpool.worker.decode_graph), once it is ready, on the same blocks."""
 
     def __init__(self, compiled: ov.CompiledModel, kv_cache_mb: int = 0, num_blocks: int = 0,
-                 decode: Future | None = None):
+                 decode: DecodeGraph | None = None):
         self.compiled, self.decode = compiled, decode
         self.request = compiled.create_infer_request()
         # [the dynamic graph's, then the decode graph's once ready]: all see the same KV blocks.
@@ -80,7 +79,12 @@ class PagedRunner:
         return request.get_tensor("logits").data[0]
 
     def _decode_request(self) -> ov.InferRequest | None:
-        if len(self.requests) == 1 and (compiled := decode_graph.ready(self.decode)) is not None:
+        """The decode graph's request, made once the graph is ready; None until then."""
+        if len(self.requests) == 1 and self.decode is not None:
+            compiled = self.decode.ready()
+            if compiled is None:
+                self.decode.count_pass()
+                return None
             request = compiled.create_infer_request()
             for name, tensor in self._caches.items():
                 request.set_tensor(name, tensor)
@@ -92,7 +96,7 @@ class PagedSession:
     """One sequence on the paged graph, with ovpool.worker.session.Session's interface
     (``forward``, ``reset``, ``past``). Its KV blocks double whenever the sequence outgrows them."""
 
-    def __init__(self, compiled: ov.CompiledModel, decode: Future | None = None):
+    def __init__(self, compiled: ov.CompiledModel, decode: DecodeGraph | None = None):
         self.runner = PagedRunner(compiled, num_blocks=1, decode=decode)
         self.runner.grow(-(-_SESSION_POSITIONS // self.runner.block_size))
         self.past = 0

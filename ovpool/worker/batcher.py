@@ -14,7 +14,6 @@ import logging
 from typing import Any
 
 from ovpool.errors import InvalidRequestError, ModelLoadError, OvpoolError
-from ovpool.worker import decode_graph
 from ovpool.worker.batch import PagedRunner, PagedSession
 from ovpool.worker.events import Event, Failed, Finished, Token
 from ovpool.worker.generation import Generation, check_prompt
@@ -45,7 +44,8 @@ class Batcher:
         if self.engine.attention == "paged":
             self.engine.warm_up()
         else:
-            decode_graph.ready(self.runner.decode, wait=True)  # set it up too
+            if self.runner.decode is not None:  # made now, to set it up too
+                self.runner.decode.ready(wait=True)
             warm_up(PagedSession(self.runner.compiled, self.runner.decode))
         self.warmed = True
 

@@ -9,19 +9,22 @@ KV-block inputs stay dynamic, and both graphs read and write the same blocks
 prefills on the dynamic graph and decodes on this one.
 
 The price is a second compiled model with its own copy of the weights (SmolLM2: ~+225 MiB RSS) and
-a second compile, on a thread of its own once the dynamic graph is compiled (beside that compile it
-delayed an uncached start's first token by ~0.8 s on 2 cores); decode steps move to it when it is
-ready (no request waits for it; a warm-up does, so that it sets the decode graph up too). The
-``decode_graph`` setting decides; ``auto`` uses it on the CPU when twice the model's file fits in
-``MEMORY_SHARE`` of physical memory.
-It is compiled, never cached: like every paged graph on OpenVINO 2026.4's CPU plugin it could not
-be re-imported (ovpool.worker.loading.reimport_problem).
+a second build and compile (~2.5 s of CPU), so it is made on demand, on a thread of its own: by a
+warm-up (a worker's, once idle; ``Engine.warm_up``), which waits for it, or once an engine has run
+``START_AFTER`` one-token passes without it, when it is likely to pay for itself. A process that
+generates a few tokens never builds it (and never waits at exit for a compile it did not need).
+Until it is ready, one-token passes run on the dynamic graph. The ``decode_graph`` setting decides
+whether there is one; ``auto`` means on the CPU when twice the model's file fits in
+``MEMORY_SHARE`` of physical memory. It is compiled, never cached: like every paged graph on
+OpenVINO 2026.4's CPU plugin it could not be re-imported (ovpool.worker.loading.reimport_problem).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import threading
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
@@ -36,6 +39,10 @@ log = logging.getLogger("ovpool.worker")
 ONE_TOKEN = {"input_ids": [1, 1], "position_ids": [1, 1], "past_lens": [1], "subsequence_begins": [2],
              "block_indices_begins": [2], "logits_indices": [1]}
 MEMORY_SHARE = 1 / 8
+# A process that has run this many one-token passes is likely to run many more; one that generates
+# a few hundred tokens once gains little either way (made at load, SmolLM2: 256 tokens 8.1 s with it,
+# 8.4 s without; 64 tokens 4.5 s with it, 3.8 s without, its compile competing for 2 cores).
+START_AFTER = 128
 
 
 def wanted(choice: str, device: str, model_path: Path) -> bool:
@@ -49,33 +56,52 @@ def wanted(choice: str, device: str, model_path: Path) -> bool:
 
 
 def one_token(model: ov.Model) -> ov.Model:
-    """A copy of the paged graph ``model`` with the token dimensions of ``ONE_TOKEN``."""
-    copy = model.clone()
-    copy.reshape({port.get_any_name(): ov.PartialShape(ONE_TOKEN[port.get_any_name()])
-                  for port in copy.inputs if port.get_any_name() in ONE_TOKEN})
-    return copy
+    """The paged graph ``model`` with the token dimensions of ``ONE_TOKEN`` (reshaped in place)."""
+    model.reshape({port.get_any_name(): ov.PartialShape(ONE_TOKEN[port.get_any_name()])
+                   for port in model.inputs if port.get_any_name() in ONE_TOKEN})
+    return model
 
 
-def compile_beside(core: ov.Core, model: ov.Model, device: str, config: dict) -> Future:
-    """Start compiling the decode graph of the paged graph ``model`` on a thread (compiling releases
-    the GIL; ``model`` must not change meanwhile); see ``ready``."""
-    pool = ThreadPoolExecutor(1, thread_name_prefix="decode-graph")
-    future = pool.submit(_compile, core, model, device, config)
-    pool.shutdown(wait=False)
-    return future
+class DecodeGraph:
+    """A decode graph made on demand: ``build`` (returning the paged graph, built afresh) and the
+    compile run on a thread once ``start``ed; ``ready`` hands it out when compiled."""
 
+    def __init__(self, build: Callable[[], ov.Model], core: ov.Core, device: str, config: dict):
+        self._make = lambda: compile_model(core, one_token(build()), device, config)
+        self._future: Future | None = None
+        self._lock = threading.Lock()
+        self.passes = 0  # one-token passes run without it
 
-def ready(pending: Future | None, wait: bool = False) -> ov.CompiledModel | None:
-    """The compiled decode graph once its compile has finished (``wait``: wait for it); None while
-    it compiles, or if it could not be compiled (the dynamic graph serves every pass then)."""
-    if pending is None or not (wait or pending.done()):
-        return None
-    return pending.result()
+    @property
+    def started(self) -> bool:
+        return self._future is not None
 
+    def start(self) -> None:
+        """Begin building and compiling it (once)."""
+        with self._lock:
+            if self._future is None:
+                pool = ThreadPoolExecutor(1, thread_name_prefix="decode-graph")
+                self._future = pool.submit(self._compile)
+                pool.shutdown(wait=False)
 
-def _compile(core: ov.Core, model: ov.Model, device: str, config: dict) -> ov.CompiledModel | None:
-    try:
-        return compile_model(core, one_token(model), device, config)
-    except OvpoolError as exc:  # an optimisation: the dynamic graph runs decode steps too
-        log.warning("decode graph not compiled, decode steps stay on the dynamic graph: %s", exc)
-        return None
+    def ready(self, wait: bool = False) -> ov.CompiledModel | None:
+        """The compiled graph once ready (``wait``: start it and wait); None before that, or if
+        it could not be made (the dynamic graph serves every pass then)."""
+        if wait:
+            self.start()
+        elif self._future is None or not self._future.done():
+            return None
+        return self._future.result()
+
+    def count_pass(self) -> None:
+        """One more one-token pass ran without it: start it after ``START_AFTER`` of them."""
+        self.passes += 1
+        if self.passes >= START_AFTER:
+            self.start()
+
+    def _compile(self) -> ov.CompiledModel | None:
+        try:
+            return self._make()
+        except OvpoolError as exc:  # an optimisation: the dynamic graph runs decode steps too
+            log.warning("decode graph not compiled, decode steps stay on the dynamic graph: %s", exc)
+            return None

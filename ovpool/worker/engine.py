@@ -21,7 +21,7 @@ from ovpool.cache.loader import LoadResult
 from ovpool.completion import Completion, Delta
 from ovpool.errors import InvalidRequestError
 from ovpool.settings import Settings
-from ovpool.worker import decode_graph, graph, loading
+from ovpool.worker import graph, loading
 from ovpool.worker.batch import PagedSession
 from ovpool.worker.chat import check_messages, render
 from ovpool.worker.generation import Generation, check_prompt
@@ -84,7 +84,8 @@ class Engine:
         if self.warmed:
             return
         with _phase(self.load_report["seconds"], "warm-up"):
-            decode_graph.ready(self.load_result.decode, wait=True)  # set it up too
+            if self.load_result.decode is not None:  # made now, to set it up too
+                self.load_result.decode.ready(wait=True)
             session = self._acquire()
             warm_up(session)
             self._release(session)

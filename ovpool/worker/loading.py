@@ -85,19 +85,17 @@ def load_paged(model: GGUFModel, settings: Settings, device: str, core: ov.Core,
             raise CacheUnsupportedError(f"cache-only mode cannot load the paged graph: {why}")
         log.info("model cache: not used for the paged graph: %s", why)
         cache_dir = None
-    built = []
-
-    def build() -> ov.Model:
-        built.append(graph.build_model(model, values, attention))
-        return built[-1]
-
-    result = load_compiled(core, identity=identity, device=device, config=config, build=build,
+    result = load_compiled(core, identity=identity, device=device, config=config,
+                           build=lambda: graph.build_model(model, values, attention),
                            cache_dir=cache_dir, cache_only=cache_only, hint=hint)
-    if not built or not decode_graph.wanted(settings.decode_graph, device, model.path):
+    if not decode_graph.wanted(settings.decode_graph, device, model.path):
         return result
-    # Compiled after the dynamic graph, not beside it: a compile beside it delayed the first token
-    # of an uncached start by ~0.8 s on 2 cores; now it shares the CPU with the first requests.
-    return dataclasses.replace(result, decode=decode_graph.compile_beside(core, built[-1], device, config))
+
+    def build_again() -> ov.Model:  # later, on the decode graph's thread: the engine closed model
+        with GGUFModel.open(model.path) as source:
+            return graph.build_model(source, values, attention)
+
+    return dataclasses.replace(result, decode=decode_graph.DecodeGraph(build_again, core, device, config))
 
 
 _REIMPORT: dict[str, str | None] = {}
