@@ -8,15 +8,16 @@ KV-block inputs stay dynamic, and both graphs read and write the same blocks
 (ovpool.worker.batch.PagedRunner sends each one-token pass of one sequence here), so a sequence
 prefills on the dynamic graph and decodes on this one.
 
-The price is a second compiled model with its own copy of the weights (SmolLM2: ~+225 MiB RSS) and
-a second build and compile (~2.5 s of CPU), so it is made on demand, on a thread of its own: by a
-warm-up (a worker's, once idle; ``Engine.warm_up``), which waits for it, or once an engine has run
-``START_AFTER`` one-token passes without it, when it is likely to pay for itself. A process that
-generates a few tokens never builds it (and never waits at exit for a compile it did not need).
-Until it is ready, one-token passes run on the dynamic graph. The ``decode_graph`` setting decides
-whether there is one; ``auto`` means on the CPU when twice the model's file fits in
-``MEMORY_SHARE`` of physical memory. It is compiled, never cached: like every paged graph on
-OpenVINO 2026.4's CPU plugin it could not be re-imported (ovpool.worker.loading.reimport_problem).
+The price is a second compiled model (SmolLM2: ~+220 MiB RSS; it shares the dynamic graph's
+constants, but the CPU plugin lays the weights out for each) and a second compile (~2 s of CPU), so
+it is made on demand, on a thread of its own: by a warm-up (a worker's, once idle;
+``Engine.warm_up``), which waits for it, or once an engine has run ``START_AFTER`` one-token passes
+without it, when it is likely to pay for itself. A process that generates a few tokens never builds
+it (and never waits at exit for a compile it did not need). Until it is ready, one-token passes run
+on the dynamic graph. The ``decode_graph`` setting decides whether there is one; ``auto`` means on
+the CPU when twice the model's file fits in ``MEMORY_SHARE`` of physical memory. It is compiled,
+never cached: like every paged graph on OpenVINO 2026.4's CPU plugin it could not be re-imported
+(ovpool.worker.loading.reimport_problem).
 """
 
 from __future__ import annotations

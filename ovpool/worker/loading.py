@@ -85,17 +85,26 @@ def load_paged(model: GGUFModel, settings: Settings, device: str, core: ov.Core,
             raise CacheUnsupportedError(f"cache-only mode cannot load the paged graph: {why}")
         log.info("model cache: not used for the paged graph: %s", why)
         cache_dir = None
-    result = load_compiled(core, identity=identity, device=device, config=config,
-                           build=lambda: graph.build_model(model, values, attention),
+    built: list[ov.Model] = []
+
+    def build() -> ov.Model:
+        built.append(graph.build_model(model, values, attention))
+        return built[-1]
+
+    result = load_compiled(core, identity=identity, device=device, config=config, build=build,
                            cache_dir=cache_dir, cache_only=cache_only, hint=hint)
     if not decode_graph.wanted(settings.decode_graph, device, model.path):
         return result
 
-    def build_again() -> ov.Model:  # later, on the decode graph's thread: the engine closed model
-        with GGUFModel.open(model.path) as source:
-            return graph.build_model(source, values, attention)
+    def source() -> ov.Model:  # later, on the decode graph's thread
+        if built:
+            # Kept, not built again: the compiled graph holds these constants anyway, and a decode
+            # graph made from them shares them (SmolLM2: +230 MiB RSS for it instead of +380).
+            return built.pop()
+        with GGUFModel.open(model.path) as again:  # imported from a cache: build it now
+            return graph.build_model(again, values, attention)
 
-    return dataclasses.replace(result, decode=decode_graph.DecodeGraph(build_again, core, device, config))
+    return dataclasses.replace(result, decode=decode_graph.DecodeGraph(source, core, device, config))
 
 
 _REIMPORT: dict[str, str | None] = {}
