@@ -12,7 +12,7 @@ The price is a second compiled model (SmolLM2: ~+220 MiB RSS; it shares the dyna
 constants, but the CPU plugin lays the weights out for each) and a second compile (~2 s of CPU), so
 it is made on demand, on a thread of its own: by a warm-up (a worker's, once idle;
 ``Engine.warm_up``), which waits for it, or once an engine has run ``START_AFTER`` one-token passes
-without it, when it is likely to pay for itself. A process that generates a few tokens never builds
+without it, when it is likely to pay for itself. A process that generates a few tokens never compiles
 it (and never waits at exit for a compile it did not need). Until it is ready, one-token passes run
 on the dynamic graph. The ``decode_graph`` setting decides whether there is one; ``auto`` means on
 the CPU when twice the model's file fits in ``MEMORY_SHARE`` of physical memory. It is compiled,
