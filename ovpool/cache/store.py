@@ -73,13 +73,12 @@ class CacheStore:
         self.manifests_dir, self.blobs_dir = self.base / "manifests", self.base / "blobs"
         self.locks_dir, self.tmp_dir = self.base / "locks", self.base / "tmp"
         self.hits_dir, self.hints_dir = self.base / "hits", self.base / "hints"
-        self.headers_dir = self.base / "headers"
         self.probes_path = self.base / "probes.json"
 
     def prepare(self) -> None:
         """Create the layout; an OSError (read-only, permission) means exports must be skipped."""
         for d in (self.manifests_dir, self.blobs_dir, self.locks_dir, self.tmp_dir, self.hits_dir,
-                  self.hints_dir, self.headers_dir):
+                  self.hints_dir):
             d.mkdir(parents=True, exist_ok=True)
         probe = self.tmp_dir / f"probe.{os.getpid()}.{secrets.token_hex(4)}.partial"
         probe.touch()
@@ -192,10 +191,7 @@ class CacheStore:
                            "manifest-write")
 
     def write_text(self, path: Path, text: str) -> None:
-        self.write_bytes(path, text.encode())
-
-    def write_bytes(self, path: Path, data: bytes) -> None:
-        self._atomic_write(path, [data], "text-write")
+        self._atomic_write(path, [text.encode()], "text-write")
 
     def remove(self, path: Path) -> None:
         with contextlib.suppress(FileNotFoundError):

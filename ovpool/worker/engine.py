@@ -53,7 +53,7 @@ class Engine:
         prefetch.start(model, self.device, self.settings, self.cache_dir, self.core)
         phases: dict[str, float] = {}
         with _phase(phases, "open"):
-            self.model = GGUFModel.open(model, self.cache_dir)
+            self.model = GGUFModel.open(model)
         with _phase(phases, "tokenizer"):
             self.tokenizer = Tokenizer.from_metadata(self.model.metadata)
         self.attention = loading.choose_attention(self.settings, self.device, self.core, self.cache_dir)

@@ -13,10 +13,9 @@ from typing import Any
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
-from ovpool.cache.headers import read_cached
 from ovpool.errors import ModelFormatError, UnsupportedModelError
 from ovpool.worker.aliases import ALIASES, resolve_model_path
-from ovpool.worker.gguf_file import TensorInfo
+from ovpool.worker.gguf_file import TensorInfo, read_header
 
 ARCHITECTURES = ("llama", "qwen2")
 WEIGHT_TYPES = frozenset({T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q4_K, T.Q6_K})
@@ -52,10 +51,9 @@ class GGUFModel:
         self._memmap: np.memmap | None = None
 
     @classmethod
-    def open(cls, model: str | Path, cache_dir: str | Path | None = None) -> GGUFModel:
-        """``cache_dir``: a compiled-model cache that keeps parsed headers (ovpool.cache.headers)."""
+    def open(cls, model: str | Path) -> GGUFModel:
         path = resolve_model_path(model)
-        header = read_cached(path, cache_dir)
+        header = read_header(path)
         alias = str(model).lower() if str(model).lower() in ALIASES else None
         return cls(path, header.metadata, header.tensors, alias)
 
