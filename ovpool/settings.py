@@ -95,9 +95,10 @@ _SETTINGS = [
             "per step, continuous batching) or interleaved (one pass per sequence)",
             choices=("paged", "interleaved")),
     Setting("decode_graph", str, "auto", "a second compiled graph fixed to one token of one sequence "
-            "for decode steps of the paged graph (a CPU decode step ~10-14% faster; twice the weight "
-            "memory): on, off, or auto (on the CPU when twice the model file fits in an eighth of "
-            "physical memory)", choices=("auto", "on", "off")),
+            "for decode steps of the paged graph, made by a warm-up or after 128 decode steps (a CPU "
+            "decode step ~10-14% faster; a second layout of the weights): on, off, or auto (on the "
+            "CPU when twice the model file fits in an eighth of physical memory)",
+            choices=("auto", "on", "off")),
     Setting("kv_cache_mb", int, 256, "MiB of paged KV-cache blocks per worker (batching=paged)", minimum=1),
     # Graph-changing: these enter the cache fingerprint.
     Setting("inference_precision", str, "auto", "compute precision (auto: fastest correct on the device)",
