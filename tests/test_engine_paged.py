@@ -82,4 +82,5 @@ def test_the_batcher_shares_the_engines_paged_graph(tiny_model):
         assert eng.load_report["paged"]["outcome"] == "shared"
         backend.idle()  # one warm-up serves both: it is one compiled graph
         assert eng.warmed and backend.runs.warmed
+        assert eng.load_result.decode.ready() is not None  # and it made their decode graph
         assert eng.complete("hello", max_tokens=3, ignore_eos=True).finish_reason == "length"
