@@ -64,8 +64,8 @@ def one_token(model: ov.Model) -> ov.Model:
 
 
 class DecodeGraph:
-    """A decode graph made on demand: ``build`` (returning the paged graph, built afresh) and the
-    compile run on a thread once ``start``ed; ``ready`` hands it out when compiled."""
+    """A decode graph made on demand: ``build`` (which returns the paged graph's model, to be
+    reshaped) and the compile run on a thread once ``start``ed; ``ready`` hands it out."""
 
     def __init__(self, build: Callable[[], ov.Model], core: ov.Core, device: str, config: dict):
         self._make = lambda: compile_model(core, one_token(build()), device, config)

@@ -99,7 +99,7 @@ def load_paged(model: GGUFModel, settings: Settings, device: str, core: ov.Core,
     def source() -> ov.Model:  # later, on the decode graph's thread
         if built:
             # Kept, not built again: the compiled graph holds these constants anyway, and a decode
-            # graph made from them shares them (SmolLM2: +230 MiB RSS for it instead of +380).
+            # graph made from them shares them (SmolLM2: +220 MiB RSS for it instead of +380).
             return built.pop()
         with GGUFModel.open(model.path) as again:  # imported from a cache: build it now
             return graph.build_model(again, values, attention)
