@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from test_cache_loader import CORE, EXPECTED, flip_middle_bit, only_entry, read_only
 
-from ovpool.cache import prefetch
+from ovpool.cache import maintenance, prefetch
 from ovpool.cache.loader import load_compiled
 from ovpool.cache.store import CacheStore
 from ovpool.settings import Settings
@@ -96,3 +96,17 @@ def test_a_read_only_cache_hits_with_its_old_hint(toy):
     assert "gone.blob" in hint.read_text()
     load(cache, model_file)  # writable again: the hint follows the hit
     assert start(cache, model_file).path == cache.blob_path(only_entry(cache)[1])
+
+
+def test_gc_removes_hints_whose_blob_is_gone(toy):
+    cache, model_file = toy
+    load(cache, model_file)
+    (hint,) = cache.hints_dir.iterdir()
+    torn = cache.hints_dir / "torn.json"
+    torn.write_text("{ not json")
+    assert maintenance.gc(cache)["hints"] == ["torn.json"]  # the live hint stays
+    assert hint.exists() and not torn.exists()
+    _, entry = only_entry(cache)
+    cache.remove(cache.blob_path(entry))
+    assert maintenance.gc(cache)["hints"] == [hint.name]
+    assert list(cache.hints_dir.iterdir()) == []

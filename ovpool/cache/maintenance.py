@@ -7,10 +7,12 @@ whose lock is held (an export in progress may have renamed its blob but not yet 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 from collections.abc import Iterator
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 import filelock
@@ -102,7 +104,8 @@ def remove(store: CacheStore, entry_id: str) -> str:
 
 def gc(store: CacheStore, max_bytes: int | None = None) -> dict[str, list[str]]:
     """Remove dead writers' temp files, garbage manifests, unreferenced blobs (and hit counters),
-    then LRU entries beyond ``max_bytes``. Returns what was removed, by kind."""
+    then LRU entries beyond ``max_bytes``, then start-up hints naming no blob (ovpool.cache.prefetch).
+    Returns what was removed, by kind."""
     with _writing(store):
         report = {"temp": _dead_temps(store), "manifests": [], "blobs": [], "entries": []}
         for family in _blob_families(store) | set(store.families()):
@@ -111,7 +114,24 @@ def gc(store: CacheStore, max_bytes: int | None = None) -> dict[str, list[str]]:
                     _gc_family(store, family, report)
         if max_bytes is not None:
             report["entries"] = _evict_lru(store, max_bytes)
+        report["hints"] = _stale_hints(store)
     return report
+
+
+def _stale_hints(store: CacheStore) -> list[str]:
+    """Hints whose blob is gone, or that cannot be read: harmless (a start imports nothing for
+    them), but they would pile up."""
+    removed = []
+    for path in store.hints_dir.glob("*.json") if store.hints_dir.is_dir() else []:
+        try:
+            blob = store.blob_path(Path(json.loads(path.read_text())["blob"]).name)
+            stale = not blob.is_file()
+        except (OSError, ValueError, KeyError, TypeError):
+            stale = True
+        if stale:
+            store.remove(path)
+            removed.append(path.name)
+    return removed
 
 
 @contextlib.contextmanager

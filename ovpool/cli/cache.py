@@ -125,7 +125,8 @@ def verify_command(store: CacheStore, as_json: bool) -> None:
               "size (e.g. 20G).")
 @cache_options
 def gc_command(max_bytes: str | None, store: CacheStore, as_json: bool) -> None:
-    """Remove temp files of dead writers, unreadable manifests, unreferenced blobs, LRU entries."""
+    """Remove temp files of dead writers, unreadable manifests, unreferenced blobs, LRU entries,
+    hints whose blob is gone."""
     report = maintenance.gc(store, _parse_bytes(max_bytes))
     if as_json:
         emit_json(report)
