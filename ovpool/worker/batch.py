@@ -30,9 +30,8 @@ class PagedRunner:
     def __init__(self, compiled: ov.CompiledModel, kv_cache_mb: int = 0, num_blocks: int = 0,
                  decode: DecodeGraph | None = None):
         self.compiled, self.decode = compiled, decode
-        self.request = compiled.create_infer_request()
         # [the dynamic graph's, then the decode graph's once ready]: all see the same KV blocks.
-        self.requests = [self.request]
+        self.requests = [compiled.create_infer_request()]
         caches = [p for p in compiled.inputs if "_cache." in p.get_any_name()]
         self._layout = {p.get_any_name(): (p.get_element_type(),
                                            [d.get_length() for d in list(p.get_partial_shape())[1:]])
@@ -70,7 +69,7 @@ class PagedRunner:
         """
         inputs = feeds(chunks, rows)
         one_token = inputs["input_ids"].size == 1 and inputs["logits_indices"].size == 1
-        request = (one_token and self._decode_request()) or self.request
+        request = (one_token and self._decode_request()) or self.requests[0]
         try:
             # Shared both ways, as in Session.forward: no copy of the inputs or of the logits.
             request.infer(inputs, share_inputs=True, share_outputs=True)
@@ -103,6 +102,11 @@ class PagedSession:
 
     def reset(self) -> None:
         self.past = 0
+
+    def prepare(self) -> None:
+        """Make the decode graph now if there is one, so that a warm-up sets it up too."""
+        if self.runner.decode is not None:
+            self.runner.decode.ready(wait=True)
 
     def forward(self, ids: Sequence[int], logits_from: int) -> np.ndarray:
         """Run ``ids`` after the cached positions; logits [len(ids) - logits_from, vocab]."""

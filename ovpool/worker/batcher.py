@@ -44,8 +44,6 @@ class Batcher:
         if self.engine.attention == "paged":
             self.engine.warm_up()
         else:
-            if self.runner.decode is not None:  # made now, to set it up too
-                self.runner.decode.ready(wait=True)
             warm_up(PagedSession(self.runner.compiled, self.runner.decode))
         self.warmed = True
 

@@ -84,8 +84,6 @@ class Engine:
         if self.warmed:
             return
         with _phase(self.load_report["seconds"], "warm-up"):
-            if self.load_result.decode is not None:  # made now, to set it up too
-                self.load_result.decode.ready(wait=True)
             session = self._acquire()
             warm_up(session)
             self._release(session)

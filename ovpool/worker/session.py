@@ -17,7 +17,8 @@ from ovpool.errors import ModelLoadError
 _PAST = "past_key_values."
 _PRESENT = "present."
 # The CPU plugin lays weights out once for passes of 1-6 rows and once for 7 or more: a prefill of
-# 8 tokens and one decode step set both up.
+# 8 tokens sets the second up, a pass of 2 tokens the first (a one-token pass may run on a decode
+# graph of its own, ovpool.worker.decode_graph), and one decode step the decode graph.
 _WARM_UP_PROMPT = 8
 
 
@@ -44,6 +45,9 @@ class Session:
         else:
             self._kv = {name: _empty_kv(port) for name, port in self._past_ports.items()}
         self.past = 0
+
+    def prepare(self) -> None:
+        """Nothing to make: one compiled graph (PagedSession may run a second one)."""
 
     def forward(self, ids: Sequence[int], logits_from: int) -> np.ndarray:
         """Run ``ids`` after the cached positions; logits [len(ids) - logits_from, vocab].
@@ -90,6 +94,8 @@ def warm_up(session) -> None:
     """One pass of each kernel layout on ``session`` (a Session or a PagedSession), then reset: the
     device's one-time set-up (SmolLM2 on a CPU: ~0.15 s per layout with q4_storage=i8, ~0.5 s with
     i4) is shared by every request of the compiled model, so no request pays it."""
+    session.prepare()
     session.forward([0] * _WARM_UP_PROMPT, logits_from=_WARM_UP_PROMPT - 1)
+    session.forward([0, 0], logits_from=1)
     session.forward([0], logits_from=0)
     session.reset()
