@@ -9,8 +9,8 @@ import click
 from ovpool.cli.common import resolve_settings, settings_options
 
 # A one-shot generation shorter than this finishes before the decode graph (ovpool.worker.decode_graph)
-# pays for itself: it would be made after 128 tokens, its build and compile take ~2.5 s of CPU, and it
-# gains ~2.5 ms per later token on SmolLM2 (and the process would wait at exit for a compile still
+# pays for itself: it would be made after 128 tokens, its compile takes ~2 s of CPU, and it gains
+# ~2.5 ms per later token on SmolLM2 (and the process would wait at exit for a compile still
 # running). Set decode_graph to override.
 DECODE_GRAPH_MIN_TOKENS = 1024
 
