@@ -17,10 +17,10 @@ import time
 from ovpool.bench.local import run_all
 from ovpool.bench.peers import BatchedPipeline
 from ovpool.bench.sweep import PROMPTS
+from ovpool.sampling_params import SamplingParams
 from ovpool.worker.backend import EngineBackend
 from ovpool.worker.engine import Engine
-from ovpool.worker.model import resolve_model_path
-from ovpool.worker.sampling import SamplingParams
+from ovpool.worker.gguf.model import resolve_model_path
 
 
 def measure(run, n: int, max_tokens: int) -> dict:

@@ -52,7 +52,7 @@ def load(args: argparse.Namespace) -> tuple[dict, Callable[[str, int], object]]:
     if args.child == "genai":
         import openvino_genai as genai
 
-        from ovpool.worker.model import resolve_model_path
+        from ovpool.worker.gguf.model import resolve_model_path
 
         t0 = time.perf_counter()
         pipe = genai.LLMPipeline(str(resolve_model_path(args.model)), args.device)
@@ -106,7 +106,7 @@ def run(scenario: str, args: argparse.Namespace, cache_dir: str) -> dict:
     cmd = [sys.executable, __file__, "--child", scenario, "--model", args.model, "--device", args.device,
            "--cache-dir", "" if scenario in ("no cache", "genai") else cache_dir]
     if args.evict:
-        from ovpool.worker.model import resolve_model_path
+        from ovpool.worker.gguf.model import resolve_model_path
 
         evict([resolve_model_path(args.model), *Path(cache_dir).glob("v1/blobs/*.blob")])
     start = time.time()

@@ -16,8 +16,8 @@ import numpy as np
 import openvino as ov
 
 from ovpool.settings import Settings, parse_assignments
-from ovpool.worker.graph import build_model, compile_config
-from ovpool.worker.model import GGUFModel
+from ovpool.worker.gguf.model import GGUFModel
+from ovpool.worker.graph.builder import build_model, compile_config
 
 
 def feeds(ids: np.ndarray, past: int, stateful: bool) -> dict:

@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/engine_matvec.py [--rows 3072] [--cols 576] [--tokens 1]
 
 CPU time rather than wall time so that other processes on a shared machine disturb it less.
-The encodings are those ovpool.worker.quants produces (i4 + exact float zero point for Q4_1/Q4_K, i8
+The encodings are those ovpool.worker.gguf.quants produces (i4 + exact float zero point for Q4_1/Q4_K, i8
 for Q8_0/Q6_K) and GenAI's (u4 + rounded u4 zero point) for comparison.
 """
 
@@ -16,8 +16,8 @@ import numpy as np
 import openvino as ov
 import openvino.opset13 as ops
 
-from ovpool.worker.quants import Packed
-from ovpool.worker.weights import Weight
+from ovpool.worker.gguf.quants import Packed
+from ovpool.worker.graph.weights import Weight
 
 
 def cpu_ms(packed: Packed, tokens: int, rng: np.random.Generator, calls: int = 200) -> float:

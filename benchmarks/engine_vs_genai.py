@@ -6,7 +6,7 @@ Both sides run greedy, ignore_eos, no chat template, on the same prompt token id
 
 * Load time (constructor, no compiled-model cache) and peak RSS: each side in ``--repeats`` fresh
   subprocesses of its own (alternating sides), medians. ovpool's decode graph
-  (ovpool.worker.decode_graph, made on demand after the constructor) is made before RSS and the
+  (ovpool.worker.graph.decode, made on demand after the constructor) is made before RSS and the
   timed rounds are taken.
 * TTFT of a ``--prompt-tokens`` prompt and decode tokens/s over ``--new-tokens`` tokens (after the
   first): one paired subprocess loads both sides, warms each up once, then alternates them for
@@ -50,8 +50,8 @@ def clock() -> Stamp:
 
 def prompt_ids(model: str, n: int, count: int) -> list[list[int]]:
     """``count`` prompts of ``n`` token ids: disjoint windows of this file's text (no shared prefix)."""
-    from ovpool.worker.model import GGUFModel
-    from ovpool.worker.tokenizer import Tokenizer
+    from ovpool.worker.gguf.model import GGUFModel
+    from ovpool.worker.text.tokenizer import Tokenizer
 
     tok = Tokenizer.from_metadata(GGUFModel.open(model).metadata)
     ids = tok.encode(Path(__file__).read_text(), add_special=False)
@@ -62,7 +62,7 @@ def prompt_ids(model: str, n: int, count: int) -> list[list[int]]:
 
 def load_ovpool(args: argparse.Namespace) -> tuple[float, Runner]:
     from ovpool import Engine
-    from ovpool.worker.sampling import SamplingParams
+    from ovpool.sampling_params import SamplingParams
 
     t0 = time.perf_counter()
     engine = Engine(args.model, device=args.device)
@@ -88,7 +88,7 @@ def load_genai(args: argparse.Namespace) -> tuple[float, Runner]:
     import openvino as ov
     import openvino_genai as genai
 
-    from ovpool.worker.model import resolve_model_path
+    from ovpool.worker.gguf.model import resolve_model_path
 
     path = str(resolve_model_path(args.model))
     t0 = time.perf_counter()

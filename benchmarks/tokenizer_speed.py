@@ -15,9 +15,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ovpool.worker.model import GGUFModel
-from ovpool.worker.sampling import Sampler, SamplingParams
-from ovpool.worker.tokenizer import Tokenizer
+from ovpool.sampling_params import SamplingParams
+from ovpool.worker.generate.sampler import Sampler
+from ovpool.worker.gguf.model import GGUFModel
+from ovpool.worker.text.tokenizer import Tokenizer
 
 
 def timed(fn, repeats: int) -> tuple[float, object]:

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 from ovpool import errors, timing
 from ovpool.completion import Completion, Delta
 from ovpool.protocol import Error, Final, Message, Partial, Ping, Pong, StatusReply, Submit, sampling_to_wire
-from ovpool.worker.sampling import SamplingParams
+from ovpool.sampling_params import SamplingParams
 
 
 class Sink(Protocol):

@@ -27,7 +27,7 @@ import zmq
 
 from ovpool.completion import Completion
 from ovpool.errors import InvalidRequestError, MalformedMessageError, UnsupportedVersionError
-from ovpool.worker.sampling import SamplingParams
+from ovpool.sampling_params import SamplingParams
 
 VERSION = b"OVP1"
 _MISSING = object()

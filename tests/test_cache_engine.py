@@ -15,7 +15,7 @@ from ovpool.cache.maintenance import entries
 from ovpool.cache.store import CacheStore
 from ovpool.errors import CacheMissError
 from ovpool.worker.engine import Engine
-from ovpool.worker.model import GGUFModel
+from ovpool.worker.gguf.model import GGUFModel
 
 _LIBC = ctypes.CDLL(None, use_errno=True)
 

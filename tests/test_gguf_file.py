@@ -7,8 +7,8 @@ import pytest
 from gguf import GGUFReader, GGUFValueType, GGUFWriter
 
 from ovpool.errors import ModelFormatError
-from ovpool.worker.gguf_file import read_header
-from ovpool.worker.model import resolve_model_path
+from ovpool.worker.gguf.file import read_header
+from ovpool.worker.gguf.model import resolve_model_path
 
 
 def _reader_value(field):

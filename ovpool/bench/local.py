@@ -8,9 +8,9 @@ from typing import Any
 
 from ovpool.bench.sweep import PROMPTS
 from ovpool.completion import Completion
+from ovpool.sampling_params import SamplingParams
 from ovpool.worker.backend import EngineBackend, Failed, Finished
 from ovpool.worker.engine import Engine
-from ovpool.worker.sampling import SamplingParams
 
 
 def single_stream(engine: Engine, max_tokens: int) -> dict:

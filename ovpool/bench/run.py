@@ -19,7 +19,7 @@ import openvino as ov
 
 from ovpool.bench import local, peers, sweep
 from ovpool.worker.engine import Engine
-from ovpool.worker.model import resolve_model_path
+from ovpool.worker.gguf.model import resolve_model_path
 
 SCENARIOS = ("startup", "single", "sweep", "overhead", "agreement")
 _BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"

@@ -44,7 +44,7 @@ class LoadResult:
     # or "shared" (another user's compiled model, e.g. the worker's batcher reusing the engine's)
     entry: str | None
     seconds: float
-    decode: Any = None  # a paged graph's ovpool.worker.decode_graph.DecodeGraph
+    decode: Any = None  # a paged graph's ovpool.worker.graph.decode.DecodeGraph
 
 
 def load_compiled(core: ov.Core, *, identity: GraphIdentity, device: str, config: dict,

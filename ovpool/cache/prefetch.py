@@ -29,8 +29,8 @@ import openvino as ov
 from ovpool.cache.fingerprint import stat_identity
 from ovpool.cache.store import CacheStore, crc32_of
 from ovpool.errors import CacheCorruptError, OvpoolError
+from ovpool.models import resolve_model_path
 from ovpool.settings import Settings
-from ovpool.worker.aliases import resolve_model_path
 
 
 class BlobImport:

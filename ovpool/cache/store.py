@@ -10,7 +10,7 @@
       hints/<key>.json          the blob an engine's request last used (see ovpool.cache.prefetch)
       tmp/<name>.<pid>.<random>.partial   while writing; gc removes those of dead processes
       sources.json              content hashes of GGUF files by file identity (source_identity=content)
-      probes.json               device capabilities probed once per OpenVINO version (ovpool.worker.loading)
+      probes.json               device capabilities probed once per OpenVINO version (worker/graph/loading.py)
 
 Every file is written to tmp/, fsynced and renamed into place, so a reader sees the old file or
 the new one, never a torn one. The manifest is renamed last, so an export interrupted anywhere

@@ -155,9 +155,9 @@ def explain_command(model: str, device: str | None, assignments: tuple[str, ...]
     import openvino as ov
 
     from ovpool.cache.lookup import Lookup
-    from ovpool.worker.loading import cache_identity, choose_attention
-    from ovpool.worker.model import GGUFModel
-    from ovpool.worker.paged import PagedAttention
+    from ovpool.worker.gguf.model import GGUFModel
+    from ovpool.worker.graph.loading import cache_identity, choose_attention
+    from ovpool.worker.graph.paged import PagedAttention
 
     settings, core = resolve_settings(assignments, device=device), ov.Core()
     attention = choose_attention(settings, settings.device, core, store.root)

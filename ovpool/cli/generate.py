@@ -8,7 +8,7 @@ import click
 
 from ovpool.cli.common import resolve_settings, settings_options
 
-# A one-shot generation shorter than this finishes before the decode graph (ovpool.worker.decode_graph)
+# A one-shot generation shorter than this finishes before the decode graph (ovpool.worker.graph.decode)
 # pays for itself: it would be made after 128 tokens, its compile takes ~2 s of CPU, and it gains
 # ~2.5 ms per later token on SmolLM2 (and the process would wait at exit for a compile still
 # running). Set decode_graph to override.
@@ -41,8 +41,8 @@ def generate_command(prompt: str, model: str, max_tokens: int, temperature: floa
     if settings.source("decode_graph") == "default" and max_tokens < DECODE_GRAPH_MIN_TOKENS:
         settings = settings.replace(decode_graph="off")
     prefetch.start(model, settings=settings)  # a likely cache hit imports while the engine's modules do
+    from ovpool.sampling_params import SamplingParams
     from ovpool.worker.engine import Engine
-    from ovpool.worker.sampling import SamplingParams
 
     params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                             seed=seed, stop=stop, ignore_eos=ignore_eos)

@@ -11,7 +11,7 @@ from functools import lru_cache
 
 import regex
 
-from ovpool.worker.bpe import PreTokenizer, bytes_to_unicode, to_byte_chars
+from ovpool.worker.text.bpe import PreTokenizer, bytes_to_unicode, to_byte_chars
 
 CORPUS = """\
 The quick brown fox jumps over the lazy dog. The capital of France is Paris.

@@ -2,7 +2,7 @@
 
 Written independently of the OpenVINO path: weights are dequantized with ``gguf.quants`` and RoPE
 is applied the way llama.cpp does on GGUF's own row layout (adjacent pairs for llama, whose Q/K rows
-the converter permuted; split halves, "NEOX" style, for qwen2), not via ovpool.worker.quants.
+the converter permuted; split halves, "NEOX" style, for qwen2), not via ovpool.worker.gguf.quants.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 from gguf import quants
 
-from ovpool.worker.model import GGUFModel
+from ovpool.worker.gguf.model import GGUFModel
 
 
 class Reference:

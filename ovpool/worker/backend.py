@@ -4,7 +4,7 @@ all of them by one token per ``step()``.
 ``NullBackend`` fakes a model (tokens derived from the seed and prompt, optional per-step delay)
 so the broker, worker and client can be tested and benchmarked without OpenVINO.
 ``EngineBackend`` runs an Engine's generations: one batched forward pass per step (continuous
-batching, ovpool.worker.batcher), or interleaved, one pass per generation per step.
+batching, ovpool.worker.generate.batcher), or interleaved, one pass per generation per step.
 """
 
 from __future__ import annotations
@@ -18,8 +18,9 @@ from typing import Any, Protocol
 
 from ovpool.completion import Completion, Delta, Usage
 from ovpool.errors import InvalidRequestError, ModelLoadError, OvpoolError
+from ovpool.sampling_params import SamplingParams
 from ovpool.worker.events import Event, Failed, Finished, Token
-from ovpool.worker.sampling import SamplingParams, check_prompt_length
+from ovpool.worker.generate.limits import check_prompt_length
 
 __all__ = ["Backend", "EngineBackend", "Event", "Failed", "Finished", "NullBackend", "Token"]
 log = logging.getLogger("ovpool.worker")
@@ -113,7 +114,7 @@ class EngineBackend:
     """Up to ``slots`` generations of one Engine.
 
     With ``batching=paged`` (the default) each ``step()`` is ONE forward pass over all of them
-    (ovpool.worker.batcher: continuous batching). The paged graph loads in a background thread
+    (ovpool.worker.generate.batcher: continuous batching). The paged graph loads in a background thread
     (OpenVINO cannot take it from the cache yet, see docs/architecture.md), so the worker serves
     from its first second: until it is ready, and with ``batching=interleaved`` or when it cannot
     load (cache-only mode), each generation runs its own pass on its own InferRequest; requests
@@ -179,7 +180,7 @@ class EngineBackend:
 def _load_batcher(engine: Any, slots: int, max_prompt_tokens: int) -> concurrent.futures.Future | None:
     if engine.settings.batching != "paged":
         return None
-    from ovpool.worker.batcher import Batcher  # OpenVINO: not for NullBackend users
+    from ovpool.worker.generate.batcher import Batcher  # OpenVINO: not for NullBackend users
 
     pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="paged-graph")
     future = pool.submit(Batcher.load, engine, slots, max_prompt_tokens)

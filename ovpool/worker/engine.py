@@ -1,7 +1,7 @@
 """Engine: a GGUF model compiled for one OpenVINO device, with its tokenizer, ready to generate.
 
 Loading opens the GGUF header, resolves the effective graph settings, chooses the graph (paged or
-stateful, see ovpool.worker.loading) and gets it compiled through the compiled-model cache (a hit
+stateful, see ovpool.worker.graph.loading) and gets it compiled through the compiled-model cache (a hit
 never builds the graph or reads a weight). Each Generation borrows a session (an InferRequest with
 its own KV cache) from a pool, so several can be interleaved; finished sessions are reset and reused.
 """
@@ -20,15 +20,16 @@ from ovpool.cache import prefetch
 from ovpool.cache.loader import LoadResult
 from ovpool.completion import Completion, Delta
 from ovpool.errors import InvalidRequestError
+from ovpool.sampling_params import SamplingParams
 from ovpool.settings import Settings
-from ovpool.worker import graph, loading
-from ovpool.worker.batch import PagedSession
-from ovpool.worker.chat import check_messages, render
-from ovpool.worker.generation import Generation, check_prompt
-from ovpool.worker.model import GGUFModel
-from ovpool.worker.sampling import SamplingParams
-from ovpool.worker.session import Session, warm_up
-from ovpool.worker.tokenizer import Tokenizer
+from ovpool.worker.generate.batch import PagedSession
+from ovpool.worker.generate.generation import Generation, check_prompt
+from ovpool.worker.generate.session import Session, warm_up
+from ovpool.worker.gguf.model import GGUFModel
+from ovpool.worker.graph import builder as graph
+from ovpool.worker.graph import loading
+from ovpool.worker.text.chat import check_messages, render
+from ovpool.worker.text.tokenizer import Tokenizer
 
 Prompt = str | Sequence[int] | Sequence[Mapping[str, Any]]
 

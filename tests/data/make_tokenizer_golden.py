@@ -15,7 +15,7 @@ from pathlib import Path
 import openvino_genai
 
 from ovpool.testing.tiny import TinySpec
-from ovpool.worker.model import resolve_model_path
+from ovpool.worker.gguf.model import resolve_model_path
 
 CORPUS = [
     "Hello world",

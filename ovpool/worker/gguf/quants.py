@@ -19,7 +19,7 @@ codes 0, scale 1 and zero point -min, also exact.
 
 u4/i4 codes are stored packed as OpenVINO expects: element 2i in the low nibble of byte i. GGUF's
 Q4 blocks store elements 0..15 in low nibbles and 16..31 in high nibbles, so they are repacked.
-Pure numpy; the OpenVINO side lives in ovpool.worker.weights.
+Pure numpy; the OpenVINO side lives in ovpool.worker.graph.weights.
 """
 
 from __future__ import annotations

@@ -1,66 +1,10 @@
-"""Sampling parameters and the sampler: greedy, temperature, top-k, top-p, seed, stop strings."""
+"""The sampler: greedy, temperature, top-k, top-p, seed, stop strings."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import Any
-
 import numpy as np
 
-from ovpool.errors import InvalidRequestError
-
-
-def check_prompt_length(n_tokens: int, max_prompt_tokens: int) -> None:
-    """The worker's prompt-size limit (setting max_prompt_tokens), shared by every backend.
-
-    It lives here, not in generation.py, so the null backend can check it without loading OpenVINO.
-    """
-    if n_tokens > max_prompt_tokens:
-        raise InvalidRequestError(f"the prompt has {n_tokens} tokens, more than max_prompt_tokens = "
-                                  f"{max_prompt_tokens}; shorten it or raise that setting")
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """How to pick tokens. ``temperature == 0`` is greedy; the same seed gives the same tokens."""
-
-    max_tokens: int = 128
-    temperature: float = 0.0
-    top_k: int = 0          # 0: no top-k filter
-    top_p: float = 1.0
-    seed: int | None = None
-    stop: tuple[str, ...] = field(default_factory=tuple)
-    ignore_eos: bool = False
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "stop", tuple(self.stop))
-        checks = [
-            (self.max_tokens >= 1, "max_tokens must be at least 1"),
-            (self.temperature >= 0, "temperature must be >= 0 (0 means greedy)"),
-            (self.top_k >= 0, "top_k must be >= 0 (0 disables it)"),
-            (0 < self.top_p <= 1, "top_p must be in (0, 1]"),
-            (all(isinstance(s, str) and s for s in self.stop), "stop must be non-empty strings"),
-        ]
-        for ok, why in checks:
-            if not ok:
-                raise InvalidRequestError(f"sampling: {why}")
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["stop"] = list(self.stop)
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> SamplingParams:
-        known = cls.__dataclass_fields__
-        unknown = set(d) - set(known)
-        if unknown:
-            raise InvalidRequestError(
-                f"sampling: unknown parameter(s) {sorted(unknown)}; valid: {sorted(known)}")
-        try:
-            return cls(**d)
-        except TypeError as exc:
-            raise InvalidRequestError(f"sampling: {exc}") from exc
+from ovpool.sampling_params import SamplingParams
 
 
 class Sampler:

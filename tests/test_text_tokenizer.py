@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 from ovpool.errors import ModelFormatError, UnsupportedModelError
 from ovpool.testing.tiny import TinySpec
 from ovpool.testing.tiny_vocab import SPECIAL_TOKENS
-from ovpool.worker.bpe import PRE_TOKENIZERS, PreTokenizer, bytes_to_unicode
-from ovpool.worker.model import GGUFModel
-from ovpool.worker.tokenizer import BYTE, CONTROL, NORMAL, Tokenizer
+from ovpool.worker.gguf.model import GGUFModel
+from ovpool.worker.text.bpe import PRE_TOKENIZERS, PreTokenizer, bytes_to_unicode
+from ovpool.worker.text.tokenizer import BYTE, CONTROL, NORMAL, Tokenizer
 
 DATA = Path(__file__).parent / "data"
 GOLDEN = json.loads((DATA / "tokenizer_golden_smollm2.json").read_text())

@@ -20,14 +20,21 @@ import openvino.opset13 as ops
 
 from ovpool.errors import UnsupportedModelError
 from ovpool.settings import Settings
-from ovpool.worker import layers as L
-from ovpool.worker import weights as W
-from ovpool.worker.model import ROPE_FREQS, GGUFModel, HParams
-from ovpool.worker.quants import dequantize, unpack
+from ovpool.worker.gguf.model import ROPE_FREQS, GGUFModel, HParams
+from ovpool.worker.gguf.quants import dequantize, unpack
+from ovpool.worker.graph import layers as L
+from ovpool.worker.graph import weights as W
 
-_SOURCES = ("graph.py", "layers.py", "weights.py", "quants.py")
-BUILDER_HASH = hashlib.sha256(b"".join(
-    (Path(__file__).parent / name).read_bytes() for name in _SOURCES)).hexdigest()
+
+def _builder_sources() -> list[Path]:
+    """Every module that shapes a graph: all of worker/graph/ (builder, layers, weights, paged,
+    decode, loading) and worker/gguf/ (hparams, quant decoding). Derived from the folders, not
+    listed by hand, so a new module can't be left out; over-covering only costs a recompile."""
+    worker = Path(__file__).parent.parent
+    return sorted([*(worker / "graph").glob("*.py"), *(worker / "gguf").glob("*.py")])
+
+
+BUILDER_HASH = hashlib.sha256(b"".join(p.read_bytes() for p in _builder_sources())).hexdigest()
 
 _MAX = np.iinfo(np.int64).max
 _TYPES = {"i64": ov.Type.i64, "i32": ov.Type.i32, "f32": ov.Type.f32, "dynamic": ov.Type.dynamic}
@@ -40,7 +47,7 @@ def _kv_names(h: HParams) -> list[str]:
 def port_spec(hparams: HParams, settings=None, attention=None) -> list[dict]:
     """The graph's ports, computed from hparams and settings alone (no weights, no build).
 
-    ``attention`` (e.g. ovpool.worker.paged.PagedAttention) replaces the KV cache, the attention
+    ``attention`` (e.g. ovpool.worker.graph.paged.PagedAttention) replaces the KV cache, the attention
     mask and ``logits_from`` with its own inputs: ``ports(hparams)`` lists them,
     ``attend(params, layer, q, k, v)`` takes q/k/v [batch, seq, heads, head_dim] after RoPE (no
     transposes) and returns [batch, seq, heads*head_dim], ``select(params, x)`` picks the rows

@@ -14,13 +14,13 @@ import logging
 from typing import Any
 
 from ovpool.errors import InvalidRequestError, ModelLoadError, OvpoolError
-from ovpool.worker.batch import PagedRunner, PagedSession
+from ovpool.sampling_params import SamplingParams
 from ovpool.worker.events import Event, Failed, Finished, Token
-from ovpool.worker.generation import Generation, check_prompt
-from ovpool.worker.loading import load_paged
-from ovpool.worker.sampling import SamplingParams
-from ovpool.worker.scheduler import Scheduler
-from ovpool.worker.session import warm_up
+from ovpool.worker.generate.batch import PagedRunner, PagedSession
+from ovpool.worker.generate.generation import Generation, check_prompt
+from ovpool.worker.generate.scheduler import Scheduler
+from ovpool.worker.generate.session import warm_up
+from ovpool.worker.graph.loading import load_paged
 
 log = logging.getLogger("ovpool.worker")
 

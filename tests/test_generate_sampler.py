@@ -7,7 +7,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ovpool.worker.sampling import Sampler, SamplingParams, StopMatcher
+from ovpool.sampling_params import SamplingParams
+from ovpool.worker.generate.sampler import Sampler, StopMatcher
 
 RNG = np.random.default_rng(1234)
 LOGITS = [RNG.standard_normal(50).astype(np.float32) for _ in range(20)]

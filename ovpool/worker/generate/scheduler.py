@@ -13,7 +13,7 @@ pending == 1 is a decode (one token, then sample); pending > 1 is a prompt still
    admitted sequence is preempted: its blocks are freed and it waits, at the front of the queue, to
    recompute its tokens. A sequence that alone needs more blocks than the pool has is ``exhausted``.
 
-Nothing here touches OpenVINO; ``ovpool.worker.batch`` turns a Plan into a forward pass.
+Nothing here touches OpenVINO; ``ovpool.worker.generate.batch`` turns a Plan into a forward pass.
 """
 
 from __future__ import annotations

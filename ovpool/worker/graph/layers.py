@@ -13,7 +13,7 @@ import openvino as ov
 import openvino.opset13 as ops
 from openvino.op.util import Variable, VariableInfo
 
-from ovpool.worker.model import HParams
+from ovpool.worker.gguf.model import HParams
 
 _NEG = np.float32(np.finfo(np.float32).min)
 

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ovpool.worker.scheduler import Scheduler
+from ovpool.worker.generate.scheduler import Scheduler
 
 
 def make(num_blocks=64, block_size=4, prefill_chunk=8, max_running=4) -> Scheduler:

@@ -1,4 +1,4 @@
-"""The decode graph (ovpool.worker.decode_graph): one-token passes run on a static copy of the paged
+"""The decode graph (ovpool.worker.graph.decode): one-token passes run on a static copy of the paged
 graph that shares its KV blocks, with the same numbers as the dynamic graph."""
 
 from __future__ import annotations
@@ -8,11 +8,12 @@ import openvino as ov
 import pytest
 
 from ovpool import Engine
-from ovpool.worker import decode_graph, graph
-from ovpool.worker.batch import PagedRunner
-from ovpool.worker.model import GGUFModel
-from ovpool.worker.paged import PagedAttention
-from ovpool.worker.scheduler import Chunk
+from ovpool.worker.generate.batch import PagedRunner
+from ovpool.worker.generate.scheduler import Chunk
+from ovpool.worker.gguf.model import GGUFModel
+from ovpool.worker.graph import builder as graph
+from ovpool.worker.graph import decode as decode_graph
+from ovpool.worker.graph.paged import PagedAttention
 
 EXACT = {"inference_precision": "f32", "kv_cache_precision": "f32", "attention": "paged"}
 

@@ -7,10 +7,10 @@ import openvino as ov
 import openvino.opset13 as ops
 import pytest
 from gguf import GGMLQuantizationType as T
-from test_quants import random_blocks
+from test_gguf_quants import random_blocks
 
-from ovpool.worker.quants import dequantize, unpack
-from ovpool.worker.weights import Weight, rope_halves_order
+from ovpool.worker.gguf.quants import dequantize, unpack
+from ovpool.worker.graph.weights import Weight, rope_halves_order
 
 ROWS, COLS = 48, 256
 

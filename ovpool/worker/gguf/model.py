@@ -1,6 +1,6 @@
 """A GGUF language model: metadata, validated hyper-parameters, tensor descriptors, lazy weights.
 
-Opening a model reads only the GGUF header (ovpool.worker.gguf_file). Weight bytes are reached
+Opening a model reads only the GGUF header (ovpool.worker.gguf.file). Weight bytes are reached
 through ``GGUFModel.raw(name)``, a read-only memmap slice, and nothing else.
 """
 
@@ -14,8 +14,8 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 
 from ovpool.errors import ModelFormatError, UnsupportedModelError
-from ovpool.worker.aliases import ALIASES, resolve_model_path
-from ovpool.worker.gguf_file import TensorInfo, read_header
+from ovpool.models import ALIASES, resolve_model_path
+from ovpool.worker.gguf.file import TensorInfo, read_header
 
 ARCHITECTURES = ("llama", "qwen2")
 WEIGHT_TYPES = frozenset({T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q4_K, T.Q6_K})

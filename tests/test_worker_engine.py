@@ -9,7 +9,7 @@ from click.testing import CliRunner
 from ovpool import Engine
 from ovpool.cli import main as cli_main
 from ovpool.errors import InvalidRequestError
-from ovpool.worker.sampling import SamplingParams
+from ovpool.sampling_params import SamplingParams
 
 PROMPT = "the quick brown fox"
 

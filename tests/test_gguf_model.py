@@ -7,7 +7,7 @@ import pytest
 from gguf import GGUFWriter
 
 from ovpool.errors import ModelFormatError, ModelNotFoundError, UnsupportedModelError
-from ovpool.worker.model import GGUFModel, resolve_model_path
+from ovpool.worker.gguf.model import GGUFModel, resolve_model_path
 
 DIMS = {"embedding_length": 64, "attention.head_count": 4, "attention.head_count_kv": 2,
         "feed_forward_length": 96, "block_count": 2, "context_length": 128}

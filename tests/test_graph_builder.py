@@ -11,8 +11,8 @@ from gguf import GGUFWriter
 from ovpool.settings import Settings
 from ovpool.testing.reference import Reference
 from ovpool.testing.tiny import WEIGHT_TYPES
-from ovpool.worker.graph import build_model, compile_config, model_ports, port_spec, resolve_auto
-from ovpool.worker.model import GGUFModel
+from ovpool.worker.gguf.model import GGUFModel
+from ovpool.worker.graph.builder import build_model, compile_config, model_ports, port_spec, resolve_auto
 
 EXACT = {"inference_precision": "f32", "kv_cache_precision": "f32"}
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from ovpool import Engine
+from ovpool.sampling_params import SamplingParams
 from ovpool.worker.backend import EngineBackend, Failed, Finished, Token
-from ovpool.worker.batch import PagedRunner
-from ovpool.worker.batcher import Batcher
-from ovpool.worker.sampling import SamplingParams
+from ovpool.worker.generate.batch import PagedRunner
+from ovpool.worker.generate.batcher import Batcher
 
 F32 = {"inference_precision": "f32", "kv_cache_precision": "f32", "prefill_chunk": 8}
 PROMPTS = ["the quick brown fox", "a b c d e f g h i j k l m n o p q r s t u v w x y z " * 2, "hello",
@@ -141,7 +141,7 @@ def test_smollm2_eight_batched_requests_equal_each_alone(smollm2_path):
 
 def test_cache_only_worker_still_serves_when_the_paged_graph_cannot_come_from_the_cache(tiny_model, tmp_path):
     from ovpool.worker.backend import Interleaved
-    from ovpool.worker.loading import reimport_problem
+    from ovpool.worker.graph.loading import reimport_problem
 
     model = tiny_model(arch="llama", weight_type="Q8_0")
     with Engine(model, settings=F32, cache_dir=tmp_path) as eng:  # populates the engine's own entry

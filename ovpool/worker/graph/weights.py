@@ -1,4 +1,4 @@
-"""Packed GGUF weights (ovpool.worker.quants) as OpenVINO compressed constants.
+"""Packed GGUF weights (ovpool.worker.gguf.quants) as OpenVINO compressed constants.
 
 Each weight becomes the decompression pattern the CPU plugin fuses into its kernels:
 ``Constant(u4/i4/i8) → Convert → [Subtract zero point] → Multiply scale → Reshape → MatMul``
@@ -16,8 +16,8 @@ import openvino as ov
 import openvino.opset13 as ops
 from gguf import GGMLQuantizationType as T
 
-from ovpool.worker.model import GGUFModel
-from ovpool.worker.quants import Packed, concat_rows, permute_rows, requantize, unpack, widen
+from ovpool.worker.gguf.model import GGUFModel
+from ovpool.worker.gguf.quants import Packed, concat_rows, permute_rows, requantize, unpack, widen
 
 _ELEMENT = {"f32": ov.Type.f32, "f16": ov.Type.f16, "bf16": ov.Type.bf16, "i8": ov.Type.i8,
             "u8": ov.Type.u8, "u4": ov.Type.u4, "i4": ov.Type.i4}

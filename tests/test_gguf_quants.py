@@ -7,7 +7,7 @@ import pytest
 from gguf import GGML_QUANT_SIZES, quants
 from gguf import GGMLQuantizationType as T
 
-from ovpool.worker.quants import (
+from ovpool.worker.gguf.quants import (
     dequantize,
     pack_nibbles,
     permute_rows,

@@ -5,7 +5,7 @@ work, splits in place, and fuses chains of element-wise ops into JIT "snippets" 
 do for dynamic shapes here): a SmolLM2 decode step at a 512-token context takes 10-14% less time on
 it than the same step on the dynamic paged graph (A/B alternating in one process). Only the
 KV-block inputs stay dynamic, and both graphs read and write the same blocks
-(ovpool.worker.batch.PagedRunner sends each one-token pass of one sequence here), so a sequence
+(ovpool.worker.generate.batch.PagedRunner sends each one-token pass of one sequence here), so a sequence
 prefills on the dynamic graph and decodes on this one.
 
 The price is a second compiled model (SmolLM2: ~+220 MiB RSS; it shares the dynamic graph's
@@ -17,7 +17,7 @@ it (and never waits at exit for a compile it did not need). Until it is ready, o
 on the dynamic graph. The ``decode_graph`` setting decides whether there is one; ``auto`` means on
 the CPU when twice the model's file fits in ``MEMORY_SHARE`` of physical memory. It is compiled,
 never cached: like every paged graph on OpenVINO 2026.4's CPU plugin it could not be re-imported
-(ovpool.worker.loading.reimport_problem).
+(ovpool.worker.graph.loading.reimport_problem).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from ovpool.errors import OvpoolError
 
 log = logging.getLogger("ovpool.worker")
 
-# The dynamic paged graph's inputs that one token of one sequence fixes (see ovpool.worker.paged).
+# The dynamic paged graph's inputs that one token of one sequence fixes (see ovpool.worker.graph.paged).
 ONE_TOKEN = {"input_ids": [1, 1], "position_ids": [1, 1], "past_lens": [1], "subsequence_begins": [2],
              "block_indices_begins": [2], "logits_indices": [1]}
 MEMORY_SHARE = 1 / 8

@@ -1,5 +1,5 @@
 """The engine's single-stream path on the paged graph: exact logits, growing KV blocks, and the
-choice between the paged and the stateful graph (ovpool.worker.loading)."""
+choice between the paged and the stateful graph (ovpool.worker.graph.loading)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,10 @@ import pytest
 from ovpool import Engine
 from ovpool.cache.store import CacheStore
 from ovpool.testing.reference import Reference
-from ovpool.worker import batch, loading
-from ovpool.worker.loading import reimport_problem
-from ovpool.worker.model import GGUFModel
+from ovpool.worker.generate import batch
+from ovpool.worker.gguf.model import GGUFModel
+from ovpool.worker.graph import loading
+from ovpool.worker.graph.loading import reimport_problem
 
 EXACT = {"inference_precision": "f32", "kv_cache_precision": "f32"}
 

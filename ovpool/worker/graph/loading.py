@@ -1,7 +1,7 @@
 """Which graph an Engine runs, and how it gets it compiled: through the compiled-model cache.
 
 Two graph variants serve one sequence: the stateful graph (KV cache in state variables, SDPA) and
-the paged graph (ovpool.worker.paged: KV cache in blocks, OpenVINO's PagedAttentionExtension, the
+the paged graph (ovpool.worker.graph.paged: KV cache in blocks, OpenVINO's PagedAttentionExtension, the
 same graph the worker batches with). On the CPU the paged graph is the faster one: its attention
 kernel skips the masked half of a causal prefill, which SDPA computes (SmolLM2, 512-token prompt:
 ~100 ms of attention instead of ~370 ms). ``attention=auto`` therefore picks it, except where
@@ -27,9 +27,10 @@ from ovpool.cache.loader import LoadResult, load_compiled
 from ovpool.cache.store import CacheStore
 from ovpool.errors import CacheUnsupportedError
 from ovpool.settings import Settings
-from ovpool.worker import decode_graph, graph
-from ovpool.worker.model import GGUFModel
-from ovpool.worker.paged import PagedAttention
+from ovpool.worker.gguf.model import GGUFModel
+from ovpool.worker.graph import builder as graph
+from ovpool.worker.graph import decode as decode_graph
+from ovpool.worker.graph.paged import PagedAttention
 
 log = logging.getLogger("ovpool.worker")
 

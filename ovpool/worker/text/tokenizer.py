@@ -15,8 +15,8 @@ import numpy as np
 import regex
 
 from ovpool.errors import ModelFormatError, UnsupportedModelError
-from ovpool.worker.bpe import BytePairEncoder, PreTokenizer, token_bytes
-from ovpool.worker.spm import SPACE, SentencePieceEncoder
+from ovpool.worker.text.bpe import BytePairEncoder, PreTokenizer, token_bytes
+from ovpool.worker.text.spm import SPACE, SentencePieceEncoder
 
 # gguf.TokenType values.
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6

@@ -19,7 +19,7 @@ import openvino as ov
 import openvino.opset13 as ops
 from openvino import op as ov_op
 
-from ovpool.worker.model import HParams
+from ovpool.worker.gguf.model import HParams
 
 # The op's 28 inputs (OpenVINO 2026.4): q, k, v, the two caches, the four per-pass tensors, then
 # scale, sliding window, alibi slopes, max_context_len, and optional features all disabled here
@@ -36,7 +36,7 @@ def _scalar(value, dtype) -> ov.Node:
 
 
 class PagedAttention:
-    """The ``attention`` hook of ``ovpool.worker.graph`` (see ``graph.port_spec``)."""
+    """The ``attention`` hook of ``ovpool.worker.graph.builder`` (see ``graph.port_spec``)."""
 
     def ports(self, h: HParams) -> list[dict]:
         rows = [(name, "i32", "[?]") for name in _PER_PASS]

@@ -18,7 +18,7 @@ _PAST = "past_key_values."
 _PRESENT = "present."
 # The CPU plugin lays weights out once for passes of 1-6 rows and once for 7 or more: a prefill of
 # 8 tokens sets the second up, a pass of 2 tokens the first (a one-token pass may run on a decode
-# graph of its own, ovpool.worker.decode_graph), and one decode step the decode graph.
+# graph of its own, ovpool.worker.graph.decode), and one decode step the decode graph.
 _WARM_UP_PROMPT = 8
 
 

@@ -14,8 +14,10 @@ import numpy as np
 
 from ovpool.completion import Completion, Delta, Usage
 from ovpool.errors import InvalidRequestError
-from ovpool.worker.sampling import Sampler, SamplingParams, StopMatcher, check_prompt_length
-from ovpool.worker.session import Session
+from ovpool.sampling_params import SamplingParams
+from ovpool.worker.generate.limits import check_prompt_length
+from ovpool.worker.generate.sampler import Sampler, StopMatcher
+from ovpool.worker.generate.session import Session
 
 
 def check_prompt(ids: Sequence[int], *, vocab_size: int, context_length: int, max_prompt_tokens: int,

@@ -1,9 +1,9 @@
-"""The OpenVINO side of the paged graph (ovpool.worker.paged): its KV blocks, one pass per Plan.
+"""The OpenVINO side of the paged graph (ovpool.worker.graph.paged): its KV blocks, one pass per Plan.
 
 ``PagedRunner`` allocates the KV block tensors (their element type and layout are what the
 compiled model asks for) and turns a scheduler Plan into the op's inputs for one forward pass.
 ``PagedSession`` runs one sequence on it with the stateful Session's interface: the engine's
-single-stream path when it runs the paged graph (ovpool.worker.loading).
+single-stream path when it runs the paged graph (ovpool.worker.graph.loading).
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import numpy as np
 import openvino as ov
 
 from ovpool.errors import ModelLoadError
-from ovpool.worker.decode_graph import DecodeGraph
-from ovpool.worker.scheduler import Chunk
+from ovpool.worker.generate.scheduler import Chunk
+from ovpool.worker.graph.decode import DecodeGraph
 
 _MIB = 1 << 20
 # A single sequence starts with room for this many positions and doubles it as it grows.
@@ -25,7 +25,7 @@ _SESSION_POSITIONS = 1024
 class PagedRunner:
     """One InferRequest over ``compiled`` with ``kv_cache_mb`` MiB of KV blocks (at least one),
     or exactly ``num_blocks`` blocks; one-token passes of one sequence run on the ``decode`` graph
-    (ovpool.worker.decode_graph), once it is ready, on the same blocks."""
+    (ovpool.worker.graph.decode), once it is ready, on the same blocks."""
 
     def __init__(self, compiled: ov.CompiledModel, kv_cache_mb: int = 0, num_blocks: int = 0,
                  decode: DecodeGraph | None = None):
@@ -92,7 +92,7 @@ class PagedRunner:
 
 
 class PagedSession:
-    """One sequence on the paged graph, with ovpool.worker.session.Session's interface
+    """One sequence on the paged graph, with ovpool.worker.generate.session.Session's interface
     (``forward``, ``reset``, ``past``). Its KV blocks double whenever the sequence outgrows them."""
 
     def __init__(self, compiled: ov.CompiledModel, decode: DecodeGraph | None = None):
@@ -121,7 +121,7 @@ class PagedSession:
 
 
 def feeds(chunks: Sequence[Chunk], rows: Sequence[int] | None = None) -> dict[str, np.ndarray]:
-    """The paged graph's per-pass inputs for ``chunks`` (see ovpool.worker.paged); logits for
+    """The paged graph's per-pass inputs for ``chunks`` (see ovpool.worker.graph.paged); logits for
     ``rows`` of the concatenated tokens, by default the last token of each sampled chunk."""
     lengths = np.array([len(c.tokens) for c in chunks], np.int32)
     starts = np.array([c.start for c in chunks], np.int32)

@@ -9,8 +9,8 @@ import pytest
 
 from ovpool.errors import InvalidRequestError, ModelFormatError
 from ovpool.testing.tiny_vocab import CHATML_TEMPLATE
-from ovpool.worker.chat import render
-from ovpool.worker.model import GGUFModel
+from ovpool.worker.gguf.model import GGUFModel
+from ovpool.worker.text.chat import render
 
 GOLDEN = json.loads((Path(__file__).parent / "data" / "tokenizer_golden_smollm2.json").read_text())
 HELLO = [{"role": "user", "content": "Hello"}]

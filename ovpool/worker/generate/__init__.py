@@ -1,0 +1,1 @@
+"""Generation: sampling, continuous-batching scheduler, sessions and the batched loop."""

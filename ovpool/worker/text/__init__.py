@@ -1,0 +1,1 @@
+"""Text: tokenizers read from GGUF metadata (BPE, SentencePiece) and chat templates."""
