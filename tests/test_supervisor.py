@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ovpool.serve.supervisor import RestartPolicy, Supervisor, WorkerState
+from ovpool.serve.supervisor import RestartPolicy, Supervisor, WorkerPhase
 
 POLICY = RestartPolicy(backoff_min_s=1.0, backoff_max_s=8.0, stable_after_s=60.0, give_up_after=5)
 
@@ -31,7 +31,7 @@ def test_crash_after_a_stable_run_restarts_after_the_minimum_delay():
     sup = _sup("w0")
     _run(sup, "w0", 0.0)
     sup.ready("w0")
-    assert sup.exited("w0", -9, 500.0) is WorkerState.BACKOFF
+    assert sup.exited("w0", -9, 500.0) is WorkerPhase.BACKOFF
     assert sup.due(500.5) == []
     assert sup.next_due() == pytest.approx(501.0)
     _run(sup, "w0", 501.0, pid=101)
@@ -61,7 +61,7 @@ def test_gives_up_after_k_fast_failures_and_reports_the_reason():
         _run(sup, "w0", now)
         state = sup.exited("w0", 2, now + 0.5, reason="error: model cache MISS fam: ov version differs")
         now = sup.next_due() or now
-    assert state is WorkerState.FAILING
+    assert state is WorkerPhase.FAILING
     assert sup.due(10_000.0) == []
     view = {v["name"]: v for v in sup.view()}
     assert view["w0"]["state"] == "failing"
@@ -81,7 +81,7 @@ def test_a_stable_run_resets_the_fast_failure_count():
     sup.exited("w0", -9, now + 120.0)  # stable: ready and ran past stable_after_s
     assert sup.next_due() == pytest.approx(now + 121.0)
     _run(sup, "w0", now + 121.0)
-    assert sup.exited("w0", 1, now + 121.5) is WorkerState.BACKOFF
+    assert sup.exited("w0", 1, now + 121.5) is WorkerPhase.BACKOFF
 
 
 def test_exit_soon_after_ready_still_counts_as_fast():
@@ -99,12 +99,12 @@ def test_exits_during_shutdown_are_not_restarted():
     for n in ("w0", "w1"):
         _run(sup, n, 0.0)
     sup.stop()
-    assert sup.exited("w0", 0, 1.0) is WorkerState.STOPPED
+    assert sup.exited("w0", 0, 1.0) is WorkerPhase.STOPPED
     assert sup.due(100.0) == [] and sup.next_due() is None
-    assert sup.state("w1") is WorkerState.STARTING
+    assert sup.state("w1") is WorkerPhase.STARTING
 
 
 def test_ready_is_ignored_unless_starting():
     sup = _sup("w0")
     sup.ready("w0")
-    assert sup.state("w0") is WorkerState.BACKOFF
+    assert sup.state("w0") is WorkerPhase.BACKOFF

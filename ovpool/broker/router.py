@@ -1,7 +1,7 @@
 """The broker's routing core: decoded messages in, (peer, message) pairs out. No sockets, no clock.
 
 Every method takes ``now`` (monotonic seconds) so tests drive time by hand. On top of the
-Scheduler's placement rules, the Router guarantees:
+placement rules (its Placement, the only code that changes queues and slots), the Router guarantees:
 
 - token indices reach the client at most once and in order (a replay after a re-dispatch repeats
   the same seeded tokens, and those already forwarded are dropped);
@@ -14,11 +14,10 @@ Scheduler's placement rules, the Router guarantees:
 from __future__ import annotations
 
 import secrets
-from collections import deque
 
 from ovpool import errors, timing
-from ovpool.broker.scheduling import Output, Scheduler
-from ovpool.broker.state import Job, SupervisedHosts, WorkerState
+from ovpool.broker.placement import Output, Placement
+from ovpool.broker.state import Counters, Job, RegisteredWorker, SupervisedHosts
 from ovpool.protocol import (
     Cancel,
     Disconnect,
@@ -43,10 +42,15 @@ _MAX_ID_LEN = 128
 _MAX_STRANGERS = 10_000
 
 
-class Router(Scheduler):
+class Router:
     def __init__(self, *, now: float, queue_limit: int = 256, max_new_tokens: int = 4096,
                  max_attempts: int = MAX_ATTEMPTS):
-        super().__init__(now=now, max_attempts=max_attempts)
+        self.started = now
+        self.counters = Counters()
+        self.placement = Placement(max_attempts=max_attempts, counters=self.counters)
+        self.workers = self.placement.workers  # read-only views: Placement changes them
+        self.jobs = self.placement.jobs
+        self.queues = self.placement.queues
         self.queue_limit = queue_limit
         self.max_new_tokens = max_new_tokens
         self._told_to_register: set[bytes] = set()
@@ -91,14 +95,20 @@ class Router(Scheduler):
             self._next_heartbeat = now + timing.HEARTBEAT_INTERVAL_S
             out.extend((w.identity, Heartbeat()) for w in self.workers.values())
         for worker in [w for w in self.workers.values() if now >= w.expires]:
-            self._drop_worker(worker, now, out, lost=True)
+            self.placement.drop_worker(worker, now, out, lost=True)
         self._expire_deadlines(now, out)
         self._expire_orphans(now, out)
         self.supervised.expire(now)
         return out
 
     def status(self, now: float) -> dict:
-        return {**super().status(now), "supervised": self.supervised.entries()}
+        return {
+            "uptime_s": round(now - self.started, 3),
+            "workers": [w.describe(now) for w in self.workers.values()],
+            **self.placement.status(),
+            "counters": self.counters.as_dict(),
+            "supervised": self.supervised.entries(),
+        }
 
     def shutdown(self) -> Output:
         """Tell every worker to register again (with the next broker on this address)."""
@@ -118,9 +128,7 @@ class Router(Scheduler):
             out.append((peer, Error(msg.request_id, exc.code, str(exc))))
             return
         self.counters.submitted += 1
-        self.jobs[job.request_id] = job
-        self.queues.setdefault(job.model, deque()).append(job.request_id)
-        self._dispatch(job.model, out)
+        self.placement.submit(job, out)
 
     def _admit(self, peer: bytes, msg: Submit, now: float) -> Job:
         if not msg.request_id or len(msg.request_id) > _MAX_ID_LEN:
@@ -137,7 +145,7 @@ class Router(Scheduler):
                 f"max_tokens={params.max_tokens} exceeds this broker's limit of {self.max_new_tokens}"
                 " (setting max_new_tokens)")
         model = self._resolve_model(msg.model, now)
-        if len(self.queues.get(model, ())) >= self.queue_limit and not self._free_worker(model):
+        if self.placement.queued(model) >= self.queue_limit and not self.placement.has_free_slot(model):
             raise errors.QueueFullError(
                 f"model {model!r} has {self.queue_limit} requests queued (queue_limit); retry later")
         wire = msg.params  # validated above, so it is forwarded as it came
@@ -148,18 +156,18 @@ class Router(Scheduler):
         return Job(request, peer, deadline, queued_at=now, waiting_since=now)
 
     def _resolve_model(self, model: str, now: float) -> str:
-        resolved = (model if self._by_model.get(model) else None) if model else self._only_model()
+        resolved = (model if self.placement.serves(model) else None) if model else self.placement.only_model()
         if resolved is not None:  # the common cases, without building the served list per request
             return resolved
-        served = [m for m, ws in self._by_model.items() if ws]
+        served = self.placement.served()
         starting = now < self.started + timing.BROKER_GRACE_S
         if not model:
             if not served and starting:
                 return ""  # the only model is decided when the first worker registers
             raise errors.InvalidRequestError(
-                f"name a model: this broker serves {sorted(served) or 'none yet'}")
+                f"name a model: this broker serves {served or 'none yet'}")
         if not starting:
-            raise errors.ModelNotFoundError(f"no worker serves model {model!r}; served: {sorted(served)}")
+            raise errors.ModelNotFoundError(f"no worker serves model {model!r}; served: {served}")
         return model
 
     def _on_cancel(self, peer: bytes, msg: Cancel, now: float, out: Output) -> None:
@@ -167,7 +175,7 @@ class Router(Scheduler):
         if job is None or job.client != peer:
             return
         self.counters.cancelled += 1
-        self._fail(job, errors.CancelledError("cancelled by the client"), out)
+        self.placement.fail(job, errors.CancelledError("cancelled by the client"), out)
 
     def _on_status(self, peer: bytes, msg: Status, now: float, out: Output) -> None:
         out.append((peer, StatusReply(self.status(now))))
@@ -187,12 +195,12 @@ class Router(Scheduler):
     def _on_ready(self, peer: bytes, msg: Ready, now: float, out: Output) -> None:
         old = self.workers.get(peer)
         if old is not None:  # registering again means it dropped whatever it was running
-            self._drop_worker(old, now, out, lost=True)
+            self.placement.drop_worker(old, now, out, lost=True)
         if msg.slots < 1 or not msg.models or not all(isinstance(m, str) for m in msg.models):
             self.counters.malformed += 1
             return
         self._told_to_register.discard(peer)
-        self._add_worker(WorkerState(peer, msg, expires=now + timing.HEARTBEAT_EXPIRY_S), out)
+        self.placement.add_worker(RegisteredWorker(peer, msg, expires=now + timing.HEARTBEAT_EXPIRY_S), out)
 
     def _on_partial(self, peer: bytes, msg: Partial, now: float, out: Output) -> None:
         job = self._job_on(peer, msg.request_id, out)
@@ -208,12 +216,12 @@ class Router(Scheduler):
             else:
                 self.counters.failed += 1
             out.append((job.client, msg))
-            self._finish(job, out)
+            self.placement.finish(job, out)
 
     def _on_disconnect(self, peer: bytes, msg: Disconnect, now: float, out: Output) -> None:
         worker = self.workers.get(peer)
         if worker is not None:
-            self._drop_worker(worker, now, out, lost=False)
+            self.placement.drop_worker(worker, now, out, lost=False)
 
     def _stranger(self, peer: bytes) -> Output:
         """A worker this broker does not know (it restarted, or the worker expired): tell it once."""
@@ -245,7 +253,7 @@ class Router(Scheduler):
             else:
                 self.counters.cancelled += 1
                 exc = errors.CancelledError(f"request {job.request_id}: its client went silent")
-            self._fail(job, exc, out)
+            self.placement.fail(job, exc, out)
         if len(self._clients_heard) > len(self.jobs) * 2 + 1000:  # forget clients with nothing left
             live = {j.client for j in self.jobs.values()}
             self._clients_heard = {c: t for c, t in self._clients_heard.items() if c in live}
@@ -254,12 +262,12 @@ class Router(Scheduler):
         if now < self.started + timing.BROKER_GRACE_S:
             return
         for model, queue in self.queues.items():
-            if self._by_model.get(model):
+            if self.placement.serves(model):
                 continue
             for rid in [r for r in queue if now - self.jobs[r].waiting_since >= timing.BROKER_GRACE_S]:
                 job = self.jobs[rid]
                 self.counters.failed += 1
-                self._fail(job, self._orphaned(job), out)
+                self.placement.fail(job, self.placement.orphaned(job), out)
 
 def _ignore(peer: bytes, msg: Message, now: float, out: Output) -> None:
     """Heartbeats only refresh the sender's expiry, done for every worker message in handle()."""

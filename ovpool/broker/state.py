@@ -11,7 +11,7 @@ _MAX_HOSTS = 1000  # supervisor reports kept at once; the stalest goes first
 
 
 @dataclass
-class WorkerState:
+class RegisteredWorker:
     identity: bytes
     info: Ready
     expires: float

@@ -19,7 +19,7 @@ from ovpool import timing
 from ovpool.errors import ConfigError
 from ovpool.serve.child import ChildProcess
 from ovpool.serve.spec import PoolSpec, worker_names
-from ovpool.serve.supervisor import RestartPolicy, Supervisor, WorkerState
+from ovpool.serve.supervisor import RestartPolicy, Supervisor, WorkerPhase
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +107,7 @@ class Pool:
             child.stop()
             del self._children[name]
             state = self.supervisor.exited(name, code, now, child.last_error())
-            if state is WorkerState.FAILING:
+            if state is WorkerPhase.FAILING:
                 log.error("worker %s is failing and will not be restarted: %s", name,
                           self.supervisor.describe(name)["reason"])
             else:
@@ -121,7 +121,7 @@ class Pool:
         self._broker_status = self._status()
         pids = {w.get("pid") for w in self._registered()}
         for name, child in self._children.items():
-            if child.pid in pids and self.supervisor.state(name) is WorkerState.STARTING:
+            if child.pid in pids and self.supervisor.state(name) is WorkerPhase.STARTING:
                 self.supervisor.ready(name)
                 log.info("worker %s is ready", name)
 

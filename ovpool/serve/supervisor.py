@@ -25,7 +25,7 @@ from enum import Enum
 from ovpool import timing
 
 
-class WorkerState(str, Enum):
+class WorkerPhase(str, Enum):
     STARTING = "starting"
     READY = "ready"
     BACKOFF = "backoff"
@@ -49,7 +49,7 @@ class RestartPolicy:
 class _Worker:
     name: str
     device: str
-    state: WorkerState = WorkerState.BACKOFF
+    state: WorkerPhase = WorkerPhase.BACKOFF
     pid: int | None = None
     started_at: float = 0.0
     ready: bool = False
@@ -76,46 +76,46 @@ class Supervisor:
         if self._stopping:
             return []
         return [w.name for w in self._workers.values()
-                if w.state is WorkerState.BACKOFF and w.restart_at <= now]
+                if w.state is WorkerPhase.BACKOFF and w.restart_at <= now]
 
     def next_due(self) -> float | None:
         """When the earliest pending restart is due (None: nothing pending)."""
-        times = [w.restart_at for w in self._workers.values() if w.state is WorkerState.BACKOFF]
+        times = [w.restart_at for w in self._workers.values() if w.state is WorkerPhase.BACKOFF]
         return None if self._stopping or not times else min(times)
 
     def started(self, name: str, pid: int, now: float) -> None:
         w = self._workers[name]
         if w.last_exit is not None:
             w.restarts += 1
-        w.state, w.pid, w.started_at, w.ready = WorkerState.STARTING, pid, now, False
+        w.state, w.pid, w.started_at, w.ready = WorkerPhase.STARTING, pid, now, False
 
     def ready(self, name: str) -> None:
         w = self._workers[name]
-        if w.state is WorkerState.STARTING:
-            w.state, w.ready, w.reason = WorkerState.READY, True, ""
+        if w.state is WorkerPhase.STARTING:
+            w.state, w.ready, w.reason = WorkerPhase.READY, True, ""
 
-    def exited(self, name: str, code: int, now: float, reason: str = "") -> WorkerState:
+    def exited(self, name: str, code: int, now: float, reason: str = "") -> WorkerPhase:
         """Record an exit; the returned state says what happens next (backoff, failing, stopped)."""
         w = self._workers[name]
         w.pid, w.last_exit = None, code
         if self._stopping:
-            w.state, w.reason = WorkerState.STOPPED, "stopped by serve"
+            w.state, w.reason = WorkerPhase.STOPPED, "stopped by serve"
             return w.state
         w.reason = reason or f"exited with status {code}"
         fast = not w.ready or now - w.started_at < self.policy.stable_after_s
         w.fast_failures = w.fast_failures + 1 if fast else 0
         if w.fast_failures >= self.policy.give_up_after:
-            w.state = WorkerState.FAILING
+            w.state = WorkerPhase.FAILING
             w.reason = f"gave up after {w.fast_failures} failed starts in a row; last: {w.reason}"
         else:
-            w.state, w.restart_at = WorkerState.BACKOFF, now + self.policy.delay(w.fast_failures)
+            w.state, w.restart_at = WorkerPhase.BACKOFF, now + self.policy.delay(w.fast_failures)
         return w.state
 
     def stop(self) -> None:
         """Shutting down: no more restarts; later exits are expected."""
         self._stopping = True
 
-    def state(self, name: str) -> WorkerState:
+    def state(self, name: str) -> WorkerPhase:
         return self._workers[name].state
 
     def restart_at(self, name: str) -> float:
