@@ -18,7 +18,7 @@ from ovpool.worker.gguf.quants import (
 )
 
 # Byte offsets of the f16 scale fields inside one block of each type.
-F16_FIELDS = {T.Q8_0: [0], T.Q4_0: [0], T.Q4_1: [0, 2], T.Q4_K: [0, 2], T.Q6_K: [208]}
+F16_FIELDS = {T.Q8_0: [0], T.Q4_0: [0], T.Q4_1: [0, 2], T.Q4_K: [0, 2], T.Q6_K: [208], T.Q5_0: [0]}
 
 
 def random_blocks(qtype: T, rows: int, cols: int, seed: int = 0) -> np.ndarray:
@@ -32,7 +32,7 @@ def random_blocks(qtype: T, rows: int, cols: int, seed: int = 0) -> np.ndarray:
     return blocks.reshape(-1)
 
 
-@pytest.mark.parametrize("qtype", [T.Q8_0, T.Q4_0, T.Q4_1, T.Q4_K, T.Q6_K])
+@pytest.mark.parametrize("qtype", list(F16_FIELDS))
 def test_quantized_blocks_dequantize_like_gguf(qtype):
     rows, cols = 6, 512
     raw = random_blocks(qtype, rows, cols)

@@ -186,7 +186,8 @@ def test_auto_settings_resolve_to_the_device_defaults():
 
 
 @pytest.mark.parametrize("weight_type,storage,element", [
-    ("Q4_1", "i4", "i4"), ("Q4_1", "i8", "i8"), ("Q8_0", "i4", "i8"), ("Q4_K", "i4", "i4")])
+    ("Q4_1", "i4", "i4"), ("Q4_1", "i8", "i8"), ("Q8_0", "i4", "i8"), ("Q4_K", "i4", "i4"),
+    ("Q5_0", "i4", "i8")])
 def test_compiled_weights_stay_compressed(tiny_model, weight_type, storage, element):
     path = tiny_model("llama", weight_type, False, n_embd=256, n_ff=512)
     model, request = compile_graph(path, q4_storage=storage)

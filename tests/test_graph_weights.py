@@ -6,8 +6,7 @@ import numpy as np
 import openvino as ov
 import openvino.opset13 as ops
 import pytest
-from gguf import GGMLQuantizationType as T
-from test_gguf_quants import random_blocks
+from test_gguf_quants import F16_FIELDS, random_blocks
 
 from ovpool.worker.gguf.quants import dequantize, unpack
 from ovpool.worker.graph.weights import Weight, rope_halves_order
@@ -23,7 +22,7 @@ def run(build, x: np.ndarray) -> np.ndarray:
     return ov.Core().compile_model(model, "CPU", config)([x])[0]
 
 
-@pytest.mark.parametrize("qtype", [T.Q8_0, T.Q4_0, T.Q4_1, T.Q4_K, T.Q6_K])
+@pytest.mark.parametrize("qtype", list(F16_FIELDS))
 def test_linear_and_lookup_match_the_dequantized_matrix(qtype):
     packed = unpack(qtype, random_blocks(qtype, ROWS, COLS, seed=3), (ROWS, COLS))
     weight, dense = Weight(packed, "w"), dequantize(packed)

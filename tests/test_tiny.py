@@ -13,7 +13,7 @@ from ovpool.testing.tiny_vocab import SPECIAL_TOKENS
 # element for float types): half a quantization step, a whole one for Q4_0 (its grid is -8..7 so
 # the side opposite the extreme clips), a little more for K-quants (they round sub-block scales).
 TOLERANCE = {"F32": 0.0, "F16": 1e-3, "BF16": 8e-3, "Q8_0": 5e-3, "Q4_0": 0.126, "Q4_1": 0.067,
-             "Q4_K": 0.1, "Q6_K": 0.025}
+             "Q4_K": 0.1, "Q6_K": 0.025, "Q5_0": 0.063}
 
 
 def _max_block_error(got: np.ndarray, expected: np.ndarray, weight_type: str) -> float:

@@ -17,10 +17,11 @@ from gguf import GGMLQuantizationType as QT
 from ovpool.testing.kquants import QUANTIZERS
 from ovpool.testing.tiny_vocab import KINDS, Vocab, vocab, write_tokenizer
 
-WEIGHT_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K")
+WEIGHT_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K", "Q5_0")
 ARCHITECTURES = ("llama", "qwen2")
 # llama.cpp's LLAMA_FTYPE values for a file of one weight type (general.file_type).
-_FILE_TYPE = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q4_K": 15, "Q6_K": 18, "BF16": 32}
+_FILE_TYPE = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q4_K": 15, "Q6_K": 18,
+              "BF16": 32}
 _PRE = {"llama": "default", "qwen2": "qwen2"}
 
 
@@ -48,11 +49,15 @@ class TinySpec:
     add_bos: bool = True
     tokenizer: str = "bpe"       # or "spm": a SentencePiece vocabulary (tokenizer.ggml.model=llama)
     pre: str = ""                # tokenizer.ggml.pre of a BPE vocabulary; "": default for the arch
+    embed_type: str = ""         # token_embd/output's weight type; "": weight_type (a real gemma3
+                                 # file has a Q8_0 embedding beside Q5_0/Q4_K/Q6_K matrices)
 
     def __post_init__(self) -> None:
-        if self.arch not in ARCHITECTURES or self.weight_type not in WEIGHT_TYPES:
-            raise ValueError(f"arch must be one of {ARCHITECTURES}, weight_type one of {WEIGHT_TYPES}")
-        embd, ff = default_dims(self.weight_type)
+        object.__setattr__(self, "embed_type", self.embed_type or self.weight_type)
+        if self.arch not in ARCHITECTURES or not {self.weight_type, self.embed_type} <= set(WEIGHT_TYPES):
+            raise ValueError(f"arch must be one of {ARCHITECTURES}, weight_type and embed_type one "
+                             f"of {WEIGHT_TYPES}")
+        embd, ff = np.maximum(default_dims(self.weight_type), default_dims(self.embed_type)).tolist()
         object.__setattr__(self, "n_embd", self.n_embd or embd)
         object.__setattr__(self, "n_ff", self.n_ff or ff)
         if self.tokenizer not in KINDS:
@@ -79,9 +84,9 @@ class TinySpec:
         _write_hparams(writer, self)
         write_tokenizer(writer, self.vocab, self.pre or _PRE[self.arch], self.add_bos)
         kinds = {name: kind for name, _, kind in tensor_plan(self)}
+        types = {"embed": self.embed_type, "matmul": self.weight_type}
         for name, data in self.weights().items():
-            matmul = kinds[name] in ("embed", "matmul")
-            _add_tensor(writer, name, data, self.weight_type if matmul else "F32")
+            _add_tensor(writer, name, data, types.get(kinds[name], "F32"))
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
         writer.write_tensors_to_file()

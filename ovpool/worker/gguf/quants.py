@@ -181,6 +181,20 @@ def _q4_0(blocks, rows, cols) -> Packed:
     return Packed(codes, "i4", (rows, cols), 32, _f16(blocks, 0, rows))
 
 
+def _five_bit(qh: np.ndarray, qs: np.ndarray) -> np.ndarray:
+    """Q5_0/Q5_1's 32 codes (0..31) per block, u8 in element order: the low 4 bits of elements
+    0..15 / 16..31 in the low / high nibbles of ``qs``, bit 4 of element j in bit j of ``qh``."""
+    high = np.unpackbits(qh, axis=1, bitorder="little")
+    return np.concatenate([qs & np.uint8(15), qs >> np.uint8(4)], axis=1) | (high << np.uint8(4))
+
+
+def _q5_0(blocks, rows, cols) -> Packed:
+    # q - 16 in -16..15 as i8 (no 5-bit element type; u8 codes with a zero point of 16 would
+    # add a Subtract to every weight for nothing): Q8_0's form, the same kernel and bytes.
+    codes = (_five_bit(blocks[:, 2:6], blocks[:, 6:]).view(np.int8) - np.int8(16)).reshape(rows, cols)
+    return Packed(codes, "i8", (rows, cols), 32, _f16(blocks, 0, rows))
+
+
 def _q4_1(blocks, rows, cols) -> Packed:
     d, m = _f16(blocks, 0, rows), _f16(blocks, 2, rows)
     codes = _i4_from_split_nibbles(blocks[:, 4:], rows)
@@ -220,4 +234,5 @@ def _q6_k(blocks, rows, cols) -> Packed:
 
 _FLOATS = {T.F32: np.float32, T.F16: np.float16, T.BF16: np.uint16}
 _FLOAT_NAMES = {T.F32: "f32", T.F16: "f16", T.BF16: "bf16"}
-_UNPACKERS = {T.Q8_0: _q8_0, T.Q4_0: _q4_0, T.Q4_1: _q4_1, T.Q4_K: _q4_k, T.Q6_K: _q6_k}
+_UNPACKERS = {T.Q8_0: _q8_0, T.Q4_0: _q4_0, T.Q4_1: _q4_1, T.Q4_K: _q4_k, T.Q6_K: _q6_k,
+              T.Q5_0: _q5_0}
