@@ -50,7 +50,7 @@ class AsyncClient(ClientBase):
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks = []
-        self._pending._fail_all(errors.BrokerUnavailableError("the client was closed"))
+        self._pending.fail_all(errors.BrokerUnavailableError("the client was closed"))
         self._socket.disable_monitor()
         self._monitor.close()
         self._socket.close()
@@ -106,7 +106,7 @@ class AsyncClient(ClientBase):
             raise errors.BrokerUnavailableError("use `async with AsyncClient(...)` before sending")
         self._pending.add(msg, sink, time.monotonic())
         if self._handshake.refused is not None:
-            self._pending._fail_all(self._handshake.refused)
+            self._pending.fail_all(self._handshake.refused)
             return
         self._send([msg])
 
@@ -131,4 +131,4 @@ class AsyncClient(ClientBase):
         while True:
             refused = self._handshake.on_event(await recv_monitor_message(self._monitor))
             if refused is not None:
-                self._pending._fail_all(refused)
+                self._pending.fail_all(refused)

@@ -100,7 +100,7 @@ class Client(ClientBase):
         self._closed.set()
         self._wake()
         self._thread.join()
-        self._pending._fail_all(errors.BrokerUnavailableError("the client was closed"))
+        self._pending.fail_all(errors.BrokerUnavailableError("the client was closed"))
         self._socket.disable_monitor()
         self._monitor.close()
         self._socket.close()
@@ -210,7 +210,7 @@ class Client(ClientBase):
             if self._monitor in ready:
                 self._handshake.on_event(recv_monitor_message(self._monitor))
             if self._handshake.refused is not None:  # fail now, not after CLIENT_UNAVAILABLE_S
-                self._pending._fail_all(self._handshake.refused)
+                self._pending.fail_all(self._handshake.refused)
             if now >= next_tick:
                 next_tick = now + timing.POLL_INTERVAL_S
                 self._send(self._pending.tick(now))

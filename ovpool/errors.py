@@ -13,7 +13,8 @@ are translated once, where they enter ovpool, with ``raise ... from exc``.
     ├── ModelError                   model
     │   ├── ModelFormatError         model.format        bad or inconsistent GGUF (names the field)
     │   ├── UnsupportedModelError    model.unsupported   architecture or weight type not handled
-    │   └── ModelLoadError           model.load          OpenVINO failed to build/compile/run
+    │   └── ModelLoadError           model.load          OpenVINO failed to build or compile it
+    ├── InferenceError               inference           a loaded model failed while generating
     ├── CacheError                   cache
     │   ├── CacheMissError           cache.miss          cache-only mode found no usable entry
     │   ├── CacheCorruptError        cache.corrupt       blob or manifest failed its checks
@@ -78,6 +79,12 @@ class UnsupportedModelError(ModelError):
 
 class ModelLoadError(ModelError):
     code = "model.load"
+
+
+class InferenceError(OvpoolError):
+    """The model loaded, but a forward pass (or anything else of a running generation) failed."""
+
+    code = "inference"
 
 
 class CacheError(OvpoolError):

@@ -177,7 +177,7 @@ class PendingRequests:
             return []
         unavailable_s = self._unavailable_s or timing.CLIENT_UNAVAILABLE_S
         if now - self._last_heard >= unavailable_s:
-            self._fail_all(errors.BrokerUnavailableError(
+            self.fail_all(errors.BrokerUnavailableError(
                 f"no reply from the broker for {unavailable_s:.1f}s; is it running, and do the"
                 " CURVE keys match?"))
             return []
@@ -189,7 +189,8 @@ class PendingRequests:
             return [Ping(list(self._pending))]
         return []
 
-    def _fail_all(self, exc: errors.OvpoolError) -> None:
+    def fail_all(self, exc: errors.OvpoolError) -> None:
+        """Fail every pending request and status call with ``exc`` (the client is closing or refused)."""
         pending, self._pending = self._pending, {}
         for p in pending.values():
             p.sink.fail(exc)

@@ -17,7 +17,7 @@ import zlib
 from typing import Any, Protocol
 
 from ovpool.completion import Completion, Delta, Usage
-from ovpool.errors import InvalidRequestError, ModelLoadError, OvpoolError
+from ovpool.errors import InferenceError, InvalidRequestError, OvpoolError
 from ovpool.sampling_params import SamplingParams
 from ovpool.worker.events import Event, Failed, Finished, Token
 from ovpool.worker.generate.limits import check_prompt_length
@@ -225,7 +225,7 @@ class Interleaved:
                 if gen.finished:
                     events.append(Finished(rid, gen.completion()))
             except Exception as exc:  # one failing sequence must not take the others down
-                err = exc if isinstance(exc, OvpoolError) else ModelLoadError(f"generation failed: {exc}")
+                err = exc if isinstance(exc, OvpoolError) else InferenceError(f"generation failed: {exc}")
                 events.append(Failed(rid, err))
             else:
                 if not gen.finished:
@@ -240,4 +240,4 @@ def _translated(func: Any, *args: Any) -> Any:
     except OvpoolError:
         raise
     except Exception as exc:  # the engine is OpenVINO underneath: report it as ours
-        raise ModelLoadError(f"cannot start a generation: {exc}") from exc
+        raise InferenceError(f"cannot start a generation: {exc}") from exc

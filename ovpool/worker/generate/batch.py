@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import numpy as np
 import openvino as ov
 
-from ovpool.errors import ModelLoadError
+from ovpool.errors import InferenceError
 from ovpool.worker.generate.scheduler import Chunk
 from ovpool.worker.graph.decode import DecodeGraph
 
@@ -74,7 +74,7 @@ class PagedRunner:
             # Shared both ways, as in Session.forward: no copy of the inputs or of the logits.
             request.infer(inputs, share_inputs=True, share_outputs=True)
         except RuntimeError as exc:
-            raise ModelLoadError(f"inference failed ({len(chunks)} sequences): {exc}") from exc
+            raise InferenceError(f"inference failed ({len(chunks)} sequences): {exc}") from exc
         return request.get_tensor("logits").data[0]
 
     def _decode_request(self) -> ov.InferRequest | None:

@@ -13,7 +13,7 @@ import dataclasses
 import logging
 from typing import Any
 
-from ovpool.errors import InvalidRequestError, ModelLoadError, OvpoolError
+from ovpool.errors import InferenceError, InvalidRequestError, OvpoolError
 from ovpool.sampling_params import SamplingParams
 from ovpool.worker.events import Event, Failed, Finished, Token
 from ovpool.worker.generate.batch import PagedRunner, PagedSession
@@ -108,7 +108,7 @@ class Batcher:
             return events
         try:
             logits = self.runner.forward(plan.chunks)
-        except ModelLoadError as exc:  # the pass is shared: every request in it fails
+        except InferenceError as exc:  # the pass is shared: every request in it fails
             return events + [self._fail(c.seq_id, exc) for c in plan.chunks]
         rows = iter(logits)
         for chunk in plan.chunks:

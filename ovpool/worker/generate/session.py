@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import numpy as np
 import openvino as ov
 
-from ovpool.errors import ModelLoadError
+from ovpool.errors import InferenceError
 
 _PAST = "past_key_values."
 _PRESENT = "present."
@@ -68,7 +68,7 @@ class Session:
             # Shared both ways: no copy of the inputs, and no copy of the logits into a result dict.
             self.request.infer(feeds, share_inputs=True, share_outputs=True)
         except RuntimeError as exc:
-            raise ModelLoadError(f"inference failed at {self.past} cached + {n} new tokens: {exc}") from exc
+            raise InferenceError(f"inference failed at {self.past} cached + {n} new tokens: {exc}") from exc
         self.past += n
         if not self.stateful:
             self._keep_present()
