@@ -14,16 +14,25 @@ from ovpool.sampling_params import SamplingParams
 PROMPT = "the quick brown fox"
 
 
-@pytest.fixture(scope="module")
+def fresh_engine(path):
+    """A fresh engine per test (~0.25 s): one shared by the module carried its decode graph's pass
+    count (ovpool.worker.graph.decode.START_AFTER) from test to test, so which graph ran a step, and
+    at bf16 which tokens came out, depended on the tests before. Each test here stays under that
+    count, so all its one-token steps run on one graph."""
+    with Engine(path) as eng:
+        yield eng
+        decode = eng.load_result.decode
+        assert decode is None or not decode.started, "the test switched graphs mid-way"
+
+
+@pytest.fixture
 def engine(tiny_model):
-    with Engine(tiny_model(arch="llama", weight_type="Q8_0")) as eng:
-        yield eng
+    yield from fresh_engine(tiny_model(arch="llama", weight_type="Q8_0"))
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def qwen_engine(tiny_model):
-    with Engine(tiny_model(arch="qwen2", weight_type="Q4_1")) as eng:
-        yield eng
+    yield from fresh_engine(tiny_model(arch="qwen2", weight_type="Q4_1"))
 
 
 def test_same_seed_same_tokens_and_other_seeds_differ(engine):
