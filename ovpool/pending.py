@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ovpool import errors, timing
-from ovpool.completion import Completion, Delta
+from ovpool.completion import Completion, Delta, TokenLogprobs
 from ovpool.protocol import Error, Final, Message, Partial, Ping, Pong, StatusReply, Submit, sampling_to_wire
 from ovpool.sampling_params import SamplingParams
 
@@ -150,7 +150,8 @@ class PendingRequests:
             if p is not None and msg.index >= p.next_index:
                 p.next_index = msg.index + 1
                 if p.sink.streams:
-                    p.sink.delta(Delta(msg.index, msg.token_id, msg.text))
+                    p.sink.delta(Delta(msg.index, msg.token_id, msg.text,
+                                       tuple(TokenLogprobs.from_wire(t) for t in msg.logprobs)))
         elif isinstance(msg, Final):
             p = self._pending.pop(msg.request_id, None)
             if p is not None:

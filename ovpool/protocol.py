@@ -18,7 +18,6 @@ answers a client with ERROR or logs and drops the frames, and keeps serving.
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -26,7 +25,7 @@ import msgpack
 import zmq
 
 from ovpool.completion import Completion
-from ovpool.errors import InvalidRequestError, MalformedMessageError, UnsupportedVersionError
+from ovpool.errors import MalformedMessageError, UnsupportedVersionError
 from ovpool.sampling_params import SamplingParams
 
 VERSION = b"OVP1"
@@ -89,13 +88,15 @@ class Supervised:
 
 @dataclass(frozen=True)
 class Partial:
-    """One streamed token; ``index`` is its position in the completion (the dedupe key)."""
+    """One streamed Delta; ``index`` is its position in the completion (the dedupe key);
+    ``logprobs`` its TokenLogprobs in their wire form (empty unless the request asked)."""
 
     command: ClassVar[int] = 0x10
     request_id: str
     index: int
     token_id: int
     text: str
+    logprobs: list = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -252,16 +253,9 @@ def _checked(cls: type, data: Any) -> dict[str, Any]:
     return out
 
 
-_PARAM_TYPES = {"max_tokens": (int,), "temperature": (float, int), "top_k": (int,),
-                "top_p": (float, int), "seed": (int, type(None)), "stop": (list, tuple),
-                "ignore_eos": (bool,)}
-
-
 def completion_to_wire(c: Completion) -> dict[str, Any]:
-    """``Completion.to_dict()`` without dataclasses.asdict's deep copy (a FINAL per request)."""
-    return {"text": c.text, "token_ids": c.token_ids, "finish_reason": c.finish_reason,
-            "usage": {"prompt_tokens": c.usage.prompt_tokens, "completion_tokens": c.usage.completion_tokens},
-            "timings": c.timings}
+    """A FINAL's ``completion`` map."""
+    return c.to_dict()
 
 
 def load_to_wire(report: dict | None) -> dict[str, Any]:
@@ -275,21 +269,10 @@ def load_to_wire(report: dict | None) -> dict[str, Any]:
 
 
 def sampling_to_wire(params: SamplingParams) -> dict[str, Any]:
-    """SamplingParams as a SUBMIT/REQUEST ``params`` map (cheaper than ``to_dict`` on the hot path)."""
-    wire = {name: getattr(params, name) for name in SamplingParams.__dataclass_fields__}
-    wire["stop"] = list(params.stop)
-    return wire
+    """SamplingParams as a SUBMIT/REQUEST ``params`` map."""
+    return params.to_dict()
 
 
 def sampling_from_wire(params: dict) -> SamplingParams:
     """Validated sampling parameters from a SUBMIT/REQUEST; bad values raise InvalidRequestError."""
-    for name, value in params.items():
-        types = _PARAM_TYPES.get(name)
-        if types is None:
-            continue  # SamplingParams.from_dict names unknown parameters
-        kind = type(value)  # exact types: a bool is not an int here (msgpack yields no subclasses)
-        if kind not in types or (kind is float and not math.isfinite(value)):
-            raise InvalidRequestError(f"sampling: {name}={value!r} is not a valid {types[0].__name__}")
-        if name == "seed" and value is not None and not 0 <= value < 2**63:
-            raise InvalidRequestError("sampling: seed must be in [0, 2**63)")
     return SamplingParams.from_dict(params)

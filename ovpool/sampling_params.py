@@ -3,15 +3,42 @@ the protocol import this; the worker's sampler reads it)."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from ovpool.errors import InvalidRequestError
 
+MAX_LOGPROBS = 20      # top alternatives per token, as OpenAI's top_logprobs allows
+MAX_LOGIT_BIAS = 100.0  # |bias| is clipped to this, as OpenAI does
+MAX_PENALTY = 2.0      # |presence_penalty|, |frequency_penalty|: OpenAI's and vLLM's range
+
+_NUM, _INT = (float, int), (int,)
+
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How to pick tokens. ``temperature == 0`` is greedy; the same seed gives the same tokens."""
+    """How to pick tokens. ``temperature == 0`` is greedy; the same seed gives the same tokens.
+
+    One position's float32 logits go through, in this order (vLLM's for steps 1-3):
+
+    1. ``logit_bias`` {token id: bias} is added (each bias clipped to [-100, 100]);
+    2. ``repetition_penalty`` (Hugging Face / vLLM): every token of the prompt or of the output
+       so far has a positive logit divided by it, a negative one multiplied (1 is off);
+    3. ``frequency_penalty`` times the token's count in the output, and ``presence_penalty``
+       once if it occurs there, are subtracted (OpenAI's formula; 0 is off);
+    4. greedy takes the argmax; otherwise divide by ``temperature``, keep the ``top_k`` most
+       probable, then the smallest prefix of them holding ``top_p`` of their mass, then those
+       whose probability is at least ``min_p`` times the most probable one's (Hugging Face's
+       order; vLLM applies min_p before top_k and top_p), and draw from the seeded generator.
+       Ties are broken by the lower token id.
+
+    ``logprobs`` None returns none; N (0..20; True means 0) returns, for every output token, its
+    log-probability and the N most probable tokens' (with their ids and text). They are of the
+    model's raw logits, log-softmax at float32 before bias, penalties and temperature: vLLM's
+    default (``logprobs_mode="raw_logprobs"``).
+    """
 
     max_tokens: int = 128
     temperature: float = 0.0
@@ -20,33 +47,92 @@ class SamplingParams:
     seed: int | None = None
     stop: tuple[str, ...] = field(default_factory=tuple)
     ignore_eos: bool = False
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    # ((token id, bias), ...) sorted by id; give a mapping {id: bias} (ids as ints or digit strings).
+    logit_bias: tuple[tuple[int, float], ...] = field(default_factory=tuple)
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "stop", tuple(self.stop))
-        checks = [
-            (self.max_tokens >= 1, "max_tokens must be at least 1"),
-            (self.temperature >= 0, "temperature must be >= 0 (0 means greedy)"),
-            (self.top_k >= 0, "top_k must be >= 0 (0 disables it)"),
-            (0 < self.top_p <= 1, "top_p must be in (0, 1]"),
-            (all(isinstance(s, str) and s for s in self.stop), "stop must be non-empty strings"),
-        ]
-        for ok, why in checks:
-            if not ok:
-                raise InvalidRequestError(f"sampling: {why}")
+        d = self.__dict__  # frozen: normalize in place, once
+        if isinstance(d["stop"], str | list):
+            d["stop"] = (d["stop"],) if isinstance(d["stop"], str) else tuple(d["stop"])
+        if type(d["logprobs"]) is bool:
+            d["logprobs"] = 0 if d["logprobs"] else None
+        if d["logit_bias"] or isinstance(d["logit_bias"], dict | list):
+            d["logit_bias"] = _logit_bias(d["logit_bias"])
+        for name, types, ok, why in _CHECKS:
+            value = d[name]
+            # Exact types: a bool is not an int here. NaN fails every range check.
+            if type(value) not in types or not ok(value):
+                raise InvalidRequestError(f"sampling: {name} {why} (got {value!r})"[:300])
+
+    @property
+    def penalized(self) -> bool:
+        """Whether any of bias or penalties changes the logits."""
+        return bool(self.logit_bias) or self.repetition_penalty != 1.0 or \
+            self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
+        """The wire form (msgpack and JSON safe): ``stop`` a list, ``logit_bias`` {str(id): bias}."""
+        d = {name: getattr(self, name) for name in _FIELD_NAMES}
         d["stop"] = list(self.stop)
+        d["logit_bias"] = {str(token): bias for token, bias in self.logit_bias}
         return d
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> SamplingParams:
-        known = cls.__dataclass_fields__
-        unknown = set(d) - set(known)
+    def from_dict(cls, d: Mapping[str, Any]) -> SamplingParams:
+        unknown = set(d) - _FIELDS
         if unknown:
             raise InvalidRequestError(
-                f"sampling: unknown parameter(s) {sorted(unknown)}; valid: {sorted(known)}")
-        try:
-            return cls(**d)
-        except TypeError as exc:
-            raise InvalidRequestError(f"sampling: {exc}") from exc
+                f"sampling: unknown parameter(s) {sorted(unknown)}; valid: {sorted(_FIELDS)}")
+        return cls(**d)
+
+
+def _logit_bias(raw: Any) -> tuple[tuple[int, float], ...]:
+    """{id: bias} (ids as ints or digit strings) or ((id, bias), ...) as sorted, clipped pairs."""
+    try:
+        pairs = raw.items() if isinstance(raw, Mapping) else raw
+        if not isinstance(pairs, tuple | list | type({}.items())):
+            raise TypeError
+        out: dict[int, float] = {}
+        for token, bias in pairs:
+            if type(token) is str and token.isdecimal() and token.isascii():
+                token = int(token)
+            if type(token) is not int or token < 0 or type(bias) not in _NUM or not math.isfinite(bias):
+                raise TypeError
+            out[token] = min(max(float(bias), -MAX_LOGIT_BIAS), MAX_LOGIT_BIAS)
+    except (TypeError, ValueError):
+        raise InvalidRequestError(
+            "sampling: logit_bias must map token ids (integers >= 0, or their decimal strings) to "
+            f"finite numbers (clipped to [-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}]); got {raw!r}"[:300]
+        ) from None
+    return tuple(sorted(out.items()))
+
+
+_INF = math.inf
+# (field, accepted types, range check, what a valid value is).
+_CHECKS = (
+    ("max_tokens", _INT, lambda v: v >= 1, "must be an integer >= 1"),
+    ("temperature", _NUM, lambda v: 0 <= v < _INF, "must be a number >= 0 (0 means greedy)"),
+    ("top_k", _INT, lambda v: v >= 0, "must be an integer >= 0 (0 disables it)"),
+    ("top_p", _NUM, lambda v: 0 < v <= 1, "must be a number in (0, 1] (1 disables it)"),
+    ("seed", (int, type(None)), lambda v: v is None or 0 <= v < 2**63,
+     "must be an integer in [0, 2**63) or None"),
+    ("stop", (tuple,), lambda v: all(type(s) is str and s for s in v),
+     "must be a string or a list of non-empty strings"),
+    ("ignore_eos", (bool,), lambda v: True, "must be true or false"),
+    ("min_p", _NUM, lambda v: 0 <= v <= 1, "must be a number in [0, 1] (0 disables it)"),
+    ("presence_penalty", _NUM, lambda v: -MAX_PENALTY <= v <= MAX_PENALTY,
+     f"must be a number in [-{MAX_PENALTY:g}, {MAX_PENALTY:g}] (0 disables it)"),
+    ("frequency_penalty", _NUM, lambda v: -MAX_PENALTY <= v <= MAX_PENALTY,
+     f"must be a number in [-{MAX_PENALTY:g}, {MAX_PENALTY:g}] (0 disables it)"),
+    ("repetition_penalty", _NUM, lambda v: 0 < v < _INF, "must be a number > 0 (1 disables it)"),
+    ("logit_bias", (tuple,), lambda v: True, "must map token ids to biases"),
+    ("logprobs", (int, type(None)), lambda v: v is None or 0 <= v <= MAX_LOGPROBS,
+     f"must be None, true or an integer in [0, {MAX_LOGPROBS}] (top alternatives per token)"),
+)
+_FIELD_NAMES = tuple(SamplingParams.__dataclass_fields__)
+_FIELDS = frozenset(_FIELD_NAMES)

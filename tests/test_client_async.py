@@ -59,3 +59,23 @@ def test_async_errors_cancel_and_early_exit(pool):
     asyncio.run(main())
     status = sync.status()
     assert status["counters"]["cancelled"] >= 2 and status["in_flight"] == 0
+
+
+def test_logprobs_and_new_sampling_fields_travel_through_broker_and_worker(pool):
+    endpoint, sync = pool
+    fields = {"max_tokens": 4, "seed": 2, "logprobs": 2, "logit_bias": {7: 1.5}, "min_p": 0.1,
+              "presence_penalty": 0.5, "frequency_penalty": 0.5, "repetition_penalty": 1.1}
+    done = sync.complete("lp", **fields)
+    streamed = list(sync.stream("lp", **fields))
+
+    async def main():
+        async with AsyncClient(endpoint) as client:
+            return await client.complete("lp", **fields), [d async for d in client.stream("lp", **fields)]
+
+    async_done, async_streamed = asyncio.run(main())
+    assert (done.token_ids, done.logprobs) == (async_done.token_ids, async_done.logprobs)
+    assert streamed == async_streamed
+    assert [t.chosen.token_id for t in done.logprobs] == done.token_ids
+    assert [t.chosen.token_id for d in streamed for t in d.logprobs] == done.token_ids
+    assert [len(t.top) for t in done.logprobs] == [2] * 4
+    assert sync.complete("lp", max_tokens=2).logprobs is None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from ovpool import Engine
@@ -93,6 +94,45 @@ def test_stop_strings_eos_and_sampling_behave_as_alone(engine):
         assert (done[rid].token_ids, done[rid].text, done[rid].finish_reason) == \
             (expected.token_ids, expected.text, expected.finish_reason)
     assert stop not in done["stop"].text and done["stop"].finish_reason == "stop"
+
+
+def log_softmax(logits):
+    shifted = logits - logits.max(axis=-1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+
+
+def test_penalties_filters_and_logprobs_batched_equal_alone_and_the_teacher_forced_logits(engine):
+    backend = EngineBackend(engine, slots=4)
+    assert backend.wait_batching()
+    reqs = [("rep", PROMPTS[0], SamplingParams(max_tokens=14, repetition_penalty=1.3, logprobs=3)),
+            ("top_p", PROMPTS[1], SamplingParams(max_tokens=12, temperature=0.8, top_p=0.9, seed=4,
+                                                 presence_penalty=0.7, frequency_penalty=0.3, logprobs=0)),
+            ("min_p", PROMPTS[2], SamplingParams(max_tokens=10, temperature=1.0, min_p=0.05, top_k=30,
+                                                 seed=8, logit_bias={5: 5.0}, logprobs=5)),
+            ("plain", PROMPTS[3], SamplingParams(max_tokens=8, temperature=0.7, seed=2))]
+    done, deltas, failed = drain(backend, {0: reqs[:2], 2: reqs[2:]})
+    assert not failed
+    for rid, prompt, params in reqs:
+        expected = alone(engine, prompt, params)
+        got = done[rid]
+        assert got.token_ids == expected.token_ids
+        if params.logprobs is None:
+            assert got.logprobs is None and all(not d.logprobs for d in deltas[rid])
+            continue
+        assert [t for d in deltas[rid] for t in d.logprobs] == got.logprobs  # each token's, once
+        ids = engine.prompt_ids(prompt)
+        # Teacher-forced logits at f32 differ from the step-by-step passes' by ~1e-5 (paged vs
+        # stateful graphs, docs/architecture.md): the log-probabilities by as little.
+        want = log_softmax(engine.logits(ids + got.token_ids[:-1])[len(ids) - 1:])
+        assert [t.chosen.token_id for t in got.logprobs] == got.token_ids
+        for row, t, e in zip(want, got.logprobs, expected.logprobs, strict=True):
+            assert abs(t.chosen.logprob - row[t.chosen.token_id]) < 1e-4
+            assert abs(t.chosen.logprob - e.chosen.logprob) < 1e-4
+            assert len(t.top) == params.logprobs
+            top_ids = [a.token_id for a in t.top]
+            np.testing.assert_allclose([a.logprob for a in t.top], row[top_ids], atol=1e-4)
+            if t.top:
+                assert t.top[-1].logprob >= np.sort(row)[-params.logprobs] - 1e-4
 
 
 def test_cancel_frees_blocks_and_bad_requests_fail_clearly(engine):

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
+import math
 import random
 import time
 import zlib
 from typing import Any, Protocol
 
-from ovpool.completion import Completion, Delta, Usage
+from ovpool.completion import Completion, Delta, Logprob, TokenLogprobs, Usage
 from ovpool.errors import InferenceError, InvalidRequestError, OvpoolError
 from ovpool.sampling_params import SamplingParams
 from ovpool.worker.events import Event, Failed, Finished, Token
@@ -57,6 +58,7 @@ class _NullSession:
         # crc32, unlike hash(), is the same in every process: same seed and prompt, same tokens.
         self.rng = random.Random((params.seed or 0) ^ zlib.crc32(text.encode()))
         self.token_ids: list[int] = []
+        self.logprobs: list[TokenLogprobs] = []
         self.started = time.perf_counter()
 
 
@@ -93,7 +95,9 @@ class NullBackend:
         for rid, s in list(self._sessions.items()):
             token_id = s.rng.randrange(self.vocab_size)
             s.token_ids.append(token_id)
-            events.append(Token(rid, Delta(len(s.token_ids) - 1, token_id, f" t{token_id}")))
+            logprobs = self._logprobs(token_id, s.params.logprobs)
+            s.logprobs.extend(logprobs)
+            events.append(Token(rid, Delta(len(s.token_ids) - 1, token_id, f" t{token_id}", logprobs)))
             if len(s.token_ids) >= s.params.max_tokens:
                 del self._sessions[rid]
                 events.append(Finished(rid, self._completion(s)))
@@ -102,12 +106,22 @@ class NullBackend:
     def idle(self) -> None:
         pass
 
+    def _logprobs(self, token_id: int, top: int | None) -> tuple[TokenLogprobs, ...]:
+        """The true ones: every token is drawn uniformly; the alternatives are the next ids."""
+        if top is None:
+            return ()
+        value = -math.log(self.vocab_size)
+        ids = [(token_id + i) % self.vocab_size for i in range(min(top, self.vocab_size))]
+        return (TokenLogprobs(Logprob(token_id, f" t{token_id}", value),
+                              tuple(Logprob(i, f" t{i}", value) for i in ids)),)
+
     @staticmethod
     def _completion(s: _NullSession) -> Completion:
         total = time.perf_counter() - s.started
         return Completion(text="".join(f" t{t}" for t in s.token_ids), token_ids=list(s.token_ids),
                           finish_reason="length", usage=Usage(s.prompt_tokens, len(s.token_ids)),
-                          timings={"total_s": total})
+                          timings={"total_s": total},
+                          logprobs=None if s.params.logprobs is None else list(s.logprobs))
 
 
 class EngineBackend:

@@ -24,6 +24,7 @@ from ovpool.sampling_params import SamplingParams
 from ovpool.settings import Settings
 from ovpool.worker.generate.batch import PagedSession
 from ovpool.worker.generate.generation import Generation, check_prompt
+from ovpool.worker.generate.penalties import check_vocab
 from ovpool.worker.generate.session import Session, warm_up
 from ovpool.worker.gguf.model import GGUFModel
 from ovpool.worker.graph import builder as graph
@@ -141,6 +142,7 @@ class Engine:
                                       f"{self.settings.max_new_tokens}; lower it or raise that setting")
         ids = self.prompt_ids(prompt)
         self._check(ids, new_tokens=1)
+        check_vocab(params, self.hparams.vocab_size)
         return Generation(self._acquire(), self._release, ids, params, self.tokenizer,
                           context_length=self.hparams.context_length, prefill_chunk=prefill_chunk)
 

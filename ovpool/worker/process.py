@@ -143,7 +143,8 @@ class Worker:
         for ev in self.backend.step():
             if isinstance(ev, Token):
                 d = ev.delta
-                self._send(Partial(ev.request_id, d.index, d.token_id, d.text))
+                self._send(Partial(ev.request_id, d.index, d.token_id, d.text,
+                                   [t.to_wire() for t in d.logprobs]))
                 continue
             self._active.discard(ev.request_id)
             if isinstance(ev, Finished):

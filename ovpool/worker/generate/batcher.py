@@ -18,6 +18,7 @@ from ovpool.sampling_params import SamplingParams
 from ovpool.worker.events import Event, Failed, Finished, Token
 from ovpool.worker.generate.batch import PagedRunner, PagedSession
 from ovpool.worker.generate.generation import Generation, check_prompt
+from ovpool.worker.generate.penalties import check_vocab
 from ovpool.worker.generate.scheduler import Scheduler
 from ovpool.worker.generate.session import warm_up
 from ovpool.worker.graph.loading import load_paged
@@ -92,6 +93,7 @@ class Batcher:
         h = self.engine.hparams
         check_prompt(ids, vocab_size=h.vocab_size, context_length=h.context_length,
                      max_prompt_tokens=self.max_prompt_tokens, new_tokens=1)
+        check_vocab(params, h.vocab_size)
         return ids
 
     def cancel(self, request_id: str) -> None:

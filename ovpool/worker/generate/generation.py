@@ -12,10 +12,11 @@ from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
-from ovpool.completion import Completion, Delta, Usage
+from ovpool.completion import Completion, Delta, TokenLogprobs, Usage
 from ovpool.errors import InvalidRequestError
 from ovpool.sampling_params import SamplingParams
 from ovpool.worker.generate.limits import check_prompt_length
+from ovpool.worker.generate.logprobs import Logprobs
 from ovpool.worker.generate.sampler import Sampler, StopMatcher
 from ovpool.worker.generate.session import Session
 
@@ -46,7 +47,10 @@ class Generation:
         self._chunk = prefill_chunk or len(self._pending)
         self._context_length = context_length
         self._eos = frozenset() if params.ignore_eos else frozenset(tokenizer.eos_ids)
-        self._sampler = Sampler(params)
+        self._sampler = Sampler(params, self.prompt_ids)
+        self._logprobs = None if params.logprobs is None else Logprobs(tokenizer, params.logprobs)
+        self._token_logprobs: list[TokenLogprobs] = []
+        self._sent_logprobs = 0  # how many of them a Delta carried
         self._decoder = tokenizer.stream_decoder()
         self._stop = StopMatcher(params.stop)
         self.token_ids: list[int] = []
@@ -77,7 +81,10 @@ class Generation:
 
         A Generation driven from outside (a batched forward pass) is built with session=None.
         """
-        return self._accept(self._sampler.choose(logits))
+        token = self._sampler.choose(logits)
+        if self._logprobs is not None and token not in self._eos:
+            self._token_logprobs.append(self._logprobs.of(logits, token))
+        return self._accept(token)
 
     def __iter__(self) -> Iterator[Delta]:
         """Step to the end, yielding each Delta with new text."""
@@ -109,17 +116,21 @@ class Generation:
         return self._delta(token, text, index)
 
     def _delta(self, token: int, text: str, index: int | None = None) -> Delta | None:
-        if not text:
+        logprobs = tuple(self._token_logprobs[self._sent_logprobs:])
+        # Without text a Delta only carries log-probabilities, at the end (else they wait for text).
+        if not text and not (logprobs and self.finished):
             return None
         self._text.append(text)
-        return Delta(index=len(self.token_ids) - 1 if index is None else index, token_id=token, text=text)
+        self._sent_logprobs = len(self._token_logprobs)
+        return Delta(len(self.token_ids) - 1 if index is None else index, token, text, logprobs)
 
     def completion(self) -> Completion:
         if not self.finished:
             raise InvalidRequestError("the generation has not finished: call step() until finished")
         return Completion(text="".join(self._text), token_ids=list(self.token_ids),
                           finish_reason=self.finish_reason,
-                          usage=Usage(len(self.prompt_ids), len(self.token_ids)), timings=self._timings())
+                          usage=Usage(len(self.prompt_ids), len(self.token_ids)), timings=self._timings(),
+                          logprobs=None if self._logprobs is None else list(self._token_logprobs))
 
     def _timings(self) -> dict[str, float]:
         first, last = self._stamps[0], self._stamps[-1]

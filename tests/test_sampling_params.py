@@ -1,0 +1,64 @@
+"""SamplingParams: every field's validation names the field and its range; the wire form survives
+msgpack (logit_bias ids as ints or strings) and round-trips through SUBMIT."""
+
+from __future__ import annotations
+
+import pytest
+
+from ovpool import errors
+from ovpool.protocol import Submit, decode, encode, sampling_from_wire, sampling_to_wire
+from ovpool.sampling_params import SamplingParams
+
+
+@pytest.mark.parametrize("field, value, words", [
+    ("min_p", 1.5, r"min_p must be a number in \[0, 1\]"),
+    ("min_p", -0.1, "min_p"),
+    ("presence_penalty", 2.5, r"presence_penalty must be a number in \[-2, 2\]"),
+    ("frequency_penalty", -3, r"frequency_penalty must be a number in \[-2, 2\]"),
+    ("repetition_penalty", 0, "repetition_penalty must be a number > 0"),
+    ("repetition_penalty", float("inf"), "repetition_penalty"),
+    ("logprobs", 21, r"logprobs must be None, true or an integer in \[0, 20\]"),
+    ("logprobs", -1, "logprobs"),
+    ("logprobs", 1.0, "logprobs"),
+    ("logit_bias", {"x": 1}, "logit_bias must map token ids"),
+    ("logit_bias", {-1: 1}, "logit_bias"),
+    ("logit_bias", {1: float("nan")}, "logit_bias"),
+    ("logit_bias", {1: "big"}, "logit_bias"),
+    ("logit_bias", 5, "logit_bias"),
+    ("temperature", "hot", "temperature must be a number"),
+    ("top_p", float("nan"), "top_p"),
+    ("max_tokens", True, "max_tokens must be an integer"),
+    ("seed", 2**63, "seed"),
+    ("stop", 5, "stop"),
+])
+def test_bad_values_name_the_field_and_its_range(field, value, words):
+    with pytest.raises(errors.InvalidRequestError, match=words):
+        SamplingParams(**{field: value})
+    with pytest.raises(errors.InvalidRequestError, match=field):
+        sampling_from_wire({field: value})
+
+
+def test_logit_bias_takes_int_or_string_ids_and_is_clipped():
+    p = SamplingParams(logit_bias={"7": 250, 3: -1.5, "12": -101.0})
+    assert p.logit_bias == ((3, -1.5), (7, 100.0), (12, -100.0))
+    assert p.to_dict()["logit_bias"] == {"3": -1.5, "7": 100.0, "12": -100.0}
+    assert SamplingParams(logit_bias=p.logit_bias) == p == SamplingParams.from_dict(p.to_dict())
+
+
+def test_logprobs_true_means_the_chosen_token_only_and_false_none():
+    assert SamplingParams(logprobs=True).logprobs == 0
+    assert SamplingParams(logprobs=False).logprobs is None
+    assert SamplingParams(logprobs=20).logprobs == 20
+
+
+def test_every_field_survives_the_wire():
+    p = SamplingParams(max_tokens=9, temperature=0.7, top_k=40, top_p=0.9, seed=5, stop=("x", "yz"),
+                       min_p=0.05, presence_penalty=0.5, frequency_penalty=-0.5, repetition_penalty=1.2,
+                       logit_bias={50256: -100, 17: 2.5}, logprobs=5)
+    sent = Submit("r", "m", sampling_to_wire(p), prompt="hi")
+    got = decode(encode(sent))  # msgpack maps need string keys: logit_bias ids travel as strings
+    assert got == sent and sampling_from_wire(got.params) == p
+
+
+def test_a_single_stop_string_is_one_stop_string():
+    assert SamplingParams(stop="END").stop == ("END",)
