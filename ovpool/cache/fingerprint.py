@@ -24,6 +24,8 @@ from typing import Any
 
 import openvino as ov
 
+from ovpool.devices import device_type
+
 Descriptor = tuple[str, str, tuple[int, ...], int]  # (name, ggml type name, shape, offset)
 _STAT_FIELDS = ("st_dev", "st_ino", "st_size", "st_mtime_ns", "st_ctime_ns")
 # CPU features a compiled CPU blob may depend on; DEVICE_ARCHITECTURE is only "intel64" there.
@@ -86,7 +88,7 @@ class DeviceKey:
 
     @classmethod
     def probe(cls, core: ov.Core, device: str) -> DeviceKey:
-        dtype = device.split(".", 1)[0].upper()
+        dtype = device_type(device)
         try:
             arch = str(core.get_property(device, "DEVICE_ARCHITECTURE"))
         except RuntimeError:

@@ -28,6 +28,7 @@ from ovpool.cache import prefetch
 from ovpool.cache.fingerprint import GraphIdentity, ports_key
 from ovpool.cache.lookup import Lookup
 from ovpool.cache.manifest import Entry, Manifest, is_static
+from ovpool.devices import device_type
 from ovpool.errors import CacheCorruptError, CacheMissError, CacheUnsupportedError, ModelLoadError
 
 log = logging.getLogger("ovpool.cache")
@@ -80,7 +81,7 @@ def compile_model(core: ov.Core, model: ov.Model, device: str, config: dict) -> 
 
 
 def _cacheable(device: str, identity: GraphIdentity, cache_only: bool) -> bool:
-    kind = device.split(":", 1)[0].split(".", 1)[0].upper()
+    kind = device_type(device)
     why = None
     if kind in _VIRTUAL_DEVICES:
         why = f"device {device} may fall back to another device (CPU fallback); name one device"

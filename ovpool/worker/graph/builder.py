@@ -18,6 +18,7 @@ import numpy as np
 import openvino as ov
 import openvino.opset13 as ops
 
+from ovpool.devices import device_type
 from ovpool.errors import UnsupportedModelError
 from ovpool.settings import Settings
 from ovpool.worker.gguf.model import ROPE_FREQS, GGUFModel, HParams
@@ -236,16 +237,16 @@ def resolve_auto(settings=None, device: str = "CPU", core: ov.Core | None = None
     s = Settings.coerce(settings)
     values = s.graph_values()
     core = core or ov.Core()
-    if values["kv_cache_precision"] == "auto" and _device_type(device) == "CPU":
+    if values["kv_cache_precision"] == "auto" and device_type(device) == "CPU":
         # The CPU plugin's own default, u8, spends decode time dequantizing: f16 decodes 4-10%
         # faster on SmolLM2 at a 512-token context (1 and 8 sequences), for twice the KV memory.
         values["kv_cache_precision"] = "f16"
     for name, prop in (("inference_precision", "INFERENCE_PRECISION_HINT"),
                        ("kv_cache_precision", "KV_CACHE_PRECISION")):
         if values[name] == "auto":
-            values[name] = _type_name(core.get_property(_device_type(device), prop))
+            values[name] = _type_name(core.get_property(device_type(device), prop))
     if values["q4_storage"] == "auto":  # see quants.widen: the CPU plugin sets i4 up slowly
-        values["q4_storage"] = "i8" if _device_type(device) == "CPU" else "i4"
+        values["q4_storage"] = "i8" if device_type(device) == "CPU" else "i4"
     return values
 
 
@@ -254,15 +255,11 @@ def compile_config(settings=None, device: str = "CPU", core: ov.Core | None = No
     values = resolve_auto(settings, device, core)
     config = {"INFERENCE_PRECISION_HINT": values["inference_precision"],
               "KV_CACHE_PRECISION": values["kv_cache_precision"]}
-    if values["inference_precision"] == "f32" and _device_type(device) == "CPU":
+    if values["inference_precision"] == "f32" and device_type(device) == "CPU":
         # f32 promises the reference's numbers: no int8 activations in the compressed MatMuls
         # (the CPU plugin quantizes them where VNNI/AMX exist; on AVX2 this changes nothing).
         config["DYNAMIC_QUANTIZATION_GROUP_SIZE"] = 0
     return config
-
-
-def _device_type(device: str) -> str:
-    return device.split(".")[0]
 
 
 def _type_name(element) -> str:

@@ -32,6 +32,7 @@ from pathlib import Path
 import openvino as ov
 
 from ovpool.cache.loader import compile_model
+from ovpool.devices import device_type
 from ovpool.errors import OvpoolError
 
 log = logging.getLogger("ovpool.worker")
@@ -50,7 +51,7 @@ def wanted(choice: str, device: str, model_path: Path) -> bool:
     """Whether the ``decode_graph`` setting (auto, on, off) asks for a decode graph."""
     if choice != "auto":
         return choice == "on"
-    if device.split(".")[0] != "CPU":
+    if device_type(device) != "CPU":
         return False
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     return 2 * model_path.stat().st_size <= memory * MEMORY_SHARE
