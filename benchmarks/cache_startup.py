@@ -67,11 +67,11 @@ def load(args: argparse.Namespace) -> tuple[dict, Callable[[str, int], object]]:
     settings = {"warm_up": "load" if args.child == "hit, warm-up at load" else "idle"}
     t0 = time.perf_counter()
     # As `ovpool generate` and `ovpool worker` do before importing the engine.
-    prefetch.start(args.model, args.device, settings, args.cache_dir or None)
+    early = prefetch.start(args.model, args.device, settings, args.cache_dir or None)
     from ovpool.worker.engine import Engine
 
     engine = Engine(args.model, device=args.device, cache_dir=args.cache_dir or None,
-                    cache_only=args.child == "cache-only", settings=settings)
+                    cache_only=args.child == "cache-only", settings=settings, early=early)
     figures = {"load_s": time.perf_counter() - t0, "outcome": engine.load_report["outcome"],
                "warm_up_s": engine.load_report["seconds"].get("warm-up", 0.0)}
     return figures, lambda prompt, n: engine.complete(prompt, max_tokens=n, ignore_eos=True)

@@ -88,6 +88,14 @@ def test_engine_takes_over_the_import_begun_from_its_hint(tiny_model, tmp_path):
         expected = engine.complete("Hello", max_tokens=5).token_ids
     early = prefetch.start(model, "CPU", {}, tmp_path)  # as `ovpool worker` does before the engine
     assert early is not None
-    with Engine(model, cache_dir=tmp_path) as hit:
+    with Engine(model, cache_dir=tmp_path, early=early) as hit:
         assert hit.load_report["outcome"] == "hit" and hit.compiled is early.result()[0]
+        assert hit.complete("Hello", max_tokens=5).token_ids == expected
+    assert early.blob is None  # the engine took it over: its mapping went with the engine
+    other = tiny_model(weight_type="Q8_0")
+    Engine(other, cache_dir=tmp_path).close()
+    foreign = prefetch.start(other, "CPU", {}, tmp_path)  # another model's blob: not taken
+    with Engine(model, cache_dir=tmp_path, early=foreign) as hit:
+        assert hit.load_report["outcome"] == "hit" and hit.compiled is not foreign.result()[0]
+        assert foreign.blob is None  # let go of as soon as the load did not take it
         assert hit.complete("Hello", max_tokens=5).token_ids == expected

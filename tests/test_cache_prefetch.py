@@ -1,6 +1,7 @@
 """A hit's import begun before its lookup (ovpool.cache.prefetch), against the toy graph: taken over
 only when the lookup chose the same blob file, device and config; never a wrong or corrupt model."""
 
+import gc
 import os
 
 import cache_toy
@@ -22,18 +23,13 @@ def toy(tmp_path):
     return CacheStore(tmp_path / "cache"), path
 
 
-@pytest.fixture(autouse=True)
-def nothing_pending():
-    prefetch.claim()
-    yield
-    prefetch.claim()
-
-
-def load(cache, model_file):
-    """A load as an engine's: remembered under the hint key of (model file, CPU, default settings)."""
+def load(cache, model_file, early=None):
+    """A load as an engine's: remembered under the hint key of (model file, CPU, default settings),
+    handed the import ``early`` begun from the hint."""
     key = prefetch.hint_key(model_file, "CPU", Settings.coerce(None))
     return load_compiled(CORE, identity=cache_toy.identity(model_file), device="CPU", config={},
-                         build=cache_toy.build, cache_dir=cache.root, cache_only=False, hint=key)
+                         build=cache_toy.build, cache_dir=cache.root, cache_only=False, hint=key,
+                         early=early)
 
 
 def start(cache, model_file, settings=None):
@@ -47,10 +43,20 @@ def test_a_hit_takes_over_the_import_begun_from_the_hint(toy):
     assert written.outcome == "wrote"
     early = start(cache, model_file)
     assert early is not None and early.path == cache.blob_path(only_entry(cache)[1])
-    hit = load(cache, model_file)
-    assert hit.outcome == "hit" and hit.compiled is early.result()[0]
+    hit = load(cache, model_file, early)
+    assert hit.outcome == "hit" and hit.compiled is early.result()[0] and hit.blob is early
     np.testing.assert_array_equal(cache_toy.run(hit.compiled), EXPECTED)
     assert cache.hits(only_entry(cache)[1]) == 1
+
+
+def test_a_hit_owns_the_mapping_its_compiled_model_runs_on(toy):
+    cache, model_file = toy
+    load(cache, model_file)
+    with load(cache, model_file) as hit:  # no import begun early: the lookup maps the blob itself
+        assert hit.outcome == "hit" and hit.blob is not None
+        gc.collect()  # only the result holds the mapping: OpenVINO's compiled model keeps none
+        np.testing.assert_array_equal(cache_toy.run(hit.compiled), EXPECTED)
+    assert hit.blob.blob is None
 
 
 def test_other_settings_or_a_touched_model_file_have_no_hint(toy):
@@ -69,8 +75,8 @@ def test_an_import_of_another_file_is_not_taken(toy):
     copy = early.path.with_suffix(".copy")  # the same bytes in another file, as a re-export writes
     copy.write_bytes(early.path.read_bytes())
     copy.rename(early.path)
-    hit = load(cache, model_file)
-    assert hit.outcome == "hit" and hit.compiled is not early.result()[0]
+    hit = load(cache, model_file, early)
+    assert hit.outcome == "hit" and hit.compiled is not early.result()[0] and hit.blob is not early
     np.testing.assert_array_equal(cache_toy.run(hit.compiled), EXPECTED)
 
 
@@ -79,8 +85,9 @@ def test_a_corrupt_blob_imported_early_is_still_a_miss_and_removed(toy):
     load(cache, model_file)
     bad = only_entry(cache)[1]
     flip_middle_bit(cache, bad)
-    assert start(cache, model_file) is not None
-    again = load(cache, model_file)
+    early = start(cache, model_file)
+    assert early is not None
+    again = load(cache, model_file, early)
     assert again.outcome == "wrote" and only_entry(cache)[1].created > bad.created
     np.testing.assert_array_equal(cache_toy.run(again.compiled), EXPECTED)
 

@@ -62,7 +62,7 @@ def test_greedy_batched_equals_alone_with_joins_and_chunked_prefill(engine):
 
 def test_preemption_under_a_small_kv_cache_keeps_outputs_identical(engine):
     runner = PagedRunner(engine.compiled, num_blocks=4)  # 128 positions for 3 requests
-    batcher = Batcher(engine, runner, max_running=3, prefill_chunk=8, max_prompt_tokens=100)
+    batcher = Batcher(engine, runner, max_running=3, prefill_chunk=8)
     reqs = [(str(i), PROMPTS[i], SamplingParams(max_tokens=40, ignore_eos=True)) for i in range(3)]
     preempted = []
     plan = batcher.scheduler.plan
@@ -156,7 +156,7 @@ def test_cancel_frees_blocks_and_bad_requests_fail_clearly(engine):
 
 def test_a_sequence_outgrowing_the_cache_fails_with_a_clear_error(engine):
     runner = PagedRunner(engine.compiled, num_blocks=1)  # 32 positions
-    batcher = Batcher(engine, runner, max_running=2, prefill_chunk=8, max_prompt_tokens=100)
+    batcher = Batcher(engine, runner, max_running=2, prefill_chunk=8)
     with pytest.raises(Exception, match="kv_cache_mb"):
         batcher.add("too-long", "word " * 20, SamplingParams(max_tokens=4))
     done, _, failed = drain(batcher, {0: [("grows", PROMPTS[0], SamplingParams(max_tokens=60,
@@ -202,8 +202,8 @@ def test_requests_started_before_the_paged_graph_is_ready_finish_unbatched(engin
 
     from ovpool.worker.backend import Interleaved
 
-    ready, load = threading.Event(), Batcher.load
-    monkeypatch.setattr(Batcher, "load", classmethod(lambda cls, *args: ready.wait() and load(*args)))
+    ready, load = threading.Event(), engine.paged_graph
+    monkeypatch.setattr(engine, "paged_graph", lambda: ready.wait() and load())
     backend = EngineBackend(engine, slots=3)
     params = SamplingParams(max_tokens=10, ignore_eos=True)
     backend.add("early", PROMPTS[0], params)  # the worker serves before the paged graph exists

@@ -40,21 +40,37 @@ COMPILE_CONFIG = {"CACHE_MODE": "OPTIMIZE_SPEED"}
 
 @dataclass(frozen=True)
 class LoadResult:
+    """A compiled graph and how it came; a context manager: a hit's compiled model runs on the
+    mapped blob (``blob``), which ``close`` lets go of, so close it only once the model is unused."""
+
     compiled: ov.CompiledModel
     outcome: str  # "hit", "wrote" (compiled and exported), "compiled" (no cache or export skipped)
     # or "shared" (another user's compiled model, e.g. the worker's batcher reusing the engine's)
     entry: str | None
     seconds: float
     decode: Any = None  # a paged graph's ovpool.worker.graph.decode.DecodeGraph
+    blob: prefetch.BlobImport | None = None  # a hit's import, owner of the blob's memory map
+
+    def close(self) -> None:
+        if self.blob is not None:
+            self.blob.close()
+
+    def __enter__(self) -> LoadResult:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 def load_compiled(core: ov.Core, *, identity: GraphIdentity, device: str, config: dict,
                   build: Callable[[], ov.Model], cache_dir: str | Path | None,
-                  cache_only: bool, hint: str | None = None) -> LoadResult:
+                  cache_only: bool, hint: str | None = None,
+                  early: prefetch.BlobImport | None = None) -> LoadResult:
     """The compiled graph; ``hint``: the key under which a hit or export is remembered for the next
-    start's early import (ovpool.cache.prefetch; an engine's own graph only)."""
+    start's early import (ovpool.cache.prefetch; an engine's own graph only); ``early``: that
+    import, begun by the caller, taken over by a hit on its blob (``result.blob is early``) and
+    otherwise left to the caller to close."""
     start = time.perf_counter()
-    started = prefetch.claim()  # dropped here unless this load's hit is that blob
     if "CACHE_DIR" in config:
         raise CacheUnsupportedError("OpenVINO's own CACHE_DIR is not used; pass cache_dir instead")
     if not cache_dir:
@@ -65,12 +81,12 @@ def load_compiled(core: ov.Core, *, identity: GraphIdentity, device: str, config
     if not _cacheable(device, identity, cache_only):
         return LoadResult(compile_model(core, build(), device, config), "compiled", None, _since(start))
     lookup = Lookup.create(core, cache_dir, identity, device, config)
-    compiled, found = _try_hit(lookup, core, device, config, cache_only, started, hint)
-    if compiled is not None:
-        return LoadResult(compiled, "hit", found, _since(start))
+    hit, found = _try_hit(lookup, core, device, config, cache_only, early, hint)
+    if hit is not None:
+        return LoadResult(hit[0], "hit", found, _since(start), blob=hit[1])
     log.info("model cache MISS %s: %s", lookup.family, found)
-    compiled, outcome, entry = _compile_and_export(lookup, core, device, config, build, hint)
-    return LoadResult(compiled, outcome, entry, _since(start))
+    compiled, outcome, entry, blob = _compile_and_export(lookup, core, device, config, build, hint)
+    return LoadResult(compiled, outcome, entry, _since(start), blob=blob)
 
 
 def compile_model(core: ov.Core, model: ov.Model, device: str, config: dict) -> ov.CompiledModel:
@@ -95,16 +111,17 @@ def _cacheable(device: str, identity: GraphIdentity, cache_only: bool) -> bool:
     return False
 
 
-def _try_hit(lookup: Lookup, core, device, config, cache_only, started=None,
-             hint=None) -> tuple[ov.CompiledModel | None, str]:
-    """(compiled, entry id) on a hit, else (None, why it missed); cache-only mode raises instead."""
+def _try_hit(lookup: Lookup, core, device, config, cache_only, early=None,
+             hint=None) -> tuple[tuple[ov.CompiledModel, prefetch.BlobImport] | None, str]:
+    """((compiled, its blob's import), entry id) on a hit, else (None, why it missed); cache-only
+    mode raises instead."""
     try:
         entry, reason = lookup.find()
         if entry is not None:
-            compiled = lookup.import_entry(core, entry, device, config, started)
+            hit = lookup.import_entry(core, entry, device, config, early)
             log.info("model cache HIT %s", entry.id)
             prefetch.remember(lookup.store, hint, entry.blob, device, config)
-            return compiled, entry.id
+            return hit, entry.id
     except CacheCorruptError as exc:
         if cache_only:
             raise CacheCorruptError(f"model cache-only mode: {exc}; the entry was removed, populate the "
@@ -119,7 +136,8 @@ def _try_hit(lookup: Lookup, core, device, config, cache_only, started=None,
 
 
 def _compile_and_export(lookup: Lookup, core, device, config, build,
-                        hint) -> tuple[ov.CompiledModel, str, str | None]:
+                        hint) -> tuple[ov.CompiledModel, str, str | None, prefetch.BlobImport | None]:
+    """(compiled, outcome, entry id, the blob's import if it was a hit after all)."""
     with contextlib.ExitStack() as stack:
         try:
             lookup.store.prepare()
@@ -127,20 +145,20 @@ def _compile_and_export(lookup: Lookup, core, device, config, build,
         except OSError as exc:
             log.warning("model cache: %s is not writable (%s); compiling without exporting",
                         lookup.store.root, exc)
-            return compile_model(core, build(), device, config), "compiled", None
+            return compile_model(core, build(), device, config), "compiled", None, None
         # Look again: the process that held the lock before us may have exported this graph.
-        compiled, entry = _try_hit(lookup, core, device, config, cache_only=False, hint=hint)
-        if compiled is not None:
-            return compiled, "hit", entry
+        hit, entry = _try_hit(lookup, core, device, config, cache_only=False, hint=hint)
+        if hit is not None:
+            return hit[0], "hit", entry, hit[1]
         compiled = compile_model(core, build(), device, config)
         try:
             entry = _export(lookup, compiled)
         except OSError as exc:
             log.warning("model cache: export failed (%s); going on with the compiled model", exc)
-            return compiled, "compiled", None
+            return compiled, "compiled", None, None
         log.info("model cache WROTE %s", entry.id)
         prefetch.remember(lookup.store, hint, entry.blob, device, config)
-        return compiled, "wrote", entry.id
+        return compiled, "wrote", entry.id, None
 
 
 def _export(lookup: Lookup, compiled: ov.CompiledModel) -> Entry:

@@ -81,26 +81,30 @@ class Lookup:
         return f"no entry with this fingerprint; the nearest differs in {shown}"
 
     def import_entry(self, core: ov.Core, entry: Entry, device: str, config: dict,
-                     started: BlobImport | None = None) -> ov.CompiledModel:
-        """Import and verify ``entry`` (taking over ``started`` if it is this blob's import, see
-        ovpool.cache.prefetch); an unusable blob is dropped and raises CacheCorruptError."""
+                     early: BlobImport | None = None) -> tuple[ov.CompiledModel, BlobImport]:
+        """Import and verify ``entry``: (compiled model, the import that maps its blob, to be
+        kept open while the model is used). ``early`` is taken over if it is this blob's import
+        (see ovpool.cache.prefetch); an unusable blob is dropped and raises CacheCorruptError."""
         path = self.store.blob_path(entry)
+        taken = early is not None and early.serves(path, entry.size, device, config)
+        blob = early if taken else None
         try:
-            if started is not None and started.serves(path, entry.size, device, config):
+            if taken:
                 log.info("model cache: import of %s begun before the lookup", entry.blob)
             else:
                 self.store.check_blob(entry)
-                started = BlobImport(core, path, device, config)
-            compiled, checksum = started.result()
+                blob = BlobImport(core, path, device, config)
+            compiled, checksum = blob.result()
             if checksum != entry.checksum:
                 raise CacheCorruptError(f"blob {entry.blob} fails its checksum (expected "
                                         f"{entry.checksum}, found {checksum})")
         except CacheCorruptError:
+            if blob is not None and not taken:
+                blob.close()
             self.drop(entry)
             raise
-        compiled._ovpool_blob = started.blob  # the imported model may point into the mapping
         self.store.record_hit(entry)
-        return compiled
+        return compiled, blob
 
     def drop(self, entry: Entry) -> None:
         log.warning("model cache: removing unusable entry %s", entry.id)

@@ -5,11 +5,13 @@ is known only once the fingerprint is computed: after the graph builder's module
 the GGUF header is read, ~0.3 s of single-threaded Python in a fresh process. So each hit or export
 of an engine's graph leaves a hint: under a key of what a process knows before any of that (the
 model file and its identity, the device, the graph settings as given), the blob it used and the
-compile config. ``start`` (ovpool's commands call it before importing the engine; Engine calls it
-too) looks the hint up and begins importing that blob and computing its checksum, on two threads
-(OpenVINO's import and zlib release the GIL). The lookup takes the import over (``claim``) only if
-the fingerprint chose the same blob file (same inode, size and mtime), device and config, and it
-still checks the checksum against the entry: a stale hint costs CPU time, never a wrong model.
+compile config. ``start`` (ovpool's commands call it before importing the engine and hand the
+import to it; an Engine given none calls it itself) looks the hint up and begins importing that
+blob and computing its checksum, on two threads (OpenVINO's import and zlib release the GIL). The
+caller holds the BlobImport and hands it to its load (``load_compiled(early=...)``), which takes it
+over only if the fingerprint chose the same blob file (same inode, size and mtime), device and
+config, and still checks the checksum against the entry: a stale hint costs CPU time, never a
+wrong model.
 """
 
 from __future__ import annotations
@@ -34,18 +36,35 @@ from ovpool.settings import Settings
 
 
 class BlobImport:
-    """One blob being imported (``core.import_model``) and checksummed, each on its own thread."""
+    """One blob being imported (``core.import_model``) and checksummed, each on its own thread; the
+    owner of the blob's memory map, so a context manager.
+
+    The compiled model it imports runs on the mapped bytes, and OpenVINO keeps no reference to the
+    mapping (closing it under a live compiled model crashes the process, measured): close it only
+    after every user of the compiled model is gone. Whoever holds the import closes it: the load
+    result that took it over (``LoadResult.close``), else whoever began it.
+    """
 
     def __init__(self, core: ov.Core, path: Path, device: str, config: Mapping[str, Any]):
         self.path, self.device, self.config = Path(path), device, dict(config)
         with open(self.path, "rb") as f:  # the identity of exactly the file that gets mapped
             self.identity = _identity(os.fstat(f.fileno()))
             # Copy-on-write: pages stay clean, shared with other workers through the page cache.
-            self.blob = np.memmap(f, dtype=np.uint8, mode="c")
+            self.blob: np.memmap | None = np.memmap(f, dtype=np.uint8, mode="c")
         pool = ThreadPoolExecutor(2, thread_name_prefix="ovpool-blob")
         self._compiled = pool.submit(_import, core, self.blob, device, self.config, self.path.name)
         self._checksum = pool.submit(crc32_of, self.blob)
         pool.shutdown(wait=False)  # the threads end with their work
+
+    def close(self) -> None:
+        """Let go of the mapping: unmapped once the import's own threads are done with it too."""
+        self.blob = None
+
+    def __enter__(self) -> BlobImport:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def serves(self, path: Path, size: int, device: str, config: Mapping[str, Any]) -> bool:
         """Whether this import is of the file now at ``path`` (``size`` bytes), for ``device``
@@ -95,18 +114,14 @@ def remember(store: CacheStore, key: str | None, blob: str, device: str, config:
         store.write_text(path, text)
 
 
-_started: BlobImport | None = None
-
-
 def start(model: str | Path, device: str | None = None, settings: Settings | Mapping[str, Any] | None = None,
           cache_dir: str | Path | None = None, core: ov.Core | None = None) -> BlobImport | None:
     """Begin importing the blob that ``Engine(model, device, settings, cache_dir)`` used last, if
-    the cache has a hint for it (and none is pending: one per process until ``claim``); the import
-    begun, or None. Without a cache directory, hint or blob the engine loads as it would have."""
-    global _started
+    the cache has a hint for it; the import begun (the caller's to hand to that Engine, as
+    ``early``), or None. Without a cache directory, hint or blob the engine loads as it would have."""
     settings = Settings.coerce(settings)
     cache_dir = cache_dir or settings.cache_dir
-    if _started is not None or not cache_dir:
+    if not cache_dir:
         return None
     device = device or settings.device
     store = CacheStore(cache_dir)
@@ -116,12 +131,5 @@ def start(model: str | Path, device: str | None = None, settings: Settings | Map
         key = hint_key(resolve_model_path(model), device, settings)
         hint = json.loads(store.hint_path(key).read_text())
         blob = store.blobs_dir / Path(hint["blob"]).name
-        _started = BlobImport(core or ov.Core(), blob, hint["device"], hint["config"])
-    return _started
-
-
-def claim() -> BlobImport | None:
-    """The import ``start`` began, handed over once (then dropped by whoever does not use it)."""
-    global _started
-    started, _started = _started, None
-    return started
+        return BlobImport(core or ov.Core(), blob, hint["device"], hint["config"])
+    return None

@@ -40,13 +40,13 @@ def generate_command(prompt: str, model: str, max_tokens: int, temperature: floa
     settings = resolve_settings(assignments, device=device, cache_dir=cache_dir, cache_only=cache_only)
     if settings.source("decode_graph") == "default" and max_tokens < DECODE_GRAPH_MIN_TOKENS:
         settings = settings.replace(decode_graph="off")
-    prefetch.start(model, settings=settings)  # a likely cache hit imports while the engine's modules do
+    early = prefetch.start(model, settings=settings)  # a likely hit imports while the engine's modules do
     from ovpool.sampling_params import SamplingParams
     from ovpool.worker.engine import Engine
 
     params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                             seed=seed, stop=stop, ignore_eos=ignore_eos)
-    with Engine(model, settings=settings) as engine:
+    with Engine(model, settings=settings, early=early) as engine:
         report = engine.load_report
         click.echo(f"loaded {engine.name} on {engine.device} ({report['outcome']}) in "
                    f"{sum(report['seconds'].values()):.2f} s", err=True)

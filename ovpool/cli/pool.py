@@ -59,21 +59,25 @@ def worker_command(broker: str | None, model: str, backend: str, name: str | Non
                    assignments: tuple[str, ...], **flags: Any) -> None:
     """Run a worker process serving one model on one device."""
     settings = resolve_settings(assignments, broker=broker, **flags)
+    early = None
     if backend == "engine":
         from ovpool.cache import prefetch
 
-        prefetch.start(model, settings=settings)  # a likely cache hit imports while the rest does
+        early = prefetch.start(model, settings=settings)  # a likely hit imports while the rest does
     from ovpool.worker.process import Worker
 
-    with _backend(backend, model, settings, token_delay) as (be, load_report), stop_on_signals() as stop, \
+    with _backend(backend, model, settings, token_delay, early) as (be, load_report), \
+            stop_on_signals() as stop, \
             Worker(settings.broker, be, settings=settings, device=settings.device, name=name,
                    load_report=load_report) as worker:
         worker.run(stop)
 
 
 @contextlib.contextmanager
-def _backend(kind: str, model: str, settings: Any, token_delay: float) -> Iterator[tuple[Any, dict]]:
-    """(backend, the Engine's load report: {} for the null backend)."""
+def _backend(kind: str, model: str, settings: Any, token_delay: float,
+             early: Any = None) -> Iterator[tuple[Any, dict]]:
+    """(backend, the Engine's load report: {} for the null backend); ``early``: the Engine's
+    import begun by prefetch.start."""
     from ovpool.worker.backend import EngineBackend, NullBackend
 
     if kind == "null":
@@ -82,9 +86,8 @@ def _backend(kind: str, model: str, settings: Any, token_delay: float) -> Iterat
     from ovpool.worker.engine import Engine
 
     with Engine(model, device=settings.device, settings=settings, cache_dir=settings.cache_dir or None,
-                cache_only=settings.cache_only) as engine:
-        yield (EngineBackend(engine, settings.slots, settings.max_prompt_tokens, aliases=[model]),
-               engine.load_report)
+                cache_only=settings.cache_only, early=early) as engine:
+        yield EngineBackend(engine, settings.slots, aliases=[model]), engine.load_report
 
 
 @click.command("complete")

@@ -15,13 +15,18 @@ import math
 import random
 import time
 import zlib
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ovpool.completion import Completion, Delta, Logprob, TokenLogprobs, Usage
 from ovpool.errors import InferenceError, InvalidRequestError, OvpoolError
 from ovpool.sampling_params import SamplingParams
 from ovpool.worker.events import Event, Failed, Finished, Token
 from ovpool.worker.generate.limits import check_prompt_length
+
+if TYPE_CHECKING:  # OpenVINO underneath: not imported for NullBackend users
+    from ovpool.worker.engine import Engine
+    from ovpool.worker.generate.batcher import Batcher
+    from ovpool.worker.generate.generation import Generation
 
 __all__ = ["Backend", "EngineBackend", "Event", "Failed", "Finished", "NullBackend", "Token"]
 log = logging.getLogger("ovpool.worker")
@@ -135,31 +140,35 @@ class EngineBackend:
     started that way finish that way.
     """
 
-    def __init__(self, engine: Any, slots: int = 8, max_prompt_tokens: int = 8192,
-                 aliases: list[str] | None = None):
+    def __init__(self, engine: Engine, slots: int = 8, aliases: list[str] | None = None):
         self.engine = engine
         self.models = list(dict.fromkeys([engine.name, *(aliases or [])]))
         self.slots = slots
-        self._interleaved = Interleaved(engine, max_prompt_tokens)
-        self._batcher: Any = None
-        self._loading = _load_batcher(engine, slots, max_prompt_tokens)
+        self._interleaved = Interleaved(engine)
+        self._batcher: Batcher | None = None
+        self._loading = _load_batcher(engine, slots)
 
     @property
-    def runs(self) -> Any:
-        """Where new requests go: the Batcher once it has loaded, else ``Interleaved``."""
+    def runs(self) -> Batcher | Interleaved:
+        """Where new requests go: the Batcher once it has loaded (see ``_take_batcher``), else
+        ``Interleaved``."""
+        return self._batcher or self._interleaved
+
+    def _take_batcher(self) -> None:
+        """Take the Batcher over once the paged graph has loaded (or say why there is none)."""
         if self._loading is not None and self._loading.done():
             loading, self._loading = self._loading, None
             try:
                 self._batcher = loading.result()
             except Exception as exc:  # the worker keeps serving without batching; say why
                 log.error("continuous batching is off: %s; running each sequence on its own", exc)
-        return self._batcher or self._interleaved
 
     def wait_batching(self, timeout: float | None = None) -> bool:
         """Wait for the paged graph; whether new requests are now batched."""
         if self._loading is not None:
             concurrent.futures.wait([self._loading], timeout)
-        return self.runs is not self._interleaved
+        self._take_batcher()
+        return self._batcher is not None
 
     @property
     def active(self) -> int:
@@ -167,6 +176,7 @@ class EngineBackend:
 
     def add(self, request_id: str, prompt: PromptOrMessages, params: SamplingParams) -> None:
         _check_room(self.active, self.slots)
+        self._take_batcher()
         _translated(self.runs.add, request_id, prompt, params)
 
     def cancel(self, request_id: str) -> None:
@@ -176,7 +186,8 @@ class EngineBackend:
 
     def step(self) -> list[Event]:
         events = self._interleaved.step() if self._interleaved.active else []
-        if self.runs is self._batcher:
+        self._take_batcher()
+        if self._batcher is not None:
             events += self._batcher.step()
         return events
 
@@ -186,18 +197,20 @@ class EngineBackend:
         if not self.engine.warmed:
             self.engine.warm_up()
             log.info("kernels set up while idle in %.2f s", self.engine.load_report["seconds"]["warm-up"])
-        batcher = self._batcher if self.runs is self._batcher else None
-        if batcher is not None:
-            batcher.warm_up()
+        self._take_batcher()
+        if self._batcher is not None:
+            self._batcher.warm_up()
 
 
-def _load_batcher(engine: Any, slots: int, max_prompt_tokens: int) -> concurrent.futures.Future | None:
+def _load_batcher(engine: Engine, slots: int) -> concurrent.futures.Future | None:
+    """The Batcher, made on a thread of its own: the engine loads the paged graph, the Batcher
+    runs on it."""
     if engine.settings.batching != "paged":
         return None
     from ovpool.worker.generate.batcher import Batcher  # OpenVINO: not for NullBackend users
 
     pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="paged-graph")
-    future = pool.submit(Batcher.load, engine, slots, max_prompt_tokens)
+    future = pool.submit(lambda: Batcher.from_graph(engine, engine.paged_graph(), max_running=slots))
     pool.shutdown(wait=False)
     return future
 
@@ -205,10 +218,9 @@ def _load_batcher(engine: Any, slots: int, max_prompt_tokens: int) -> concurrent
 class Interleaved:
     """Engine generations side by side, each advanced by its own forward pass per ``step()``."""
 
-    def __init__(self, engine: Any, max_prompt_tokens: int):
+    def __init__(self, engine: Engine):
         self.engine = engine
-        self.max_prompt_tokens = max_prompt_tokens
-        self._generations: dict[str, Any] = {}
+        self._generations: dict[str, Generation] = {}
 
     @property
     def active(self) -> int:
@@ -216,12 +228,6 @@ class Interleaved:
 
     def add(self, request_id: str, prompt: PromptOrMessages, params: SamplingParams) -> None:
         gen = self.engine.generation(prompt, params, prefill_chunk=self.engine.settings.prefill_chunk)
-        n = len(gen.prompt_ids)
-        try:
-            check_prompt_length(n, self.max_prompt_tokens)
-        except InvalidRequestError:
-            gen.close()
-            raise
         self._generations[request_id] = gen
 
     def cancel(self, request_id: str) -> None:

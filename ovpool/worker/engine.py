@@ -8,6 +8,7 @@ its own KV cache) from a pool, so several can be interleaved; finished sessions 
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -23,7 +24,8 @@ from ovpool.errors import InvalidRequestError
 from ovpool.sampling_params import SamplingParams
 from ovpool.settings import Settings
 from ovpool.worker.generate.batch import PagedSession
-from ovpool.worker.generate.generation import Generation, check_prompt
+from ovpool.worker.generate.generation import Generation
+from ovpool.worker.generate.limits import check_max_tokens, check_prompt
 from ovpool.worker.generate.penalties import check_vocab
 from ovpool.worker.generate.session import Session, warm_up
 from ovpool.worker.gguf.model import GGUFModel
@@ -39,12 +41,15 @@ class Engine:
     """``Engine(model, device, settings, cache_dir, cache_only)``; ``model`` is a GGUF path or alias.
 
     ``device``, ``cache_dir`` and ``cache_only`` left as None come from ``settings`` (flag >
-    environment > default, see ``ovpool settings``).
+    environment > default, see ``ovpool settings``). ``early``: the import ``prefetch.start``
+    began for this engine (ovpool's commands begin it before importing the engine's modules); the
+    engine takes it over, and begins its own without one.
     """
 
     def __init__(self, model: str | Path, device: str | None = None,
                  settings: Settings | Mapping[str, Any] | None = None,
-                 cache_dir: str | Path | None = None, cache_only: bool | None = None):
+                 cache_dir: str | Path | None = None, cache_only: bool | None = None,
+                 early: prefetch.BlobImport | None = None):
         self.settings = Settings.coerce(settings)
         self.device = device or self.settings.device
         self.core = ov.Core()
@@ -52,7 +57,7 @@ class Engine:
         self.cache_dir = cache_dir or self.settings.cache_dir or None
         self.cache_only = self.settings.cache_only if cache_only is None else cache_only
         # A likely cache hit imports (OpenVINO releases the GIL) while the GGUF header is read.
-        prefetch.start(model, self.device, self.settings, self.cache_dir, self.core)
+        early = early or prefetch.start(model, self.device, self.settings, self.cache_dir, self.core)
         phases: dict[str, float] = {}
         with _phase(phases, "open"):
             self.model = GGUFModel.open(model)
@@ -61,7 +66,10 @@ class Engine:
         self.attention = loading.choose_attention(self.settings, self.device, self.core, self.cache_dir)
         self.graph_settings = {**graph.resolve_auto(self.settings, self.device, self.core),
                                "attention": self.attention}
-        self.load_result = result = self._load()
+        self.load_result = result = self._load(early)
+        if early is not None and result.blob is not early:
+            early.close()  # a stale hint: another blob (or none) was loaded
+        self._graphs = [result]  # every graph this engine loaded: closed with it
         self.compiled = result.compiled
         # The compiled model holds its own weights: unmapping the file frees its pages (~its size).
         self.model.close()
@@ -73,11 +81,27 @@ class Engine:
         if self.settings.warm_up == "load":
             self.warm_up()
 
-    def _load(self) -> LoadResult:
+    def _load(self, early: prefetch.BlobImport | None) -> LoadResult:
         return loading.load_graph(self.model, self.settings.replace(attention=self.attention),
                                   self.device, self.core, cache_dir=self.cache_dir,
                                   cache_only=self.cache_only,
-                                  hint=prefetch.hint_key(self.model.path, self.device, self.settings))
+                                  hint=prefetch.hint_key(self.model.path, self.device, self.settings),
+                                  early=early)
+
+    def paged_graph(self) -> LoadResult:
+        """The paged graph to batch with (ovpool.worker.generate.batcher): the engine's own if it
+        runs one (outcome ``shared``), else loaded through the cache; it stays the engine's (closed
+        with it), and how it came is in ``load_report["paged"]``."""
+        if self.attention == "paged":
+            result = dataclasses.replace(self.load_result, outcome="shared", seconds=0.0)
+        else:
+            result = loading.load_paged(self.model, self.settings, self.device, self.core,
+                                        cache_dir=self.cache_dir, cache_only=self.cache_only)
+            self._graphs.append(result)
+            self.model.close()  # as after the engine's own graph: the compiled one holds its weights
+        self.load_report["paged"] = {"outcome": result.outcome, "entry": result.entry,
+                                     "seconds": result.seconds}
+        return result
 
     def warm_up(self) -> None:
         """Set the device's kernels up now (once; seconds in ``load_report``), not in a request
@@ -133,16 +157,19 @@ class Engine:
         finally:
             self._release(session)
 
+    def admit(self, prompt: Prompt, params: SamplingParams) -> list[int]:
+        """The prompt's token ids, once the request is within every limit (ovpool.worker.generate.limits)."""
+        check_max_tokens(params.max_tokens, self.settings.max_new_tokens)
+        ids = self.prompt_ids(prompt)
+        self._check(ids, new_tokens=1)
+        check_vocab(params, self.hparams.vocab_size)
+        return ids
+
     def generation(self, prompt: Prompt, params: SamplingParams | None = None,
                    prefill_chunk: int | None = None) -> Generation:
         """A Generation to drive with ``step()``; ``prefill_chunk`` splits a long prompt over steps."""
         params = params or SamplingParams()
-        if params.max_tokens > self.settings.max_new_tokens:
-            raise InvalidRequestError(f"max_tokens = {params.max_tokens} exceeds max_new_tokens = "
-                                      f"{self.settings.max_new_tokens}; lower it or raise that setting")
-        ids = self.prompt_ids(prompt)
-        self._check(ids, new_tokens=1)
-        check_vocab(params, self.hparams.vocab_size)
+        ids = self.admit(prompt, params)
         return Generation(self._acquire(), self._release, ids, params, self.tokenizer,
                           context_length=self.hparams.context_length, prefill_chunk=prefill_chunk)
 
@@ -177,6 +204,9 @@ class Engine:
     def close(self) -> None:
         self._idle.clear()
         self.compiled = None
+        for result in self._graphs:  # last: a hit's compiled model runs on its mapped blob
+            result.close()
+        self._graphs.clear()
         self.model.close()
 
     def __enter__(self) -> Engine:

@@ -5,32 +5,35 @@ The Scheduler (pure logic) says which tokens of which requests go into the pass;
 the same code as a single-stream generation) takes the logits row of its last token. Requests
 join between steps and long prompts are prefilled in ``prefill_chunk`` pieces next to running
 decodes. A request whose sequence outgrows the whole KV cache fails with a clear error.
+The Batcher is handed its compiled graph (``Engine.paged_graph``, through ``from_graph``); the
+Engine loads, owns and closes it.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ovpool.errors import InferenceError, InvalidRequestError, OvpoolError
 from ovpool.sampling_params import SamplingParams
 from ovpool.worker.events import Event, Failed, Finished, Token
 from ovpool.worker.generate.batch import PagedRunner, PagedSession
-from ovpool.worker.generate.generation import Generation, check_prompt
-from ovpool.worker.generate.penalties import check_vocab
+from ovpool.worker.generate.generation import Generation
 from ovpool.worker.generate.scheduler import Scheduler
 from ovpool.worker.generate.session import warm_up
-from ovpool.worker.graph.loading import load_paged
+
+if TYPE_CHECKING:
+    from ovpool.cache.loader import LoadResult
+    from ovpool.worker.engine import Engine
 
 log = logging.getLogger("ovpool.worker")
 
 
 class Batcher:
-    def __init__(self, engine: Any, runner: PagedRunner, *, max_running: int, prefill_chunk: int,
-                 max_prompt_tokens: int):
+    """Continuous batching of ``engine``'s requests (its tokenizer, limits, sampling) on ``runner``."""
+
+    def __init__(self, engine: Engine, runner: PagedRunner, *, max_running: int, prefill_chunk: int):
         self.engine, self.runner = engine, runner
-        self.max_prompt_tokens = max_prompt_tokens
         self.scheduler = Scheduler(num_blocks=runner.num_blocks, block_size=runner.block_size,
                                    prefill_chunk=prefill_chunk, max_running=max_running)
         self._generations: dict[str, Generation] = {}
@@ -49,32 +52,20 @@ class Batcher:
         self.warmed = True
 
     @classmethod
-    def load(cls, engine: Any, max_running: int, max_prompt_tokens: int | None = None) -> Batcher:
-        """The paged graph of ``engine`` (its own if it runs one, else loaded through the cache)
-        with its KV blocks."""
-        s = engine.settings
-        if engine.attention == "paged":  # the engine's single-stream graph: nothing to compile
-            result = dataclasses.replace(engine.load_result, outcome="shared", seconds=0.0)
-        else:
-            result = load_paged(engine.model, s, engine.device, engine.core,
-                                cache_dir=engine.cache_dir, cache_only=engine.cache_only)
-            engine.model.close()  # as the Engine does: the compiled graph holds its own weights
-        runner = PagedRunner(result.compiled, s.kv_cache_mb, decode=result.decode)
-        engine.load_report["paged"] = {"outcome": result.outcome, "entry": result.entry,
-                                       "seconds": result.seconds, "kv_blocks": runner.num_blocks,
-                                       "block_size": runner.block_size}
+    def from_graph(cls, engine: Engine, graph: LoadResult, max_running: int) -> Batcher:
+        """A Batcher on ``graph`` (``engine.paged_graph()``) with ``kv_cache_mb`` of KV blocks."""
+        runner = PagedRunner(graph.compiled, engine.settings.kv_cache_mb, decode=graph.decode)
         log.info("continuous batching: %d KV blocks of %d positions (%.0f MiB), graph %s in %.1f s",
-                 runner.num_blocks, runner.block_size, runner.kv_bytes / 2**20, result.outcome,
-                 result.seconds)
-        return cls(engine, runner, max_running=max_running, prefill_chunk=s.prefill_chunk,
-                   max_prompt_tokens=max_prompt_tokens or s.max_prompt_tokens)
+                 runner.num_blocks, runner.block_size, runner.kv_bytes / 2**20, graph.outcome,
+                 graph.seconds)
+        return cls(engine, runner, max_running=max_running, prefill_chunk=engine.settings.prefill_chunk)
 
     @property
     def active(self) -> int:
         return len(self._generations)
 
     def add(self, request_id: str, prompt: Any, params: SamplingParams) -> None:
-        ids = self._prompt_ids(prompt, params)
+        ids = self.engine.admit(prompt, params)
         if not self.scheduler.fits(len(ids) + 1):
             raise InvalidRequestError(
                 f"the prompt has {len(ids)} tokens but the KV cache holds "
@@ -83,18 +74,6 @@ class Batcher:
         self._generations[request_id] = Generation(None, None, ids, params, self.engine.tokenizer,
                                                    context_length=h.context_length)
         self.scheduler.add(request_id, ids)
-
-    def _prompt_ids(self, prompt: Any, params: SamplingParams) -> list[int]:
-        limit = self.engine.settings.max_new_tokens
-        if params.max_tokens > limit:
-            raise InvalidRequestError(f"max_tokens = {params.max_tokens} exceeds max_new_tokens = {limit}; "
-                                      "lower it or raise that setting")
-        ids = self.engine.prompt_ids(prompt)
-        h = self.engine.hparams
-        check_prompt(ids, vocab_size=h.vocab_size, context_length=h.context_length,
-                     max_prompt_tokens=self.max_prompt_tokens, new_tokens=1)
-        check_vocab(params, h.vocab_size)
-        return ids
 
     def cancel(self, request_id: str) -> None:
         self.scheduler.finish(request_id)

@@ -15,24 +15,9 @@ import numpy as np
 from ovpool.completion import Completion, Delta, TokenLogprobs, Usage
 from ovpool.errors import InvalidRequestError
 from ovpool.sampling_params import SamplingParams
-from ovpool.worker.generate.limits import check_prompt_length
 from ovpool.worker.generate.logprobs import Logprobs
 from ovpool.worker.generate.sampler import Sampler, StopMatcher
 from ovpool.worker.generate.session import Session
-
-
-def check_prompt(ids: Sequence[int], *, vocab_size: int, context_length: int, max_prompt_tokens: int,
-                 new_tokens: int) -> None:
-    """Reject a prompt the model cannot take with ``new_tokens`` more, naming the numbers."""
-    if not ids:
-        raise InvalidRequestError("the prompt is empty: give at least one token")
-    bad = next((t for t in ids if not 0 <= t < vocab_size), None)
-    if bad is not None:
-        raise InvalidRequestError(f"token id {bad} is outside the vocabulary [0, {vocab_size})")
-    check_prompt_length(len(ids), max_prompt_tokens)
-    if len(ids) + new_tokens > context_length:
-        raise InvalidRequestError(f"the prompt has {len(ids)} tokens; with {new_tokens} new token(s) "
-                                  f"that exceeds the model's context of {context_length}; shorten it")
 
 
 class Generation:

@@ -3,6 +3,8 @@ backend checks them too)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from ovpool.errors import InvalidRequestError
 
 
@@ -11,3 +13,24 @@ def check_prompt_length(n_tokens: int, max_prompt_tokens: int) -> None:
     if n_tokens > max_prompt_tokens:
         raise InvalidRequestError(f"the prompt has {n_tokens} tokens, more than max_prompt_tokens = "
                                   f"{max_prompt_tokens}; shorten it or raise that setting")
+
+
+def check_max_tokens(max_tokens: int, max_new_tokens: int) -> None:
+    """The worker's limit on new tokens per request (setting max_new_tokens)."""
+    if max_tokens > max_new_tokens:
+        raise InvalidRequestError(f"max_tokens = {max_tokens} exceeds max_new_tokens = {max_new_tokens}; "
+                                  "lower it or raise that setting")
+
+
+def check_prompt(ids: Sequence[int], *, vocab_size: int, context_length: int, max_prompt_tokens: int,
+                 new_tokens: int) -> None:
+    """Reject a prompt the model cannot take with ``new_tokens`` more, naming the numbers."""
+    if not ids:
+        raise InvalidRequestError("the prompt is empty: give at least one token")
+    bad = next((t for t in ids if not 0 <= t < vocab_size), None)
+    if bad is not None:
+        raise InvalidRequestError(f"token id {bad} is outside the vocabulary [0, {vocab_size})")
+    check_prompt_length(len(ids), max_prompt_tokens)
+    if len(ids) + new_tokens > context_length:
+        raise InvalidRequestError(f"the prompt has {len(ids)} tokens; with {new_tokens} new token(s) "
+                                  f"that exceeds the model's context of {context_length}; shorten it")

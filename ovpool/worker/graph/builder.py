@@ -27,15 +27,24 @@ from ovpool.worker.graph import layers as L
 from ovpool.worker.graph import weights as W
 
 
-def _builder_sources() -> list[Path]:
+def builder_sources(worker: Path = Path(__file__).parent.parent) -> list[Path]:
     """Every module that shapes a graph: all of worker/graph/ (builder, layers, weights, paged,
     decode, loading) and worker/gguf/ (hparams, quant decoding). Derived from the folders, not
     listed by hand, so a new module can't be left out; over-covering only costs a recompile."""
-    worker = Path(__file__).parent.parent
     return sorted([*(worker / "graph").glob("*.py"), *(worker / "gguf").glob("*.py")])
 
 
-BUILDER_HASH = hashlib.sha256(b"".join(p.read_bytes() for p in _builder_sources())).hexdigest()
+def source_hash(sources: list[Path]) -> str:
+    """sha256 over each module's folder, name, size and bytes (moving code between modules counts)."""
+    digest = hashlib.sha256()
+    for path in sources:
+        data = path.read_bytes()
+        digest.update(f"{path.parent.name}/{path.name} {len(data)}\n".encode())
+        digest.update(data)
+    return digest.hexdigest()
+
+
+BUILDER_HASH = source_hash(builder_sources())
 
 _MAX = np.iinfo(np.int64).max
 _TYPES = {"i64": ov.Type.i64, "i32": ov.Type.i32, "f32": ov.Type.f32, "dynamic": ov.Type.dynamic}

@@ -24,6 +24,7 @@ import openvino.opset13 as ops
 
 from ovpool.cache.fingerprint import GraphIdentity
 from ovpool.cache.loader import LoadResult, load_compiled
+from ovpool.cache.prefetch import BlobImport
 from ovpool.cache.store import CacheStore
 from ovpool.errors import CacheUnsupportedError
 from ovpool.settings import Settings
@@ -60,21 +61,23 @@ def cache_identity(model: GGUFModel, settings: Settings, device: str,
 
 
 def load_graph(model: GGUFModel, settings: Settings, device: str, core: ov.Core, *,
-               cache_dir: str | Path | None, cache_only: bool, hint: str | None = None) -> LoadResult:
-    """The compiled graph for ``settings.attention`` (resolved: see choose_attention); ``hint``:
-    see load_compiled."""
+               cache_dir: str | Path | None, cache_only: bool, hint: str | None = None,
+               early: BlobImport | None = None) -> LoadResult:
+    """The compiled graph for ``settings.attention`` (resolved: see choose_attention); ``hint``
+    and ``early``: see load_compiled."""
     if settings.attention == "paged":
         return load_paged(model, settings, device, core, cache_dir=cache_dir, cache_only=cache_only,
-                          hint=hint)
+                          hint=hint, early=early)
     identity, config = cache_identity(model, settings, device, core)
     values = dict(identity.settings)
     return load_compiled(core, identity=identity, device=device, config=config,
                          build=lambda: graph.build_model(model, values),
-                         cache_dir=cache_dir, cache_only=cache_only, hint=hint)
+                         cache_dir=cache_dir, cache_only=cache_only, hint=hint, early=early)
 
 
 def load_paged(model: GGUFModel, settings: Settings, device: str, core: ov.Core, *,
-               cache_dir: str | Path | None, cache_only: bool, hint: str | None = None) -> LoadResult:
+               cache_dir: str | Path | None, cache_only: bool, hint: str | None = None,
+               early: BlobImport | None = None) -> LoadResult:
     """The paged graph of ``model``: its ports differ from the stateful graph's, so it has its own
     exact cache entry, used once the device can re-import it."""
     attention = PagedAttention()
@@ -93,7 +96,7 @@ def load_paged(model: GGUFModel, settings: Settings, device: str, core: ov.Core,
         return built[-1]
 
     result = load_compiled(core, identity=identity, device=device, config=config, build=build,
-                           cache_dir=cache_dir, cache_only=cache_only, hint=hint)
+                           cache_dir=cache_dir, cache_only=cache_only, hint=hint, early=early)
     if not decode_graph.wanted(settings.decode_graph, device, model.path):
         return result
 
