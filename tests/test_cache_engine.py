@@ -82,6 +82,17 @@ def test_engine_cache_only_names_a_changed_setting(tiny_model, tmp_path):
         Engine(model, settings={"kv_cache_precision": "f16"}, cache_dir=tmp_path, cache_only=True)
 
 
+@pytest.mark.parametrize("arch", ["qwen3", "gemma3"])
+def test_every_architecture_loads_from_the_cache_with_the_same_tokens(tiny_model, tmp_path, arch):
+    model = tiny_model(arch, "Q4_K")
+    with Engine(model, cache_dir=tmp_path) as engine:
+        assert engine.load_report["outcome"] == "wrote"
+        expected = engine.complete("the quick brown fox", max_tokens=12, ignore_eos=True).token_ids
+    with Engine(model, cache_dir=tmp_path, cache_only=True) as hit:
+        assert hit.load_report["outcome"] == "hit"
+        assert hit.complete("the quick brown fox", max_tokens=12, ignore_eos=True).token_ids == expected
+
+
 def test_engine_takes_over_the_import_begun_from_its_hint(tiny_model, tmp_path):
     model = tiny_model()
     with Engine(model, cache_dir=tmp_path) as engine:

@@ -142,3 +142,18 @@ def test_close_drops_the_mapping_and_raw_maps_again(tmp_path):
         first = m.raw("output_norm.weight").copy()
     assert m._memmap is None
     np.testing.assert_array_equal(m.raw("output_norm.weight"), first)
+
+
+def test_gemma3_hparams_follow_llama_cpp(tiny_model):
+    h = GGUFModel.open(tiny_model("gemma3", "F32")).hparams
+    # Every sixth layer global, the others local with the GGUF's window and RoPE base 10000.
+    assert h.local_layers == (0, 1, 2, 3, 4) and h.sliding_window == 5
+    assert (h.rope_base, h.rope_base_local) == (1e6, 1e4)
+    assert h.embed_scale == pytest.approx(8.0) and h.scale == pytest.approx(0.25)
+    assert h.qk_norm and h.post_norms and h.activation == "gelu_tanh"
+
+
+def test_qwen3_needs_its_qk_norms(tmp_path, tiny_model):
+    assert GGUFModel.open(tiny_model("qwen3", "F32")).hparams.qk_norm
+    with pytest.raises(ModelFormatError, match="tensor blk.0.attn_q_norm.weight is missing"):
+        GGUFModel.open(write_model(tmp_path / "m.gguf", "qwen3"))

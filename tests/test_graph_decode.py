@@ -8,6 +8,7 @@ import openvino as ov
 import pytest
 
 from ovpool import Engine
+from ovpool.testing.tiny import ARCHITECTURES
 from ovpool.worker.generate.batch import PagedRunner
 from ovpool.worker.generate.scheduler import Chunk
 from ovpool.worker.gguf.model import GGUFModel
@@ -18,7 +19,7 @@ from ovpool.worker.graph.paged import PagedAttention
 EXACT = {"inference_precision": "f32", "kv_cache_precision": "f32", "attention": "paged"}
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("arch", ARCHITECTURES)
 def test_decode_steps_run_on_the_one_token_graph_with_the_same_tokens(tiny_model, arch):
     path = tiny_model(arch, "Q4_1")
     runs = {}

@@ -12,6 +12,7 @@ import pytest
 from ovpool import Engine
 from ovpool.cache.store import CacheStore
 from ovpool.testing.reference import Reference
+from ovpool.testing.tiny import ARCHITECTURES
 from ovpool.worker.generate import batch
 from ovpool.worker.gguf.model import GGUFModel
 from ovpool.worker.graph import loading
@@ -20,7 +21,7 @@ from ovpool.worker.graph.loading import reimport_problem
 EXACT = {"inference_precision": "f32", "kv_cache_precision": "f32"}
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("arch", ARCHITECTURES)
 @pytest.mark.parametrize("weight_type", ["F16", "Q4_1", "Q4_K"])
 def test_paged_logits_match_the_numpy_reference(tiny_model, arch, weight_type):
     path = tiny_model(arch, weight_type, False)

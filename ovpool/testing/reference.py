@@ -1,8 +1,12 @@
-"""A NumPy float32 forward pass of a llama / qwen2 GGUF model, the yardstick for the graph.
+"""A NumPy float32 forward pass of a llama / qwen2 / qwen3 / gemma3 GGUF model, the yardstick for
+the graph.
 
 Written independently of the OpenVINO path: weights are dequantized with ``gguf.quants`` and RoPE
 is applied the way llama.cpp does on GGUF's own row layout (adjacent pairs for llama, whose Q/K rows
-the converter permuted; split halves, "NEOX" style, for qwen2), not via ovpool.worker.gguf.quants.
+the converter permuted; split halves, "NEOX" style, for the others), not via
+ovpool.worker.gguf.quants. The gemma3 parts follow llama.cpp's src/models/gemma3.cpp: embedding
+times sqrt(n_embd), Q/K RMSNorm, post-norms, GELU(tanh) gate, sliding-window local layers with
+their own RoPE base.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ class Reference:
     def logits(self, ids) -> np.ndarray:
         """Teacher-forced logits [len(ids), vocab] for one sequence."""
         h = self.h
-        x = self.weight("token_embd.weight")[np.asarray(ids)]
+        x = self.weight("token_embd.weight")[np.asarray(ids)] * np.float32(h.embed_scale)
         pos = np.arange(len(ids))
         for i in range(h.n_layers):
             x = self._block(i, x, pos)
@@ -47,10 +51,10 @@ class Reference:
             y = y + self.weight(name + ".bias")
         return y
 
-    def _rope(self, x, pos):
+    def _rope(self, x, pos, base):
         """x [seq, heads, head_dim] rotated by position, in the GGUF row layout of the arch."""
         d = self.h.head_dim
-        inv_freq = self.h.rope_base ** (-np.arange(0, d, 2) / d)
+        inv_freq = base ** (-np.arange(0, d, 2) / d)
         if "rope_freqs.weight" in self.model.tensors:
             inv_freq = inv_freq / self.weight("rope_freqs.weight")
         theta = pos[:, None] * inv_freq  # [seq, d/2]
@@ -68,20 +72,38 @@ class Reference:
             out[..., : d // 2], out[..., d // 2:] = ra, rb
         return out
 
-    def _block(self, i, x, pos):
+    def _attention(self, i, y, pos):
         h, b, n = self.h, f"blk.{i}.", len(pos)
-        y = self._norm(x, b + "attn_norm.weight")
-        q = self._rope(self._linear(y, b + "attn_q").reshape(n, h.n_heads, h.head_dim), pos)
-        k = self._rope(self._linear(y, b + "attn_k").reshape(n, h.n_kv_heads, h.head_dim), pos)
+        base = h.rope_base_local if h.local(i) else h.rope_base
+        q = self._linear(y, b + "attn_q").reshape(n, h.n_heads, h.head_dim)
+        k = self._linear(y, b + "attn_k").reshape(n, h.n_kv_heads, h.head_dim)
+        if h.qk_norm:
+            q, k = self._norm(q, b + "attn_q_norm.weight"), self._norm(k, b + "attn_k_norm.weight")
+        q, k = self._rope(q, pos, base), self._rope(k, pos, base)
         v = self._linear(y, b + "attn_v").reshape(n, h.n_kv_heads, h.head_dim)
         group = h.n_heads // h.n_kv_heads
         k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
-        scores = np.einsum("qhd,khd->hqk", q, k) / np.sqrt(h.head_dim)
-        scores = np.where(np.tril(np.ones((n, n), bool)), scores, -np.inf)
+        scores = np.einsum("qhd,khd->hqk", q, k) * np.float32(h.scale)
+        allowed = np.tril(np.ones((n, n), bool))
+        if h.local(i):  # the last sliding_window keys, the query's own included
+            allowed &= pos[:, None] - pos[None, :] < h.sliding_window
+        scores = np.where(allowed, scores, -np.inf)
         p = np.exp(scores - scores.max(-1, keepdims=True))
         p /= p.sum(-1, keepdims=True)
-        attn = np.einsum("hqk,khd->qhd", p, v).reshape(n, -1)
-        x = x + self._linear(attn, b + "attn_output")
+        return np.einsum("hqk,khd->qhd", p, v).reshape(n, -1)
+
+    def _post_norm(self, x, name):
+        return self._norm(x, name) if self.h.post_norms else x
+
+    def _block(self, i, x, pos):
+        b = f"blk.{i}."
+        attn = self._linear(self._attention(i, self._norm(x, b + "attn_norm.weight"), pos),
+                            b + "attn_output")
+        x = x + self._post_norm(attn, b + "post_attention_norm.weight")
         y = self._norm(x, b + "ffn_norm.weight")
         gate, up = self._linear(y, b + "ffn_gate"), self._linear(y, b + "ffn_up")
-        return x + self._linear(gate / (1 + np.exp(-gate)) * up, b + "ffn_down")
+        if self.h.activation == "gelu_tanh":
+            act = 0.5 * gate * (1 + np.tanh(np.sqrt(2 / np.pi) * (gate + 0.044715 * gate ** 3)))
+        else:
+            act = gate / (1 + np.exp(-gate))
+        return x + self._post_norm(self._linear(act * up, b + "ffn_down"), b + "post_ffw_norm.weight")

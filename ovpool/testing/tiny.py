@@ -1,4 +1,5 @@
-"""Tiny GGUF models for tests and benchmarks: llama or qwen2, any supported weight type, tied or not.
+"""Tiny GGUF models for tests and benchmarks: llama, qwen2, qwen3 or gemma3, any supported weight
+type, tied or not.
 
 Weights are deterministic by seed and scaled so logits are well-conditioned (a few units of spread:
 not all-equal, not exploding). The metadata carries everything llama.cpp writes for the
@@ -18,11 +19,15 @@ from ovpool.testing.kquants import QUANTIZERS
 from ovpool.testing.tiny_vocab import KINDS, Vocab, vocab, write_tokenizer
 
 WEIGHT_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K", "Q5_0")
-ARCHITECTURES = ("llama", "qwen2")
+ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3")
 # llama.cpp's LLAMA_FTYPE values for a file of one weight type (general.file_type).
 _FILE_TYPE = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q4_K": 15, "Q6_K": 18,
               "BF16": 32}
-_PRE = {"llama": "default", "qwen2": "qwen2"}
+_PRE = {"llama": "default", "qwen2": "qwen2", "qwen3": "qwen2", "gemma3": "default"}
+# gemma3: six layers hold both kinds (five local, one global, as llama.cpp's pattern of 6 has
+# them), and a window shorter than the test prompts, so sliding matters.
+_LAYERS = {"gemma3": 6}
+GEMMA3_WINDOW = 5
 
 
 def default_dims(weight_type: str) -> tuple[int, int]:
@@ -39,7 +44,7 @@ class TinySpec:
     weight_type: str = "Q4_1"
     tied: bool = True
     seed: int = 0
-    n_layers: int = 2
+    n_layers: int = 0            # 0: 2, or the architecture's own (_LAYERS)
     n_embd: int = 0
     n_heads: int = 4
     n_kv_heads: int = 2
@@ -60,6 +65,7 @@ class TinySpec:
         embd, ff = np.maximum(default_dims(self.weight_type), default_dims(self.embed_type)).tolist()
         object.__setattr__(self, "n_embd", self.n_embd or embd)
         object.__setattr__(self, "n_ff", self.n_ff or ff)
+        object.__setattr__(self, "n_layers", self.n_layers or _LAYERS.get(self.arch, 2))
         if self.tokenizer not in KINDS:
             raise ValueError(f"tokenizer must be one of {KINDS}")
         if self.n_embd % self.n_heads or self.n_heads % self.n_kv_heads:
@@ -114,8 +120,14 @@ def tensor_plan(spec: TinySpec) -> list[tuple[str, tuple[int, ...], str]]:
         if spec.arch == "qwen2":
             plan += [(b + "attn_q.bias", (e,), "bias"), (b + "attn_k.bias", (kv,), "bias"),
                      (b + "attn_v.bias", (kv,), "bias")]
-        plan += [(b + "attn_output.weight", (e, e), "matmul"),
-                 (b + "ffn_norm.weight", (e,), "norm"),
+        if spec.arch in ("qwen3", "gemma3"):
+            plan += [(b + "attn_q_norm.weight", (e // spec.n_heads,), "norm"),
+                     (b + "attn_k_norm.weight", (e // spec.n_heads,), "norm")]
+        plan += [(b + "attn_output.weight", (e, e), "matmul")]
+        if spec.arch == "gemma3":
+            plan += [(b + "post_attention_norm.weight", (e,), "norm"),
+                     (b + "post_ffw_norm.weight", (e,), "norm")]
+        plan += [(b + "ffn_norm.weight", (e,), "norm"),
                  (b + "ffn_gate.weight", (ff, e), "matmul"),
                  (b + "ffn_up.weight", (ff, e), "matmul"),
                  (b + "ffn_down.weight", (e, ff), "matmul")]
@@ -158,7 +170,13 @@ def _write_hparams(writer: gguf.GGUFWriter, spec: TinySpec) -> None:
     writer.add_feed_forward_length(spec.n_ff)
     writer.add_head_count(spec.n_heads)
     writer.add_head_count_kv(spec.n_kv_heads)
-    writer.add_rope_freq_base(10000.0)
+    if spec.arch != "gemma3":
+        writer.add_rope_freq_base(10000.0)
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_rope_dimension_count(spec.n_embd // spec.n_heads)
     writer.add_vocab_size(len(spec.tokens))
+    if spec.arch == "gemma3":
+        writer.add_key_length(spec.n_embd // spec.n_heads)
+        writer.add_value_length(spec.n_embd // spec.n_heads)
+        writer.add_sliding_window(GEMMA3_WINDOW)
+        writer.add_rope_freq_base(1e6)  # global layers; local ones use 10000

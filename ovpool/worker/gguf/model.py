@@ -17,7 +17,7 @@ from ovpool.errors import ModelFormatError, UnsupportedModelError
 from ovpool.models import ALIASES, resolve_model_path
 from ovpool.worker.gguf.file import TensorInfo, read_header
 
-ARCHITECTURES = ("llama", "qwen2")
+ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3")
 WEIGHT_TYPES = frozenset({T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q4_K, T.Q6_K, T.Q5_0})
 _NORM_TYPES = frozenset({T.F32, T.F16, T.BF16})
 ROPE_FREQS = "rope_freqs.weight"  # per-frequency divisors (Llama 3.1 long-context RoPE)
@@ -38,6 +38,24 @@ class HParams:
     rope_dim: int
     tied_embeddings: bool
     qkv_bias: bool
+    # Beyond llama/qwen2 (defaults: theirs). qwen3 and gemma3 RMS-normalize each head of Q and K
+    # before RoPE; gemma3 also scales the embedding, wraps attention and MLP in post-norms, gates
+    # the MLP with GELU(tanh) and alternates sliding-window (local) and global layers.
+    qk_norm: bool = False
+    embed_scale: float = 1.0
+    attn_scale: float = 0.0  # softmax scale of q·k; 0: 1/sqrt(head_dim)
+    post_norms: bool = False
+    activation: str = "silu"  # or "gelu_tanh"
+    sliding_window: int = 0  # keys a local layer's query sees, itself included
+    local_layers: tuple[int, ...] = ()
+    rope_base_local: float = 10000.0
+
+    @property
+    def scale(self) -> float:
+        return self.attn_scale or 1.0 / float(np.sqrt(self.head_dim))
+
+    def local(self, layer: int) -> bool:
+        return layer in self.local_layers
 
 
 class GGUFModel:
@@ -129,15 +147,34 @@ def read_hparams(arch: str, metadata: dict[str, Any], tensors: dict[str, TensorI
     if scaling != "none":
         raise UnsupportedModelError(f"GGUF key {arch}.rope.scaling.type = {scaling!r}: RoPE scaling "
                                     "is not supported")
+    n_layers = f.get("block_count", int)
     return HParams(
-        n_layers=f.get("block_count", int), n_embd=n_embd, n_heads=n_heads, n_kv_heads=n_kv_heads,
+        n_layers=n_layers, n_embd=n_embd, n_heads=n_heads, n_kv_heads=n_kv_heads,
         head_dim=head_dim, n_ff=f.get("feed_forward_length", int),
         vocab_size=_vocab_size(f, tensors), context_length=f.get("context_length", int),
         rope_base=f.get("rope.freq_base", float, 10000.0),
         rms_eps=f.get("attention.layer_norm_rms_epsilon", float),
         rope_dim=rope_dim, tied_embeddings="output.weight" not in tensors,
-        qkv_bias="blk.0.attn_q.bias" in tensors,
+        qkv_bias="blk.0.attn_q.bias" in tensors, qk_norm=arch in ("qwen3", "gemma3"),
+        **(_gemma3(f, n_layers, n_embd, n_heads, head_dim) if arch == "gemma3" else {}),
     )
+
+
+# llama.cpp (llama-model.cpp, LLM_ARCH_GEMMA3): set_swa_pattern(6) makes every sixth layer global
+# and the others local; local layers use RoPE base 10000 whatever the GGUF says, global ones
+# {arch}.rope.freq_base. The softmax scale is 1/sqrt(head_dim) (query_pre_attn_scalar = head_dim)
+# except on the 62-layer 27B, whose query_pre_attn_scalar is n_embd / n_heads. Its graph with a
+# sliding window applies no final-logit soft-capping (the GGUF key is ignored, as there).
+GEMMA3_PATTERN, GEMMA3_LOCAL_BASE = 6, 10000.0
+
+
+def _gemma3(f: _Fields, n_layers: int, n_embd: int, n_heads: int, head_dim: int) -> dict[str, Any]:
+    window = f.get("attention.sliding_window", int)
+    return {"embed_scale": float(np.sqrt(np.float32(n_embd))), "post_norms": True,
+            "activation": "gelu_tanh", "sliding_window": window,
+            "attn_scale": 1.0 / float(np.sqrt(n_embd // n_heads if n_layers == 62 else head_dim)),
+            "local_layers": tuple(i for i in range(n_layers) if i % GEMMA3_PATTERN < GEMMA3_PATTERN - 1),
+            "rope_base_local": GEMMA3_LOCAL_BASE}
 
 
 def _vocab_size(f: _Fields, tensors: dict[str, TensorInfo]) -> int:
@@ -163,6 +200,11 @@ def _expected_shapes(h: HParams, arch: str) -> dict[str, tuple[int, ...]]:
                    b + "ffn_down.weight": (h.n_embd, h.n_ff)}
         if h.qkv_bias or arch == "qwen2":
             shapes |= {b + "attn_q.bias": (q,), b + "attn_k.bias": (kv,), b + "attn_v.bias": (kv,)}
+        if h.qk_norm:
+            shapes |= {b + "attn_q_norm.weight": (h.head_dim,), b + "attn_k_norm.weight": (h.head_dim,)}
+        if h.post_norms:
+            shapes |= {b + "post_attention_norm.weight": (h.n_embd,),
+                       b + "post_ffw_norm.weight": (h.n_embd,)}
     return shapes
 
 

@@ -1,4 +1,5 @@
-"""The dynamic OpenVINO graph of a llama / qwen2 GGUF model (contract 1 of the shared contracts).
+"""The dynamic OpenVINO graph of a GGUF model: llama, qwen2, qwen3, gemma3 (contract 1 of the shared
+contracts).
 
 One graph, with dynamic batch and sequence dimensions, serves prefill and decode. Ports:
 ``input_ids``, ``attention_mask``, ``position_ids`` (i64), ``beam_idx`` (i32, stateful only),
@@ -59,8 +60,9 @@ def port_spec(hparams: HParams, settings=None, attention=None) -> list[dict]:
 
     ``attention`` (e.g. ovpool.worker.graph.paged.PagedAttention) replaces the KV cache, the attention
     mask and ``logits_from`` with its own inputs: ``ports(hparams)`` lists them,
-    ``attend(params, layer, q, k, v)`` takes q/k/v [batch, seq, heads, head_dim] after RoPE (no
-    transposes) and returns [batch, seq, heads*head_dim], ``select(params, x)`` picks the rows
+    ``attend(params, layer, q, k, v, scale, window)`` takes q/k/v [batch, seq, heads, head_dim]
+    after RoPE (no transposes), the softmax scale and the layer's sliding window (0: none), and
+    returns [batch, seq, heads*head_dim], ``select(params, x)`` picks the rows
     that get logits.
     """
     s = Settings.coerce(settings)
@@ -98,9 +100,8 @@ class _Context:
     model: GGUFModel
     settings: Settings
     params: dict[str, ov.Node]
-    cos: ov.Output
-    sin: ov.Output
-    mask: ov.Output | None
+    rope: dict[float, tuple[ov.Output, ov.Output]]  # RoPE base -> (cos, sin)
+    masks: dict[int, ov.Output]  # sliding window (0: none) -> additive mask; SDPA only
     sinks: list
     results: list
     attention: object = None
@@ -126,23 +127,44 @@ def build_model(model: GGUFModel, settings=None, attention=None) -> ov.Model:
     encoding = W.Encoding.of(s)
     embed = W.load(model, "token_embd.weight", encoding=encoding)
     x = embed.lookup(params["input_ids"].output(0))
-    # The paged op takes tokens-major q/k/v: RoPE works in that layout, so no transposes.
-    heads_axis = 1 if attention is None else 2
-    cos, sin = L.rope_tables(params["position_ids"].output(0), h, _rope_factors(model), heads_axis)
-    mask = None if attention else L.attention_mask(params["attention_mask"].output(0),
-                                                   params["input_ids"].output(0))
-    ctx = _Context(model, s, params, cos, sin, mask, [], [], attention)
+    if h.embed_scale != 1.0:  # gemma3: by sqrt(n_embd), in f32 as llama.cpp does
+        x = ops.multiply(x, L.const(h.embed_scale)).output(0)
+    ctx = _Context(model, s, params, _rope(model, params, attention), _masks(h, params, attention),
+                   [], [], attention)
     for i in range(h.n_layers):
         x = _block(ctx, i, x)
-    x = L.rms_norm(x, _vector(model, "output_norm.weight"), h.rms_eps)
+    x = _norm(ctx, x, "output_norm")
     head = embed if h.tied_embeddings else W.load(model, "output.weight", encoding=encoding)
     logits = ops.result(head.linear(x))
     logits.output(0).get_tensor().set_names({"logits"})
     return ov.Model([logits, *ctx.results], ctx.sinks, list(params.values()), model.name)
 
 
-def _rope_factors(model: GGUFModel) -> np.ndarray | None:
-    return _vector(model, ROPE_FREQS) if ROPE_FREQS in model.tensors else None
+def _rope(model: GGUFModel, params: dict, attention) -> dict[float, tuple[ov.Output, ov.Output]]:
+    """cos/sin tables for each RoPE base the layers use (gemma3's local layers have their own)."""
+    h = model.hparams
+    factors = _vector(model, ROPE_FREQS) if ROPE_FREQS in model.tensors else None
+    # The paged op takes tokens-major q/k/v: RoPE works in that layout, so no transposes.
+    heads_axis = 1 if attention is None else 2
+    bases = {_layer_base(h, i) for i in range(h.n_layers)}
+    return {base: L.rope_tables(params["position_ids"].output(0), h, factors, heads_axis, base)
+            for base in sorted(bases)}
+
+
+def _layer_base(h: HParams, layer: int) -> float:
+    return h.rope_base_local if h.local(layer) else h.rope_base
+
+
+def _layer_window(h: HParams, layer: int) -> int:
+    return h.sliding_window if h.local(layer) else 0
+
+
+def _masks(h: HParams, params: dict, attention) -> dict[int, ov.Output]:
+    if attention is not None:  # the paged op masks by itself
+        return {}
+    windows = {_layer_window(h, i) for i in range(h.n_layers)}
+    return {w: L.attention_mask(params["attention_mask"].output(0), params["input_ids"].output(0), w)
+            for w in sorted(windows)}
 
 
 def const_i64(values) -> ov.Node:
@@ -188,29 +210,52 @@ def _bias(ctx: _Context, name: str, y: ov.Output, permute: int) -> ov.Output:
 
 def _block(ctx: _Context, i: int, x: ov.Output) -> ov.Output:
     h, b = ctx.h, f"blk.{i}."
-    n = L.rms_norm(x, _vector(ctx.model, b + "attn_norm.weight"), h.rms_eps)
-    q, k, v = _projections(ctx, [b + "attn_q", b + "attn_k", b + "attn_v"], n,
-                           [h.n_heads, h.n_kv_heads, 0])
-    major = ctx.attention is None  # SDPA wants [batch, heads, seq, head_dim]
-    q = L.apply_rope(L.split_heads(q, h.n_heads, h.head_dim, major), ctx.cos, ctx.sin)
-    k = L.apply_rope(L.split_heads(k, h.n_kv_heads, h.head_dim, major), ctx.cos, ctx.sin)
-    v = L.split_heads(v, h.n_kv_heads, h.head_dim, major)
-    if ctx.attention is not None:  # e.g. paged attention (see port_spec)
-        a = ctx.attention.attend(ctx.params, i, q, k, v)
-    else:
-        k, v = _cache(ctx, i, "key", k), _cache(ctx, i, "value", v)
-        a = L.merge_heads(L.attend(q, k, v, ctx.mask, h, ctx.settings.attention == "manual"),
-                          h.n_heads * h.head_dim)
+    a = _attention(ctx, i, _norm(ctx, x, b + "attn_norm"))
     if i == h.n_layers - 1:
         # Past the last attention only the positions that get logits matter (the KV cache is
         # written): the last layer's output projection and MLP run on those rows alone.
         a, x = _rows_for_logits(ctx, a), _rows_for_logits(ctx, x)
     (o,) = _projections(ctx, [b + "attn_output"], a, [0])
-    x = ops.add(x, o)
-    n = L.rms_norm(x, _vector(ctx.model, b + "ffn_norm.weight"), h.rms_eps)
+    x = ops.add(x, _post_norm(ctx, o, b + "post_attention_norm")).output(0)
+    n = _norm(ctx, x, b + "ffn_norm")
     gate, up = _projections(ctx, [b + "ffn_gate", b + "ffn_up"], n, [0, 0])
-    (down,) = _projections(ctx, [b + "ffn_down"], L.swiglu(gate, up), [0])
-    return ops.add(x, down).output(0)
+    act = L.gelu_tanh_gated(gate, up) if h.activation == "gelu_tanh" else L.swiglu(gate, up)
+    (down,) = _projections(ctx, [b + "ffn_down"], act, [0])
+    return ops.add(x, _post_norm(ctx, down, b + "post_ffw_norm")).output(0)
+
+
+def _attention(ctx: _Context, i: int, n: ov.Output) -> ov.Output:
+    """Self-attention of layer i on the normed input n: [batch, seq, heads*head_dim]."""
+    h, b = ctx.h, f"blk.{i}."
+    q, k, v = _projections(ctx, [b + "attn_q", b + "attn_k", b + "attn_v"], n,
+                           [h.n_heads, h.n_kv_heads, 0])
+    major = ctx.attention is None  # SDPA wants [batch, heads, seq, head_dim]
+    cos, sin = ctx.rope[_layer_base(h, i)]
+    q = L.apply_rope(_qk_norm(ctx, L.split_heads(q, h.n_heads, h.head_dim, major), b + "attn_q_norm"),
+                     cos, sin)
+    k = L.apply_rope(_qk_norm(ctx, L.split_heads(k, h.n_kv_heads, h.head_dim, major),
+                              b + "attn_k_norm"), cos, sin)
+    v = L.split_heads(v, h.n_kv_heads, h.head_dim, major)
+    window = _layer_window(h, i)
+    if ctx.attention is not None:  # e.g. paged attention (see port_spec)
+        return ctx.attention.attend(ctx.params, i, q, k, v, h.scale, window)
+    k, v = _cache(ctx, i, "key", k), _cache(ctx, i, "value", v)
+    return L.merge_heads(L.attend(q, k, v, ctx.masks[window], h, ctx.settings.attention == "manual"),
+                         h.n_heads * h.head_dim)
+
+
+def _norm(ctx: _Context, x: ov.Output, name: str) -> ov.Output:
+    return L.rms_norm(x, _vector(ctx.model, name + ".weight"), ctx.h.rms_eps)
+
+
+def _qk_norm(ctx: _Context, x: ov.Output, name: str) -> ov.Output:
+    """qwen3/gemma3: RMSNorm over each head's head_dim values (GGUF's weights as stored)."""
+    return _norm(ctx, x, name) if ctx.h.qk_norm else x
+
+
+def _post_norm(ctx: _Context, x: ov.Output, name: str) -> ov.Output:
+    """gemma3 normalizes the attention and MLP outputs before adding them to the residual."""
+    return _norm(ctx, x, name) if ctx.h.post_norms else x
 
 
 def _rows_for_logits(ctx: _Context, x: ov.Output) -> ov.Output:

@@ -29,12 +29,13 @@ def rms_norm(x: ov.Output, weight: np.ndarray, eps: float) -> ov.Output:
 
 
 def rope_tables(position_ids: ov.Output, h: HParams, freq_factors: np.ndarray | None = None,
-                heads_axis: int = 1):
+                heads_axis: int = 1, base: float | None = None):
     """cos and sin [batch, 1, seq, head_dim] (``heads_axis`` 2: [batch, seq, 1, head_dim]) for
     rotate-half RoPE. ``freq_factors`` (GGUF's rope_freqs.weight, Llama 3.1's long-context scaling)
-    divide the frequencies, as in llama.cpp."""
+    divide the frequencies, as in llama.cpp. ``base``: h.rope_base unless given."""
     half = h.rope_dim // 2
-    inv_freq = 1.0 / (h.rope_base ** (np.arange(half, dtype=np.float64) * 2 / h.rope_dim))
+    base = h.rope_base if base is None else base
+    inv_freq = 1.0 / (base ** (np.arange(half, dtype=np.float64) * 2 / h.rope_dim))
     if freq_factors is not None:
         inv_freq = inv_freq / freq_factors
     pos = ops.unsqueeze(ops.convert(position_ids, "f32"), const([-1], np.int64))
@@ -67,17 +68,21 @@ def merge_heads(x: ov.Output, width: int) -> ov.Output:
     return ops.reshape(x, const([0, 0, width], np.int64), True).output(0)
 
 
-def attention_mask(mask: ov.Output, seq_of: ov.Output) -> ov.Output:
+def attention_mask(mask: ov.Output, seq_of: ov.Output, window: int = 0) -> ov.Output:
     """Additive mask [batch, 1, seq, past+seq]: causal over cache positions, and padding.
 
-    Query i sits at cache position past + i, so it sees keys j <= past + i whose mask bit is 1.
+    Query i sits at cache position past + i, so it sees keys j <= past + i whose mask bit is 1;
+    with a sliding ``window``, only the last ``window`` of them (itself included: llama.cpp's
+    LLAMA_SWA_TYPE_STANDARD masks keys with query - key >= window).
     """
     total = ops.gather(ops.shape_of(mask), const(1, np.int64), const(0, np.int64))
     seq = ops.gather(ops.shape_of(seq_of), const(1, np.int64), const(0, np.int64))
     keys = ops.range(const(0, np.int64), total, const(1, np.int64), "i64")
     queries = ops.range(ops.subtract(total, seq), total, const(1, np.int64), "i64")
-    causal = ops.less_equal(ops.unsqueeze(keys, const(0, np.int64)),
-                            ops.unsqueeze(queries, const(1, np.int64)))
+    keys, queries = ops.unsqueeze(keys, const(0, np.int64)), ops.unsqueeze(queries, const(1, np.int64))
+    causal = ops.less_equal(keys, queries)
+    if window:
+        causal = ops.logical_and(causal, ops.less(ops.subtract(queries, keys), const(window, np.int64)))
     padding = ops.unsqueeze(ops.not_equal(mask, const(0, np.int64)), const([1, 2], np.int64))
     allowed = ops.logical_and(ops.unsqueeze(causal, const([0, 1], np.int64)), padding)
     return ops.select(allowed, const(0.0), const(_NEG)).output(0)
@@ -94,7 +99,7 @@ def expand_kv(x: ov.Output, h: HParams) -> ov.Output:
 
 
 def attend(q, k, v, mask, h: HParams, manual: bool) -> ov.Output:
-    scale = const(1.0 / np.sqrt(h.head_dim))
+    scale = const(h.scale)
     k, v = expand_kv(k, h), expand_kv(v, h)
     if not manual:
         return ops.scaled_dot_product_attention(q, k, v, mask, scale, causal=False).output(0)
@@ -118,3 +123,8 @@ def kv_state(name: str, batch_of: ov.Output, beam_idx: ov.Output, h: HParams):
 
 def swiglu(gate: ov.Output, up: ov.Output) -> ov.Output:
     return ops.multiply(ops.swish(gate), up).output(0)
+
+
+def gelu_tanh_gated(gate: ov.Output, up: ov.Output) -> ov.Output:
+    """gemma3's MLP gate: GELU with the tanh approximation (ggml_gelu), times up."""
+    return ops.multiply(ops.gelu(gate, "tanh"), up).output(0)

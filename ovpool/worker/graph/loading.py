@@ -166,5 +166,5 @@ def _probe_model() -> ov.Model:
                                        name=p["name"])
               for p in attention.ports(SimpleNamespace(n_layers=1))}
     x = ops.parameter([1, -1, 1, 8], ov.Type.f32, name="x")  # [batch, tokens, heads, head_dim]
-    out = attention.attend(params, 0, x.output(0), x.output(0), x.output(0))
+    out = attention.attend(params, 0, x.output(0), x.output(0), x.output(0), 8 ** -0.5)
     return ov.Model([ops.result(out)], [x, *params.values()])

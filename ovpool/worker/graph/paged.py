@@ -45,14 +45,15 @@ class PagedAttention:
                  for i in range(h.n_layers) for kind in ("key", "value")]
         return [{"name": n, "direction": "in", "element_type": t, "partial_shape": p} for n, t, p in rows]
 
-    def attend(self, params: dict, layer: int, q, k, v) -> ov.Output:
-        """q [1, T, heads, head_dim], k/v [1, T, kv_heads, head_dim] → [1, T, heads*head_dim]."""
+    def attend(self, params: dict, layer: int, q, k, v, scale: float, window: int = 0) -> ov.Output:
+        """q [1, T, heads, head_dim], k/v [1, T, kv_heads, head_dim] → [1, T, heads*head_dim];
+        ``scale`` multiplies q·k, ``window`` > 0: each query sees that many latest keys."""
         head_dim = q.get_partial_shape()[-1]
         n_heads, kv_heads = (x.get_partial_shape()[-2].get_length() for x in (q, k))
         args = [_flat(q), _flat(k), _flat(v),
                 params[f"key_cache.{layer}"], params[f"value_cache.{layer}"],
                 *(params[name] for name in _PER_PASS),
-                _scalar(1.0 / np.sqrt(head_dim.get_length()), np.float32), _scalar(0, np.int32),
+                _scalar(scale, np.float32), _scalar(window, np.int32),
                 _empty(np.float32), params["max_context_len"],
                 _empty(np.int32), _empty(np.int32), _empty(np.int32), _empty(np.float32),
                 _empty(np.float32), _scalar(0, np.int32), _scalar(0, np.int32),
