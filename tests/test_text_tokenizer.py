@@ -20,11 +20,17 @@ from ovpool.worker.text.tokenizer import BYTE, CONTROL, NORMAL, Tokenizer
 DATA = Path(__file__).parent / "data"
 GOLDEN = json.loads((DATA / "tokenizer_golden_smollm2.json").read_text())
 TINY_GOLDEN = json.loads((DATA / "tokenizer_golden_tiny.json").read_text())
+GEMMA3_GOLDEN = json.loads((DATA / "tokenizer_golden_gemma3.json").read_text())
 
 
 @pytest.fixture(scope="module")
 def smollm2_tokenizer(smollm2_path):
     return Tokenizer.from_metadata(GGUFModel.open(smollm2_path).metadata)
+
+
+@pytest.fixture(scope="module")
+def gemma3_tokenizer(gemma3_path):
+    return Tokenizer.from_metadata(GGUFModel.open(gemma3_path).metadata)
 
 
 @pytest.fixture(scope="module")
@@ -38,6 +44,17 @@ def test_ids_equal_openvino_genai_and_round_trip(smollm2_tokenizer, case):
     ids = smollm2_tokenizer.encode(case["text"])
     assert ids == case["ids"]
     assert smollm2_tokenizer.decode(ids, skip_special=False) == case["text"]
+
+
+@pytest.mark.slow
+def test_gemma3_ids_equal_llama_cpp_and_round_trip(gemma3_tokenizer):
+    # tests/data/make_tokenizer_golden_gemma3.py: llama.cpp's own tokenizer (llama-cpp-python)
+    tok = gemma3_tokenizer
+    assert tok.vocab_size == 262144 and tok.add_bos and not tok.add_space_prefix
+    for case in GEMMA3_GOLDEN["cases"]:
+        ids = tok.encode(case["text"])
+        assert ids == case["ids"], case["text"][:60]
+        assert tok.decode(ids[1:], skip_special=False) == case["text"]
 
 
 @pytest.mark.parametrize("golden", TINY_GOLDEN, ids=lambda g: g["spec"]["pre"])

@@ -2,6 +2,11 @@
 
 Spaces become '▁'; adjacent symbols merge greedily by the score of the token they form (highest
 first, leftmost on ties); a character that is no token falls back to its UTF-8 bytes <0xNN>.
+
+Merging runs word by word (a word: a '▁' and what follows up to the next one), each word's ids
+kept in a cache: exact, because a merge across a word boundary needs a token with a '▁' past its
+first character, and the text is not cut where such a token occurs (gemma3's 262k pieces hold one,
+'>▁</'). On gemma3, 10,000 words (57k characters) took 4.6 s as one sequence.
 """
 
 from __future__ import annotations
@@ -9,6 +14,7 @@ from __future__ import annotations
 import heapq
 
 SPACE = "\u2581"
+_CACHE_WORDS = 1 << 16  # a cache this full is emptied (distinct words of ~100k-word texts fit)
 
 
 class SentencePieceEncoder:
@@ -18,16 +24,33 @@ class SentencePieceEncoder:
         self._scores = scores
         self._byte_ids = byte_ids
         self._unk = unk_id
+        # Tokens that could merge across a word boundary (see the module docstring).
+        self._spanning = [t for t in vocab if SPACE in t[1:]]
+        self._words: dict[str, list[int]] = {}
 
     def encode(self, text: str) -> list[int]:
         """``text`` already has the space prefix if the model wants one."""
-        if not text:
-            return []
-        symbols = list(text.replace(" ", SPACE))
         ids: list[int] = []
-        for piece in self._merge(symbols):
-            ids.extend(self._piece_ids(piece))
+        for word in self._split(text.replace(" ", SPACE)):
+            word_ids = self._words.get(word)
+            if word_ids is None:
+                word_ids = [i for piece in self._merge(list(word)) for i in self._piece_ids(piece)]
+                if len(self._words) >= _CACHE_WORDS:
+                    self._words.clear()
+                self._words[word] = word_ids
+            ids.extend(word_ids)
         return ids
+
+    def _split(self, text: str) -> list[str]:
+        """``text`` cut before each '▁', except inside an occurrence of a spanning token."""
+        kept = set()
+        for token in self._spanning:
+            at = text.find(token)
+            while at >= 0:
+                kept.update(at + j for j in range(1, len(token)) if token[j] == SPACE)
+                at = text.find(token, at + 1)
+        cuts = [0, *(i for i, c in enumerate(text) if c == SPACE and i and i not in kept), len(text)]
+        return [text[a:b] for a, b in zip(cuts, cuts[1:]) if b > a]
 
     def _merge(self, symbols: list[str]) -> list[str]:
         # Linked list over positions; a heap of candidate bigrams ordered by (-score, left index).
