@@ -1,8 +1,10 @@
-"""ovpool's Engine against OpenVINO GenAI's LLMPipeline on the same GGUF and device.
+"""ovpool's Engine against OpenVINO GenAI's LLMPipeline (or llama.cpp's, ``--peer llamacpp``; see
+benchmarks/engine_vs_llamacpp.py) on the same GGUF and device.
 
 Both sides run greedy, ignore_eos, no chat template, on the same prompt token ids.
 
-    .venv/bin/python benchmarks/engine_vs_genai.py [--model smollm2] [--device CPU] [--json]
+    .venv/bin/python benchmarks/engine_vs_genai.py [--model smollm2] [--device CPU] [--peer genai]
+        [--json]
 
 * Load time (constructor, no compiled-model cache) and peak RSS: each side in ``--repeats`` fresh
   subprocesses of its own (alternating sides), medians. ovpool's decode graph
@@ -32,7 +34,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-SIDES = ("ovpool", "genai")
+PEERS = ("genai", "llamacpp")
 METRICS = (("load_s", "load (s)", "lower"), ("ttft_s", "TTFT (s)", "lower"),
            ("decode_tps", "decode tok/s", "higher"), ("peak_rss_mb", "peak RSS (MiB)", "lower"))
 WARMUP_PROMPT = [1, 2, 3, 4]
@@ -119,7 +121,40 @@ def load_genai(args: argparse.Namespace) -> tuple[float, Runner]:
     return load_s, run
 
 
-LOADERS = {"ovpool": load_ovpool, "genai": load_genai}
+def load_llamacpp(args: argparse.Namespace) -> tuple[float, Runner]:
+    """llama.cpp through llama-cpp-python, on every core (its default is half of them) and a
+    context that holds the prompt and the generation."""
+    import os
+
+    import llama_cpp
+
+    from ovpool.models import resolve_model_path
+
+    path = str(resolve_model_path(args.model))
+    t0 = time.perf_counter()
+    llm = llama_cpp.Llama(model_path=path, n_ctx=args.prompt_tokens + args.new_tokens + 64,
+                          n_batch=args.prompt_tokens, n_threads=os.cpu_count(),
+                          n_threads_batch=os.cpu_count(), verbose=False)
+    load_s = time.perf_counter() - t0
+
+    def run(prompt: list[int], n: int) -> tuple[Stamp, list[Stamp]]:
+        stamps = []
+        llm.reset()
+        start = clock()
+        for _ in llm.generate(prompt, top_k=1, temp=0.0, reset=True):  # never stops at EOS itself
+            stamps.append(clock())
+            if len(stamps) == n:
+                break
+        return start, stamps
+
+    return load_s, run
+
+
+LOADERS = {"ovpool": load_ovpool, "genai": load_genai, "llamacpp": load_llamacpp}
+
+
+def sides(args: argparse.Namespace) -> tuple[str, str]:
+    return "ovpool", args.peer
 
 
 def timed(side: str, run: Runner, prompt: list[int], n: int) -> dict[str, float]:
@@ -139,12 +174,12 @@ def child_load(args: argparse.Namespace) -> dict:
 
 
 def child_paired(args: argparse.Namespace) -> dict:
-    runners = {side: LOADERS[side](args)[1] for side in SIDES}
+    runners = {side: LOADERS[side](args)[1] for side in sides(args)}
     for run in runners.values():
         run(WARMUP_PROMPT, WARMUP_TOKENS)
-    rounds: dict[str, list[dict[str, float]]] = {side: [] for side in SIDES}
+    rounds: dict[str, list[dict[str, float]]] = {side: [] for side in sides(args)}
     for i, prompt in enumerate(json.loads(args.ids)):
-        for side in SIDES[::-1] if i % 2 else SIDES:  # neither side always runs first
+        for side in sides(args)[::-1] if i % 2 else sides(args):  # neither side always runs first
             rounds[side].append(timed(side, runners[side], prompt, args.new_tokens))
     best = {key: max if key == "decode_tps" else min
             for key in ("ttft_s", "decode_tps", "prefill_cpu_s", "decode_cpu_ms")}
@@ -154,7 +189,8 @@ def child_paired(args: argparse.Namespace) -> dict:
 
 def run_child(child: str, args: argparse.Namespace, prompts: list[list[int]] | None = None) -> dict:
     cmd = [sys.executable, __file__, "--child", child, "--model", args.model, "--device", args.device,
-           "--new-tokens", str(args.new_tokens)]
+           "--new-tokens", str(args.new_tokens), "--prompt-tokens", str(args.prompt_tokens),
+           "--peer", args.peer]
     if prompts is not None:
         cmd += ["--ids", json.dumps(prompts)]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
@@ -163,41 +199,42 @@ def run_child(child: str, args: argparse.Namespace, prompts: list[list[int]] | N
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def summarize(loads: dict[str, list[dict]], paired: dict) -> dict:
+def summarize(loads: dict[str, list[dict]], paired: dict, peer: str) -> dict:
     med = {side: {"load_s": statistics.median(r["load_s"] for r in loads[side]),
                   "peak_rss_mb": statistics.median(r["peak_rss_mb"] for r in loads[side]),
                   **{k: v for k, v in paired[side].items() if k != "rounds"}}
-           for side in SIDES}
+           for side in ("ovpool", peer)}
     metrics = [(key, better) for key, _, better in METRICS] + [(k, "lower") for k, _ in CPU_METRICS]
-    ratios = {key: _ratio(med["ovpool"][key], med["genai"][key], better) for key, better in metrics}
+    ratios = {key: _ratio(med["ovpool"][key], med[peer][key], better) for key, better in metrics}
     # Per-round ratios: the two sides of one round ran seconds apart, so slow spells of a shared
     # machine cancel out in each ratio; their median is the steadier comparison.
-    rounds = zip(paired["ovpool"]["rounds"], paired["genai"]["rounds"], strict=True)
+    rounds = zip(paired["ovpool"]["rounds"], paired[peer]["rounds"], strict=True)
     pairs = [{key: _ratio(o[key], g[key], better) for key, better in metrics if key in o} for o, g in rounds]
     paired_ratios = {key: statistics.median(p[key] for p in pairs) for key in pairs[0]}
     return {"result": med, "ratio_ovpool_better": ratios, "paired_ratio_median": paired_ratios}
 
 
-def _ratio(ovpool: float, genai: float, better: str) -> float:
+def _ratio(ovpool: float, peer: float, better: str) -> float:
     """"ovpool is N× better", whichever direction is better for the metric."""
-    return ovpool / genai if better == "higher" else genai / ovpool
+    return ovpool / peer if better == "higher" else peer / ovpool
 
 
 def print_table(summary: dict, args: argparse.Namespace) -> None:
     print(f"model={args.model} device={args.device} prompt={args.prompt_tokens} tokens "
           f"new={args.new_tokens} repeats={args.repeats} rounds={args.rounds} "
           "(ratio > 1 means ovpool is better)")
-    print(f"{'metric':<16}{'ovpool':>12}{'genai':>12}{'ratio':>9}{'paired':>9}")
+    print(f"{'metric':<16}{'ovpool':>12}{args.peer:>12}{'ratio':>9}{'paired':>9}")
     for key, label in [(k, label) for k, label, _ in METRICS] + list(CPU_METRICS):
         m, paired = summary["result"], summary["paired_ratio_median"]
         column = f"{paired[key]:>8.2f}x" if key in paired else ""
-        print(f"{label:<16}{m['ovpool'][key]:>12.3f}{m['genai'][key]:>12.3f}"
+        print(f"{label:<16}{m['ovpool'][key]:>12.3f}{m[args.peer][key]:>12.3f}"
               f"{summary['ratio_ovpool_better'][key]:>8.2f}x{column}")
 
 
-def parse_args() -> argparse.Namespace:
+def parse_args(argv=None, peer: str = "genai", model: str = "smollm2") -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default="smollm2", help="GGUF path or alias (default smollm2)")
+    p.add_argument("--model", default=model, help=f"GGUF path or alias (default {model})")
+    p.add_argument("--peer", choices=PEERS, default=peer, help=f"the other engine (default {peer})")
     p.add_argument("--device", default="CPU")
     p.add_argument("--prompt-tokens", type=int, default=512)
     p.add_argument("--new-tokens", type=int, default=128)
@@ -205,22 +242,22 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=8, help="alternating timed generations (best, "
                    "and the median of per-round ratios)")
     p.add_argument("--json", action="store_true", help="print every measurement and the summary")
-    p.add_argument("--child", choices=[*SIDES, "paired"], help=argparse.SUPPRESS)
+    p.add_argument("--child", choices=[*LOADERS, "paired"], help=argparse.SUPPRESS)
     p.add_argument("--ids", help=argparse.SUPPRESS)
-    return p.parse_args()
+    return p.parse_args(argv)
 
 
-def main() -> None:
-    args = parse_args()
+def main(argv=None, peer: str = "genai", model: str = "smollm2") -> None:
+    args = parse_args(argv, peer, model)
     if args.child:
         print(json.dumps(child_paired(args) if args.child == "paired" else child_load(args)))
         return
-    loads: dict[str, list[dict]] = {side: [] for side in SIDES}
+    loads: dict[str, list[dict]] = {side: [] for side in sides(args)}
     for _ in range(args.repeats):
-        for side in SIDES:
+        for side in sides(args):
             loads[side].append(run_child(side, args))
     paired = run_child("paired", args, prompt_ids(args.model, args.prompt_tokens, args.rounds))
-    summary = summarize(loads, paired)
+    summary = summarize(loads, paired, args.peer)
     if args.json:
         print(json.dumps({"loads": loads, "paired": paired, **summary}, indent=2))
     else:

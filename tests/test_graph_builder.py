@@ -119,13 +119,14 @@ def test_batch_rows_with_left_padding_match_single_rows(tiny_model):
 
 
 @pytest.mark.slow
-def test_smollm2_top1_agrees_with_the_reference(smollm2_path):
-    model, request = compile_graph(smollm2_path)
+@pytest.mark.parametrize("real_model", ["smollm2_path", "gemma3_path"])
+def test_real_model_top1_agrees_with_the_reference(request, real_model):
+    model, infer = compile_graph(request.getfixturevalue(real_model))
     reference = Reference(model)
     agree = total = 0
     for seed, n in ((0, 48), (1, 32), (2, 24)):
         ids = prompt(model, n, seed)
-        agree += int((score(request, ids).argmax(-1) == reference.logits(ids).argmax(-1)).sum())
+        agree += int((score(infer, ids).argmax(-1) == reference.logits(ids).argmax(-1)).sum())
         total += n
     assert agree / total >= 0.99
 

@@ -12,6 +12,7 @@ first character, and the text is not cut where such a token occurs (gemma3's 262
 from __future__ import annotations
 
 import heapq
+from itertools import pairwise
 
 SPACE = "\u2581"
 _CACHE_WORDS = 1 << 16  # a cache this full is emptied (distinct words of ~100k-word texts fit)
@@ -50,7 +51,7 @@ class SentencePieceEncoder:
                 kept.update(at + j for j in range(1, len(token)) if token[j] == SPACE)
                 at = text.find(token, at + 1)
         cuts = [0, *(i for i, c in enumerate(text) if c == SPACE and i and i not in kept), len(text)]
-        return [text[a:b] for a, b in zip(cuts, cuts[1:]) if b > a]
+        return [text[a:b] for a, b in pairwise(cuts) if b > a]
 
     def _merge(self, symbols: list[str]) -> list[str]:
         # Linked list over positions; a heap of candidate bigrams ordered by (-score, left index).
