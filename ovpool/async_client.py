@@ -26,6 +26,30 @@ from ovpool.protocol import Cancel, Message, Status, Submit, encode
 from ovpool.settings import Settings
 
 
+class AsyncStream:
+    """One streamed request: an async iterator of Deltas that also keeps the FINAL's Completion
+    (finish reason, usage), which a streaming caller needs after the last token."""
+
+    def __init__(self, request_id: str, deltas: AsyncIterator[Delta], sink: StreamSink):
+        self.request_id = request_id
+        self._deltas, self._sink = deltas, sink
+
+    def __aiter__(self) -> AsyncIterator[Delta]:
+        return self._deltas
+
+    def __anext__(self) -> Any:
+        return self._deltas.__anext__()
+
+    async def aclose(self) -> None:
+        """Stop reading; cancels the request unless it has ended."""
+        await self._deltas.aclose()
+
+    @property
+    def completion(self) -> Completion | None:
+        """The finished Completion once the stream has ended normally, else None."""
+        return self._sink.completion
+
+
 class AsyncClient(ClientBase):
     def __init__(self, broker: str | None = None, *, model: str = "", timeout: float | None = None,
                  settings: Settings | dict | None = None):
@@ -72,13 +96,14 @@ class AsyncClient(ClientBase):
         return await self.submit(messages, **kwargs)
 
     def stream(self, prompt: str | list, *, model: str | None = None, timeout: float | None = None,
-               **sampling: Any) -> AsyncIterator[Delta]:
-        """``async for delta in client.stream(...)``; leaving the loop early cancels the request."""
+               **sampling: Any) -> AsyncStream:
+        """``async for delta in client.stream(...)``; leaving the loop early (or ``aclose()``)
+        cancels the request; ``.completion`` is the finished Completion once the loop ended."""
         msg = self._submit_msg(prompt, model, timeout, sampling)
         items: asyncio.Queue = asyncio.Queue()
         sink = StreamSink(items.put_nowait)
         self._start(msg, sink)
-        return self._iterate(msg.request_id, items, sink)
+        return AsyncStream(msg.request_id, self._iterate(msg.request_id, items, sink), sink)
 
     async def _iterate(self, request_id: str, items: asyncio.Queue, sink: StreamSink) -> AsyncIterator[Delta]:
         try:

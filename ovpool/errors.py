@@ -25,6 +25,7 @@ are translated once, where they enter ovpool, with ``raise ... from exc``.
     │   └── AuthenticationError      protocol.auth
     └── RequestError                 request
         ├── InvalidRequestError      request.invalid     bad parameters, prompt too long, ...
+        ├── UnauthorizedError        request.unauthorized  missing or unknown HTTP API key
         ├── ModelNotFoundError       request.model_not_found
         ├── QueueFullError           request.queue_full
         ├── RequestTimeoutError      request.timeout
@@ -124,7 +125,17 @@ class RequestError(OvpoolError):
 
 
 class InvalidRequestError(RequestError):
+    """``param`` names the request field at fault, where one is (the HTTP API reports it)."""
+
     code = "request.invalid"
+
+    def __init__(self, message: str = "", param: str | None = None):
+        super().__init__(message)
+        self.param = param
+
+
+class UnauthorizedError(RequestError):
+    code = "request.unauthorized"
 
 
 class ModelNotFoundError(RequestError):

@@ -55,16 +55,19 @@ class FutureSink:
 
 
 class StreamSink:
-    """Puts deltas, then END or the error, into a queue (queue.SimpleQueue or asyncio.Queue)."""
+    """Puts deltas, then END or the error, into a queue (queue.SimpleQueue or asyncio.Queue);
+    keeps the FINAL's Completion (finish reason, usage) as ``completion``."""
 
     streams = True
 
     def __init__(self, put: Any):
         self.delta, self._put = put, put
         self.ended = False  # set on the I/O side; a reader leaving early cancels unless ended
+        self.completion: Completion | None = None
 
     def done(self, completion: Completion) -> None:
         self.ended = True
+        self.completion = completion
         self._put(END)
 
     def fail(self, exc: errors.OvpoolError) -> None:

@@ -74,8 +74,10 @@ def wait_for(predicate: Callable[[], object], timeout: float = 10.0, what: str =
 class Served:
     """A running `ovpool serve`; its merged output goes to ``log``."""
 
-    def __init__(self, proc: subprocess.Popen, state_file: Path, endpoint: str, log: Path):
+    def __init__(self, proc: subprocess.Popen, state_file: Path, endpoint: str, log: Path,
+                 http_port: int | None = None):
         self.proc, self.state_file, self.endpoint, self.log = proc, state_file, endpoint, log
+        self.http_port = http_port
 
     def state(self) -> dict:
         try:
@@ -101,15 +103,18 @@ class Served:
 
 
 @contextlib.contextmanager
-def serve(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> Iterator[Served]:
-    port = free_port()
+def serve(tmp_path: Path, *args: str, env: dict[str, str] | None = None,
+          http: bool = False) -> Iterator[Served]:
+    """``ovpool serve ARGS``; with ``http`` its HTTP API on a free port, else --no-http."""
+    port, http_port = free_port(), free_port() if http else None
     state_file, log = tmp_path / "serve.json", tmp_path / "serve.log"
     argv = [sys.executable, "-m", "ovpool", "serve", "--bind", f"tcp://127.0.0.1:{port}",
-            "--state-file", str(state_file), *args]
+            "--state-file", str(state_file),
+            *(["--http", f"127.0.0.1:{http_port}"] if http else ["--no-http"]), *args]
     with open(log, "wb") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
                                 env={**os.environ, **FAST_ENV, **(env or {})})
     try:
-        yield Served(proc, state_file, f"tcp://127.0.0.1:{port}", log)
+        yield Served(proc, state_file, f"tcp://127.0.0.1:{port}", log, http_port)
     finally:
         terminate(proc, grace_s=15)

@@ -27,16 +27,19 @@ def test_async_results_equal_the_sync_client(pool):
     async def main():
         async with AsyncClient(endpoint) as client:
             done = await asyncio.gather(*(client.complete(f"a{i}", max_tokens=5, seed=i) for i in range(10)))
-            streamed = [d async for d in client.stream("a3", max_tokens=5, seed=3)]
+            stream = client.stream("a3", max_tokens=5, seed=3)
+            assert stream.completion is None  # not before its end
+            streamed = [d async for d in stream]
             chat = await client.chat([{"role": "user", "content": "a1"}], max_tokens=5, seed=1)
             status = await client.status()
-            return done, streamed, chat, status
+            return done, streamed, stream.completion, chat, status
 
-    done, streamed, chat, status = asyncio.run(main())
+    done, streamed, final, chat, status = asyncio.run(main())
     alone = [sync.complete(f"a{i}", max_tokens=5, seed=i) for i in range(10)]
     assert [c.token_ids for c in done] == [c.token_ids for c in alone]
     assert [d.token_id for d in streamed] == alone[3].token_ids
     assert [d.index for d in streamed] == list(range(5))
+    assert final.token_ids == alone[3].token_ids and final.usage == alone[3].usage  # the stream's FINAL
     assert chat.token_ids == alone[1].token_ids  # the null backend reads a chat as its contents
     assert status["workers"][0]["slots"] == 4
 

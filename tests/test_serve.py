@@ -81,7 +81,7 @@ def test_broker_that_cannot_bind_stops_serve_with_its_error(tmp_path):
     with serve(tmp_path, "--workers", "1", "--backend", "null") as first:
         first.wait_states("ready")
         argv = [sys.executable, "-m", "ovpool", "serve", "--bind", first.endpoint, "--workers", "1",
-                "--backend", "null"]
+                "--no-http", "--backend", "null"]
         second = subprocess.run(argv, capture_output=True, text=True, timeout=60)
     assert second.returncode == 2
     assert "broker exited" in second.stderr and "bind" in second.stderr

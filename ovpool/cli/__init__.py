@@ -16,7 +16,8 @@ from ovpool.cli.common import run_cli
 from ovpool.startup import defer_heavy_imports
 
 # Each command and its module under ovpool/cli/ (which has register(group)).
-COMMAND_MODULES = {"settings": "settings_cmd", "generate": "generate", "broker": "pool", "worker": "pool",
+COMMAND_MODULES = {"api": "api", "settings": "settings_cmd", "generate": "generate", "broker": "pool",
+                   "worker": "pool",
                    "complete": "pool", "status": "pool", "keys": "pool", "serve": "serve", "probe": "serve",
                    "cache": "cache", "bench": "bench"}
 

@@ -11,11 +11,11 @@ import click
 
 from ovpool.cli.common import emit_json, resolve_settings, settings_options, stop_on_signals
 
-_broker_option = click.option("--broker", default=None, envvar="OVPOOL_BROKER",
+broker_option = click.option("--broker", default=None, envvar="OVPOOL_BROKER",
                               help="Broker endpoint (env OVPOOL_BROKER; default tcp://127.0.0.1:5555).")
-_secret_option = click.option("--curve-secret-key", default=None, type=click.Path(dir_okay=False),
+secret_option = click.option("--curve-secret-key", default=None, type=click.Path(dir_okay=False),
                               help="This process's CURVE key pair (.key_secret from `ovpool keys generate`).")
-_server_key_option = click.option("--curve-server-key", default=None, type=click.Path(dir_okay=False),
+server_key_option = click.option("--curve-server-key", default=None, type=click.Path(dir_okay=False),
                                   help="The broker's CURVE public key (.key).")
 
 
@@ -24,7 +24,7 @@ _server_key_option = click.option("--curve-server-key", default=None, type=click
 @click.option("--queue-limit", type=int, default=None, help="Requests queued per model before QueueFull.")
 @click.option("--metrics-port", type=int, default=None,
               help="Serve Prometheus /metrics on this port (setting metrics_port; 0: off).")
-@_secret_option
+@secret_option
 @click.option("--curve-allowed-keys", default=None, type=click.Path(file_okay=False),
               help="Directory of public keys allowed to connect (enables CURVE with --curve-secret-key).")
 @settings_options
@@ -41,7 +41,7 @@ def broker_command(bind: str, queue_limit: int | None, metrics_port: int | None,
 
 
 @click.command("worker")
-@_broker_option
+@broker_option
 @click.option("--model", required=True,
               help="GGUF path or alias (e.g. smollm2); any name with --backend null.")
 @click.option("--backend", type=click.Choice(["engine", "null"]), default="engine", show_default=True,
@@ -52,11 +52,14 @@ def broker_command(bind: str, queue_limit: int | None, metrics_port: int | None,
 @click.option("--cache-dir", default=None, help="Compiled-model cache directory.")
 @click.option("--cache-only", is_flag=True, default=None, help="Import from the cache or fail.")
 @click.option("--token-delay", type=float, default=0.0, help="Seconds per step of the null backend.")
-@_secret_option
-@_server_key_option
+@click.option("--served-name", "served_names", multiple=True, metavar="NAME",
+              help="A name clients use for the model (repeatable; the first is the one `ovpool status` "
+                   "shows); default: the alias or path given and the file's stem.")
+@secret_option
+@server_key_option
 @settings_options
 def worker_command(broker: str | None, model: str, backend: str, name: str | None, token_delay: float,
-                   assignments: tuple[str, ...], **flags: Any) -> None:
+                   served_names: tuple[str, ...], assignments: tuple[str, ...], **flags: Any) -> None:
     """Run a worker process serving one model on one device."""
     settings = resolve_settings(assignments, broker=broker, **flags)
     early = None
@@ -66,7 +69,7 @@ def worker_command(broker: str | None, model: str, backend: str, name: str | Non
         early = prefetch.start(model, settings=settings)  # a likely hit imports while the rest does
     from ovpool.worker.process import Worker
 
-    with _backend(backend, model, settings, token_delay, early) as (be, load_report), \
+    with _backend(backend, model, settings, token_delay, early, list(served_names)) as (be, load_report), \
             stop_on_signals() as stop, \
             Worker(settings.broker, be, settings=settings, device=settings.device, name=name,
                    load_report=load_report) as worker:
@@ -75,24 +78,24 @@ def worker_command(broker: str | None, model: str, backend: str, name: str | Non
 
 @contextlib.contextmanager
 def _backend(kind: str, model: str, settings: Any, token_delay: float,
-             early: Any = None) -> Iterator[tuple[Any, dict]]:
+             early: Any = None, names: list[str] | None = None) -> Iterator[tuple[Any, dict]]:
     """(backend, the Engine's load report: {} for the null backend); ``early``: the Engine's
-    import begun by prefetch.start."""
+    import begun by prefetch.start; ``names``: --served-name."""
     from ovpool.worker.backend import EngineBackend, NullBackend
 
     if kind == "null":
-        yield NullBackend([model], settings.slots, token_delay, settings.max_prompt_tokens), {}
+        yield NullBackend(names or [model], settings.slots, token_delay, settings.max_prompt_tokens), {}
         return
     from ovpool.worker.engine import Engine
 
     with Engine(model, device=settings.device, settings=settings, cache_dir=settings.cache_dir or None,
                 cache_only=settings.cache_only, early=early) as engine:
-        yield EngineBackend(engine, settings.slots, aliases=[model]), engine.load_report
+        yield EngineBackend(engine, settings.slots, aliases=[model], names=names), engine.load_report
 
 
 @click.command("complete")
 @click.argument("prompt")
-@_broker_option
+@broker_option
 @click.option("--model", default="", help="Model name (default: the only one served).")
 @click.option("--max-tokens", type=int, default=128, show_default=True)
 @click.option("--temperature", type=float, default=0.0, show_default=True, help="0 is greedy.")
@@ -100,8 +103,8 @@ def _backend(kind: str, model: str, settings: Any, token_delay: float,
 @click.option("--timeout", type=float, default=None, help="Seconds before the request fails.")
 @click.option("--stream", is_flag=True, help="Print tokens as they arrive.")
 @click.option("--json", "as_json", is_flag=True, help="Print the Completion as JSON.")
-@_secret_option
-@_server_key_option
+@secret_option
+@server_key_option
 def complete_command(prompt: str, broker: str | None, model: str, max_tokens: int, temperature: float,
                      seed: int | None, timeout: float | None, stream: bool, as_json: bool,
                      **curve: Any) -> None:
@@ -124,10 +127,10 @@ def complete_command(prompt: str, broker: str | None, model: str, max_tokens: in
 
 
 @click.command("status")
-@_broker_option
+@broker_option
 @click.option("--json", "as_json", is_flag=True, help="Print the raw status as JSON.")
-@_secret_option
-@_server_key_option
+@secret_option
+@server_key_option
 def status_command(broker: str | None, as_json: bool, **curve: Any) -> None:
     """Workers, slots, queue depths and counters of the broker."""
     from ovpool.client import Client

@@ -15,7 +15,14 @@ import click
 from ovpool.cli.common import resolve_settings, settings_options, stop_on_signals
 from ovpool.errors import BrokerUnavailableError
 from ovpool.serve import state
-from ovpool.serve.spec import DEFAULT_BIND, DEFAULT_MODEL, PoolSpec, default_cache_dir, parse_devices
+from ovpool.serve.spec import (
+    DEFAULT_BIND,
+    DEFAULT_HTTP,
+    DEFAULT_MODEL,
+    PoolSpec,
+    default_cache_dir,
+    parse_devices,
+)
 
 
 def _available_devices() -> list[str]:
@@ -24,13 +31,27 @@ def _available_devices() -> list[str]:
     return list(ov.Core().available_devices)
 
 
-def _spec(devices: str | None, workers: int | None, bind: str, remote: str | None,
+def _spec(devices: str | None, workers: int | None, bind: str, remote: str | None, http: str | None,
           settings: Any, **fields: Any) -> PoolSpec:
     auto = devices is not None and devices.strip().lower() == "auto"
     listed = parse_devices(devices, workers, _available_devices() if auto else None)
+    if http:
+        from ovpool.api.server import parse_bind
+
+        parse_bind(http)  # a bad --http fails now, not in the child
     return PoolSpec(devices=tuple(listed), bind=None if remote else bind, broker=remote or "",
                     cache_dir=settings.cache_dir or str(default_cache_dir()),
-                    cache_only=settings.cache_only, metrics_port=settings.metrics_port, **fields)
+                    cache_only=settings.cache_only, metrics_port=settings.metrics_port, http=http, **fields)
+
+
+def _http_bind(http: str | None, no_http: bool, remote: str | None) -> str | None:
+    """The HTTP API's HOST:PORT: on by default with a local broker; joining a remote broker (a
+    worker host) runs one only when --http asks for it."""
+    if no_http:
+        if http:
+            raise click.UsageError("pass --http or --no-http, not both")
+        return None
+    return http or (None if remote else DEFAULT_HTTP)
 
 
 def _status_fn(endpoint: str, settings: Any):
@@ -78,21 +99,36 @@ def _publisher(state_file: str | None, client: Any):
               help="Write serve's view of its workers here (read by `ovpool probe`).")
 @click.option("--backend", type=click.Choice(["engine", "null"]), default="engine", show_default=True,
               help="null: workers send fake tokens, to try the pool without a model.")
+@click.option("--token-delay", type=float, default=0.0, help="Seconds per step of the null backend.")
+@click.option("--served-name", "served_names", multiple=True, metavar="NAME",
+              help="A name clients use for the model (repeatable); default: the alias or path and the "
+                   "file's stem.")
+@click.option("--http", default=None, metavar="HOST:PORT",
+              help=f"The OpenAI-compatible HTTP API (default {DEFAULT_HTTP} with a local broker).")
+@click.option("--no-http", is_flag=True, help="Do not start the HTTP API.")
+@click.option("--api-key", "api_keys", multiple=True, envvar="OVPOOL_API_KEY",
+              help="A Bearer key the HTTP API requires (repeatable; env OVPOOL_API_KEY, comma-separated).")
 @settings_options
 def serve_command(devices: str | None, workers: int | None, bind: str, remote: str | None,
                   cache_dir: str | None, cache_only: bool | None, metrics_port: int | None,
-                  state_file: str | None, assignments: tuple[str, ...], **fields: Any) -> None:
-    """Run a broker and one worker per device on this host; Ctrl-C or SIGTERM stops them all."""
+                  state_file: str | None, http: str | None, no_http: bool, api_keys: tuple[str, ...],
+                  served_names: tuple[str, ...], assignments: tuple[str, ...], **fields: Any) -> None:
+    """Run a broker, one worker per device and the HTTP API on this host; Ctrl-C or SIGTERM stops
+    them all."""
     from ovpool.serve.pool import Pool
 
     settings = resolve_settings(assignments, cache_dir=cache_dir, cache_only=cache_only,
                                 metrics_port=metrics_port)
-    spec = _spec(devices, workers, bind, remote, settings, assignments=assignments, **fields)
+    spec = _spec(devices, workers, bind, remote, _http_bind(http, no_http, remote), settings,
+                 assignments=assignments, served_names=served_names, **fields)
     click.echo(f"ovpool serve: {spec.model} on {len(spec.devices)} worker(s) ({', '.join(spec.devices)}), "
-               f"broker {spec.endpoint}" + (" (remote)" if remote else "") + f", cache {spec.cache_dir}")
+               f"broker {spec.endpoint}" + (" (remote)" if remote else "") + f", cache {spec.cache_dir}"
+               + (f", HTTP API http://{spec.http}/v1" if spec.http else ""))
     sys.stdout.flush()
+    http_env = {**os.environ, "OVPOOL_API_KEY": ",".join(api_keys)}
     client, status = _status_fn(spec.endpoint, settings)
-    with client, stop_on_signals() as stop, Pool(spec, status, _publisher(state_file, client)) as pool:
+    with client, stop_on_signals() as stop, \
+            Pool(spec, status, _publisher(state_file, client), http_env=http_env) as pool:
         pool.run(stop)
 
 

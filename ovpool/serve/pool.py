@@ -18,6 +18,7 @@ from collections.abc import Callable
 from ovpool import timing
 from ovpool.errors import ConfigError
 from ovpool.serve.child import ChildProcess
+from ovpool.serve.http import HttpChild
 from ovpool.serve.spec import PoolSpec, worker_names
 from ovpool.serve.supervisor import RestartPolicy, Supervisor, WorkerPhase
 
@@ -32,11 +33,14 @@ class Pool:
 
     def __init__(self, spec: PoolSpec, status: StatusFn, publish: PublishFn,
                  env: dict[str, str] | None = None, policy: RestartPolicy | None = None,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, http_env: dict[str, str] | None = None):
         self.spec = spec
         self._status, self._publish, self._env, self._clock = status, publish, env, clock
         self._devices = worker_names(list(spec.devices))
         self.supervisor = Supervisor(self._devices, policy or RestartPolicy())
+        # The HTTP API child's environment may carry its API keys (kept off command lines).
+        self._http = (HttpChild(spec.api_argv(), spec.http, http_env or env, policy or RestartPolicy())
+                      if spec.http else None)
         self._children: dict[str, ChildProcess] = {}
         self._broker: ChildProcess | None = None
         self._broker_status: dict | None = None
@@ -48,6 +52,8 @@ class Pool:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        if self._http is not None:  # first: no new requests while the workers drain
+            self._http.stop()
         self.supervisor.stop()
         workers = list(self._children.values())
         for child in workers:  # all at once: each worker drains its requests in parallel
@@ -65,6 +71,8 @@ class Pool:
         while not stop.is_set():
             now = self._clock()
             self._check_broker()
+            if self._http is not None:
+                self._http.poll(now)
             self._reap(now)
             for name in self.supervisor.due(now):
                 self._spawn(name, now)
@@ -81,8 +89,11 @@ class Pool:
         for entry in self.supervisor.view():
             registered = loads.get(entry["pid"], {})
             workers.append({**entry, "worker_id": registered.get("id"), "load": registered.get("load")})
-        return {"host": self._host, "endpoint": self.spec.endpoint, "model": self.spec.model,
+        view = {"host": self._host, "endpoint": self.spec.endpoint, "model": self.spec.model,
                 "updated": time.time(), "workers": workers}
+        if self._http is not None:
+            view["http"] = self._http.describe()
+        return view
 
     def _check_broker(self) -> None:
         if self._broker is None or self._broker.poll() is None:

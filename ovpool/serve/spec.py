@@ -15,6 +15,7 @@ from ovpool.errors import ConfigError
 
 DEFAULT_MODEL = "smollm2"
 DEFAULT_BIND = "tcp://127.0.0.1:5555"
+DEFAULT_HTTP = "127.0.0.1:8000"
 _WILDCARD_HOSTS = {"*", "0.0.0.0", "::", "[::]"}
 
 
@@ -82,6 +83,9 @@ class PoolSpec:
     assignments: tuple[str, ...] = ()
     metrics_port: int = 0
     backend: str = "engine"
+    served_names: tuple[str, ...] = ()  # names the workers answer to (default: the model's own)
+    token_delay: float = 0.0  # seconds per step of the null backend
+    http: str | None = None  # HOST:PORT of the HTTP API child (None: none)
     python: str = sys.executable
 
     @property
@@ -102,6 +106,14 @@ class PoolSpec:
             argv.append("--cache-only")
         if self.slots is not None:
             argv += ["--slots", str(self.slots)]
+        for name in self.served_names:
+            argv += ["--served-name", name]
+        if self.token_delay:
+            argv += ["--token-delay", str(self.token_delay)]
         for item in self.assignments:
             argv += ["--set", item]
         return argv
+
+    def api_argv(self) -> list[str]:
+        """The HTTP API child (its keys travel in the environment, not on a command line)."""
+        return [self.python, "-m", "ovpool", "api", "--broker", self.endpoint, "--bind", self.http or ""]

@@ -140,9 +140,11 @@ class EngineBackend:
     started that way finish that way.
     """
 
-    def __init__(self, engine: Engine, slots: int = 8, aliases: list[str] | None = None):
+    def __init__(self, engine: Engine, slots: int = 8, aliases: list[str] | None = None,
+                 names: list[str] | None = None):
         self.engine = engine
-        self.models = list(dict.fromkeys([engine.name, *(aliases or [])]))
+        # ``names`` (--served-name) replace the model's own name and aliases, as vLLM's do.
+        self.models = list(dict.fromkeys(names or [engine.name, *(aliases or [])]))
         self.slots = slots
         self._interleaved = Interleaved(engine)
         self._batcher: Batcher | None = None

@@ -1,0 +1,67 @@
+"""``ovpool api``: the HTTP API's process, the Starlette app on uvicorn.
+
+uvicorn with httptools (a C HTTP parser) and uvloop: the same stack vLLM serves its OpenAI API
+on. The listening socket is bound here first, so a taken port is one clear error line.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+import threading
+
+from ovpool import timing
+from ovpool.api.app import Config, create_app
+from ovpool.errors import ConfigError
+
+
+def parse_bind(bind: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[::1]:8000`` for IPv6) as (host, port)."""
+    host, sep, port = bind.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise ConfigError(f"HTTP bind {bind!r}: expected HOST:PORT, e.g. 127.0.0.1:8000 or [::]:8000")
+    return host, int(port)
+
+
+def listen(bind: str) -> socket.socket:
+    host, port = parse_bind(bind)
+    try:
+        family = socket.AF_INET6 if ipaddress.ip_address(host).version == 6 else socket.AF_INET
+    except ValueError:
+        family = socket.AF_INET  # a host name such as localhost
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(f"the HTTP API cannot listen on {bind}: {exc.strerror}; pick another "
+                          "--bind (serve: --http)") from exc
+    sock.set_inheritable(True)
+    return sock
+
+
+def run(config: Config, bind: str, stop: threading.Event) -> None:
+    """Serve until ``stop`` is set; open streams then get SHUTDOWN_GRACE_S to finish.
+
+    uvicorn runs on a thread of its own, where it leaves signals alone: the CLI's SIGTERM
+    handling (stop_on_signals) stays the same as the broker's and the workers', exit status 0.
+    """
+    import uvicorn  # not for `ovpool serve`, which only checks the bind
+
+    config.keys.warn_if_open(parse_bind(bind)[0])
+    sock = listen(bind)
+    server = uvicorn.Server(uvicorn.Config(
+        create_app(config), loop="uvloop", http="httptools", lifespan="on", log_config=None,
+        access_log=False, proxy_headers=False,
+        timeout_graceful_shutdown=max(1, round(timing.SHUTDOWN_GRACE_S))))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="uvicorn")
+    with sock:
+        thread.start()
+        while thread.is_alive() and not stop.wait(timing.POLL_INTERVAL_S):
+            pass
+        server.should_exit = True
+        thread.join()
+    if not server.started:
+        raise ConfigError(f"the HTTP API on {bind} did not start; see the log above")

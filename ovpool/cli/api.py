@@ -1,0 +1,35 @@
+"""``ovpool api``: the OpenAI-compatible HTTP API in front of a broker."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from ovpool.cli.common import resolve_settings, stop_on_signals
+from ovpool.cli.pool import broker_option, secret_option, server_key_option
+
+
+@click.command("api")
+@broker_option
+@click.option("--bind", default="127.0.0.1:8000", show_default=True, metavar="HOST:PORT",
+              help="Where the HTTP API listens.")
+@click.option("--api-key", "api_keys", multiple=True, envvar="OVPOOL_API_KEY",
+              help="A Bearer key clients must send (repeatable; env OVPOOL_API_KEY, comma-separated). "
+                   "None: open, which only loopback should be.")
+@secret_option
+@server_key_option
+def api_command(broker: str | None, bind: str, api_keys: tuple[str, ...], **curve: Any) -> None:
+    """Serve the OpenAI HTTP API (/v1/models, /v1/completions, /v1/chat/completions) via BROKER."""
+    from ovpool.api import keys
+    from ovpool.api.app import Config
+    from ovpool.api.server import run
+
+    settings = resolve_settings(broker=broker, **curve)
+    config = Config(settings.broker, settings, keys.ApiKeys(keys.parse(api_keys)), settings.max_new_tokens)
+    with stop_on_signals() as stop:
+        run(config, bind, stop)
+
+
+def register(group: click.Group) -> None:
+    group.add_command(api_command)
