@@ -21,6 +21,7 @@ from serve_helpers import serve, wait_for
 
 from ovpool import timing
 from ovpool.client import Client
+from ovpool.testing.pool import PoolProcess, broker, fast_heartbeats, free_endpoint, null_worker
 
 pytestmark = pytest.mark.slow
 KEYS = ("key-one", "key-two")
@@ -248,3 +249,28 @@ def test_killed_worker_mid_stream_still_completes_every_token_once(served):
     assert "".join(tokens) == reference(served, prompt, seed, n)
     assert len(tokens) == n  # each token once: the replay's repeats were dropped
     served.wait_states("ready")
+
+
+def test_no_worker_left_for_the_model_is_503(tmp_path):
+    """A model whose only worker died: its requests wait BROKER_GRACE_S for one, then fail."""
+    endpoint, port = free_endpoint(), int(free_endpoint().rsplit(":", 1)[1])
+    with fast_heartbeats(0.2), broker(endpoint), null_worker(endpoint, model="solo") as worker, \
+            PoolProcess("api", "--broker", endpoint, "--bind", f"127.0.0.1:{port}"):
+        base = f"http://127.0.0.1:{port}"
+        wait_for(lambda: _health(base) == 200, 30, "the worker to register")
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
+        assert client.completions.create(model="solo", prompt="x", max_tokens=2).usage.completion_tokens == 2
+        worker.kill()
+        with pytest.raises(openai.InternalServerError) as e503:
+            client.completions.create(model="solo", prompt="x", max_tokens=2)
+        assert e503.value.status_code == 503 and "gone" in e503.value.message
+        assert _health(base) == 503
+
+
+def test_api_command_errors_are_one_clear_line(served):
+    taken = subprocess.run([sys.executable, "-m", "ovpool", "api", "--bind", f"127.0.0.1:{served.http_port}"],
+                           capture_output=True, text=True, timeout=60)
+    assert taken.returncode == 2 and "cannot listen on" in taken.stderr and "Traceback" not in taken.stderr
+    bad = subprocess.run([sys.executable, "-m", "ovpool", "api", "--bind", "8000"], capture_output=True,
+                         text=True, timeout=60)
+    assert bad.returncode == 2 and "expected HOST:PORT" in bad.stderr

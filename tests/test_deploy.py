@@ -18,9 +18,9 @@ from ovpool.cli import main as cli_main
 from ovpool.settings import REGISTRY
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
-UNITS = ("ovpool-broker.service", "ovpool-worker@.service")
+UNITS = ("ovpool-broker.service", "ovpool-worker@.service", "ovpool-api.service")
 # Variables the env file may set besides the settings: CLI options with an envvar, and logging.
-CLI_ENV = {"OVPOOL_BIND", "OVPOOL_MODEL", "OVPOOL_LOG_JSON", "OVPOOL_LOG_LEVEL"}
+CLI_ENV = {"OVPOOL_BIND", "OVPOOL_HTTP_BIND", "OVPOOL_MODEL", "OVPOOL_LOG_JSON", "OVPOOL_LOG_LEVEL"}
 SETTING_ENV = {s.env for s in REGISTRY.values()}
 
 
@@ -59,7 +59,8 @@ def test_systemd_units_pass_systemd_analyze_verify(tmp_path):
     for unit in UNITS:  # verify checks that ExecStart exists: point it at this checkout's script
         text = (DEPLOY / "systemd" / unit).read_text().replace("/opt/ovpool/bin/ovpool", str(ovpool_bin))
         (tmp_path / unit).write_text(text)
-    result = subprocess.run([analyze, "verify", "ovpool-broker.service", "ovpool-worker@GPU.0.service"],
+    result = subprocess.run([analyze, "verify", "ovpool-broker.service", "ovpool-worker@GPU.0.service",
+                             "ovpool-api.service"],
                             cwd=tmp_path, capture_output=True, text=True, timeout=60)
     complaints = [x for x in (result.stdout + result.stderr).splitlines() if "ovpool" in x]
     assert result.returncode == 0 and not complaints, result.stdout + result.stderr
@@ -78,8 +79,10 @@ def test_unit_command_lines_parse_and_env_names_are_known():
     assert not unknown, f"ovpool.env sets variables nothing reads: {unknown}"
     broker = exec_start("ovpool-broker.service")
     worker = exec_start("ovpool-worker@.service", "GPU.1")
+    api = exec_start("ovpool-api.service")
     assert worker[worker.index("--device") + 1] == "GPU.1"
-    for argv in (broker, worker):
+    assert api[api.index("--bind") + 1] == env["OVPOOL_HTTP_BIND"]
+    for argv in (broker, worker, api):
         parses(argv[1:])
 
 
@@ -92,8 +95,11 @@ def test_kubernetes_manifests_validate():
     result = subprocess.run([validate, "--strict", *map(str, manifests())], capture_output=True, text=True,
                             timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
-    kinds = {doc["kind"] for path in manifests() for doc in yaml.safe_load_all(path.read_text())}
-    assert {"Deployment", "Service", "DaemonSet", "Secret", "ConfigMap"} <= kinds
+    docs = [doc for path in manifests() for doc in yaml.safe_load_all(path.read_text())]
+    assert {"Deployment", "Service", "DaemonSet", "Secret", "ConfigMap"} <= {doc["kind"] for doc in docs}
+    deployments = {d["metadata"]["name"] for d in docs if d["kind"] == "Deployment"}
+    services = {d["metadata"]["name"] for d in docs if d["kind"] == "Service"}
+    assert {"ovpool-broker", "ovpool-api"} <= deployments & services
 
 
 def test_kubernetes_validate_rejects_a_misspelled_field(tmp_path):

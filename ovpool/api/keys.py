@@ -40,6 +40,6 @@ class ApiKeys:
             raise UnauthorizedError("invalid API key")
 
     def warn_if_open(self, host: str) -> None:
-        if not self._keys and not is_loopback(f"tcp://{host}:0"):
+        if not self._keys and not is_loopback(f"tcp://[{host}]:0" if ":" in host else f"tcp://{host}:0"):
             log.warning("HTTP API on %s without an API key: anyone who can reach it can submit requests;"
                         " set --api-key or OVPOOL_API_KEY", host)

@@ -13,7 +13,7 @@ from ovpool.cli.pool import broker_option, secret_option, server_key_option
 @click.command("api")
 @broker_option
 @click.option("--bind", default="127.0.0.1:8000", show_default=True, metavar="HOST:PORT",
-              help="Where the HTTP API listens.")
+              envvar="OVPOOL_HTTP_BIND", help="Where the HTTP API listens (env OVPOOL_HTTP_BIND).")
 @click.option("--api-key", "api_keys", multiple=True, envvar="OVPOOL_API_KEY",
               help="A Bearer key clients must send (repeatable; env OVPOOL_API_KEY, comma-separated). "
                    "None: open, which only loopback should be.")

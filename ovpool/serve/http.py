@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from ovpool.errors import ConfigError
 from ovpool.serve.child import ChildProcess
-from ovpool.serve.supervisor import RestartPolicy, Supervisor, WorkerState
+from ovpool.serve.supervisor import RestartPolicy, Supervisor, WorkerPhase
 
 log = logging.getLogger(__name__)
 NAME = "http"
@@ -34,7 +34,7 @@ class HttpChild:
         if self.supervisor.due(now):
             self._child = ChildProcess(NAME, self._argv, env=self._env).__enter__()
             self.supervisor.started(NAME, self._child.pid, now)
-        elif (self._child is not None and self.supervisor.state(NAME) is WorkerState.STARTING
+        elif (self._child is not None and self.supervisor.state(NAME) is WorkerPhase.STARTING
               and self._connect(self._bind)):
             self.supervisor.ready(NAME)
             log.info("HTTP API ready on http://%s/v1", self._bind)
@@ -45,7 +45,7 @@ class HttpChild:
         self._child.stop()
         reason = self._child.last_error()
         self._child = None
-        if self.supervisor.exited(NAME, code, now, reason) is WorkerState.FAILING:
+        if self.supervisor.exited(NAME, code, now, reason) is WorkerPhase.FAILING:
             raise ConfigError(f"the HTTP API on {self._bind} keeps failing: {reason or f'status {code}'}")
         log.warning("the HTTP API exited with status %d; restarting in %.1f s", code,
                     self.supervisor.restart_at(NAME) - now)

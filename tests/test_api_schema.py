@@ -1,0 +1,110 @@
+"""The HTTP API's pure parts: request bodies checked field by field, error mapping, API keys."""
+
+from __future__ import annotations
+
+import pytest
+
+from ovpool import errors
+from ovpool.api import errors as api_errors
+from ovpool.api.keys import ApiKeys, parse
+from ovpool.api.schema import parse_chat, parse_completion
+
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+
+
+def bad_param(call, body) -> str | None:
+    with pytest.raises(errors.InvalidRequestError) as info:
+        call(body)
+    return info.value.param
+
+
+def test_openai_defaults_and_unknown_fields_ignored():
+    gen = parse_completion({"model": "m", "prompt": "p", "user": "u", "some_new_field": {"x": 1}})
+    (choice,) = gen.choices
+    assert choice.sampling == {"max_tokens": 16, "temperature": 1.0, "seed": None}  # OpenAI's defaults
+    assert (gen.chat, gen.stream, gen.echo, gen.logprobs, gen.n) == (False, False, False, None, 1)
+    chat = parse_chat(CHAT, max_tokens=4096)
+    assert chat.choices[0].sampling["max_tokens"] == 4096 and chat.choices[0].prompt == CHAT["messages"]
+
+
+def test_fields_map_onto_sampling_params():
+    gen = parse_chat({**CHAT, "max_tokens": 9, "max_completion_tokens": 7, "temperature": 0, "top_p": 0.5,
+                      "top_k": -1, "seed": 5, "stop": "\n", "n": 3, "ignore_eos": True}, max_tokens=100)
+    assert [c.index for c in gen.choices] == [0, 1, 2]
+    assert [c.sampling["seed"] for c in gen.choices] == [5, 6, 7]  # n choices, n seeds
+    assert gen.choices[0].sampling == {"max_tokens": 7, "temperature": 0.0, "top_p": 0.5, "top_k": 0,
+                                       "seed": 5, "stop": ["\n"], "ignore_eos": True}
+    negative = parse_completion({"model": "m", "prompt": "p", "seed": -1})
+    assert negative.choices[0].sampling["seed"] == 2**63 - 1
+
+
+def test_prompt_lists_and_n_number_the_choices_like_openai():
+    gen = parse_completion({"model": "m", "prompt": ["a", "b"], "n": 2})
+    assert [(c.index, c.prompt) for c in gen.choices] == [(0, "a"), (1, "a"), (2, "b"), (3, "b")]
+
+
+def test_chat_content_parts_are_joined_and_others_refused():
+    gen = parse_chat({"model": "m", "messages": [
+        {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+        {"role": "assistant", "content": None}]}, max_tokens=8)
+    assert gen.choices[0].prompt == [{"role": "user", "content": "ab"}, {"role": "assistant", "content": ""}]
+    image = {"model": "m",
+             "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}
+    assert bad_param(lambda b: parse_chat(b, 8), image) == "messages[0].content"
+
+
+@pytest.mark.parametrize("field, value", [
+    ("temperature", -1), ("temperature", "hot"), ("top_p", 0), ("top_p", 1.5), ("top_k", -2), ("n", 0),
+    ("n", 129), ("max_tokens", 0), ("max_tokens", 2.5), ("seed", 2**64), ("stop", [""]), ("stop", 3),
+    ("stream", "yes"), ("model", None), ("timeout", 0), ("presence_penalty", 3), ("logit_bias", {"x": 1}),
+    ("logit_bias", {"5": 101}), ("stream_options", {"include_usage": True}),
+])
+def test_bad_values_are_400_naming_the_field(field, value):
+    body = {"model": "m", "prompt": "p", field: value}
+    assert bad_param(parse_completion, body) in (field, "stream_options")
+
+
+def test_refused_features_say_what_instead():
+    with pytest.raises(errors.InvalidRequestError, match="structured output"):
+        parse_chat({**CHAT, "response_format": {"type": "json_schema", "json_schema": {}}}, 8)
+    assert parse_chat({**CHAT, "response_format": {"type": "text"}}, 8).choices
+    assert bad_param(lambda b: parse_chat(b, 8), {**CHAT, "tools": [{"type": "function"}]}) == "tools"
+    assert bad_param(parse_completion, {"model": "m", "prompt": [1, 2, 3]}) == "prompt"
+    assert bad_param(lambda b: parse_chat(b, 8), {**CHAT, "top_logprobs": 2}) == "top_logprobs"
+    assert bad_param(parse_completion, {"model": "m", "prompt": "p", "echo": True, "logprobs": 1}) == "echo"
+    with pytest.raises(errors.InvalidRequestError, match="JSON object"):
+        parse_completion(["not", "an", "object"])
+
+
+def test_stream_options_need_stream():
+    gen = parse_completion({"model": "m", "prompt": "p", "stream": True,
+                            "stream_options": {"include_usage": True}})
+    assert gen.stream and gen.include_usage
+
+
+@pytest.mark.parametrize("exc, status, code", [
+    (errors.InvalidRequestError("x"), 400, "request.invalid"),
+    (errors.UnauthorizedError("x"), 401, "invalid_api_key"),
+    (errors.ModelNotFoundError("x"), 404, "model_not_found"),
+    (errors.QueueFullError("x"), 429, "request.queue_full"),
+    (errors.WorkerLostError("x"), 503, "request.worker_lost"),
+    (errors.BrokerUnavailableError("x"), 503, "request.broker_unavailable"),
+    (errors.RequestTimeoutError("x"), 504, "request.timeout"),
+    (errors.ModelLoadError("x"), 500, "model.load"),
+    (errors.from_wire("request.something_new", "x"), 500, "request"),  # a newer peer's code: its parent
+])
+def test_error_tree_maps_to_statuses_once(exc, status, code):
+    assert api_errors.classify(exc)[0] == status
+    assert api_errors.body(exc)["error"]["code"] == code
+    assert ("Retry-After" in api_errors.headers(exc)) == (status == 429)
+
+
+def test_api_keys_several_bearer_and_open_without_any():
+    keys = ApiKeys(parse(["k1,k2", " k3 "]))
+    for good in ("Bearer k1", "bearer k2", "Bearer k3"):
+        keys.check(good)
+    for bad in (None, "", "Bearer", "Basic k1", "Bearer k4", "Bearer k1k2"):
+        with pytest.raises(errors.UnauthorizedError):
+            keys.check(bad)
+    ApiKeys().check(None)  # no key configured: open
+    assert not ApiKeys(parse([""]))
