@@ -7,18 +7,23 @@ import pytest
 from gguf import GGML_QUANT_SIZES, quants
 from gguf import GGMLQuantizationType as T
 
+from ovpool.worker.gguf.blocks import unpack
 from ovpool.worker.gguf.quants import (
     dequantize,
+    gatherable,
+    pack_crumbs,
     pack_nibbles,
     permute_rows,
     requantize,
-    unpack,
+    unpack_crumbs,
     unpack_nibbles,
     widen,
 )
 
 # Byte offsets of the f16 scale fields inside one block of each type.
-F16_FIELDS = {T.Q8_0: [0], T.Q4_0: [0], T.Q4_1: [0, 2], T.Q4_K: [0, 2], T.Q6_K: [208], T.Q5_0: [0]}
+F16_FIELDS = {T.Q8_0: [0], T.Q4_0: [0], T.Q4_1: [0, 2], T.Q4_K: [0, 2], T.Q6_K: [208], T.Q5_0: [0],
+              T.Q5_1: [0, 2], T.Q5_K: [0, 2], T.Q3_K: [108], T.Q2_K: [80, 82], T.IQ4_NL: [0],
+              T.IQ4_XS: [0]}
 
 
 def random_blocks(qtype: T, rows: int, cols: int, seed: int = 0) -> np.ndarray:
@@ -88,6 +93,22 @@ def test_nibble_packing_round_trips_in_openvino_order():
     packed = pack_nibbles(q)
     assert packed[0, 0] == 0x10  # element 0 low, element 1 high
     np.testing.assert_array_equal(unpack_nibbles(packed, "u4"), q)
+
+
+def test_crumb_packing_round_trips_in_openvino_order():
+    q = np.arange(32, dtype=np.uint8).reshape(2, 16) % 4
+    packed = pack_crumbs(q)
+    assert packed.shape == (2, 4) and packed[0, 0] == 0b11100100  # element 0 in the lowest bits
+    np.testing.assert_array_equal(unpack_crumbs(packed), q)
+
+
+def test_q2_k_is_gathered_from_4_bit_codes_of_the_same_weights():
+    packed = unpack(T.Q2_K, random_blocks(T.Q2_K, 4, 256), (4, 256))
+    table = gatherable(packed)
+    assert packed.element == "u2" and table.element == "u4" and table.codes.shape == (4, 128)
+    np.testing.assert_array_equal(dequantize(table), dequantize(packed))
+    q8 = unpack(T.Q8_0, random_blocks(T.Q8_0, 4, 256), (4, 256))
+    assert gatherable(q8) is q8
 
 
 def test_permute_rows_moves_every_per_row_array():

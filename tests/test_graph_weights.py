@@ -8,7 +8,8 @@ import openvino.opset13 as ops
 import pytest
 from test_gguf_quants import F16_FIELDS, random_blocks
 
-from ovpool.worker.gguf.quants import dequantize, unpack
+from ovpool.worker.gguf.blocks import unpack
+from ovpool.worker.gguf.quants import dequantize
 from ovpool.worker.graph.weights import Weight, rope_halves_order
 
 ROWS, COLS = 48, 256

@@ -10,10 +10,12 @@ from ovpool.testing.tiny import WEIGHT_TYPES, TinySpec
 from ovpool.testing.tiny_vocab import SPECIAL_TOKENS
 
 # Largest |dequantized - written| allowed, as a fraction of the largest |weight| in its block (one
-# element for float types): half a quantization step, a whole one for Q4_0 (its grid is -8..7 so
-# the side opposite the extreme clips), a little more for K-quants (they round sub-block scales).
+# element for float types): half a quantization step, a whole one for Q4_0/Q3_K (their grids are
+# -8..7 and -4..3, so the side opposite the extreme clips), a little more for K-quants (they round
+# sub-block scales); IQ4's codebook values are at most 24/127 apart and stop at 113/127.
 TOLERANCE = {"F32": 0.0, "F16": 1e-3, "BF16": 8e-3, "Q8_0": 5e-3, "Q4_0": 0.126, "Q4_1": 0.067,
-             "Q4_K": 0.1, "Q6_K": 0.025, "Q5_0": 0.063}
+             "Q4_K": 0.1, "Q6_K": 0.025, "Q5_0": 0.063, "Q5_1": 0.033, "Q5_K": 0.05, "Q3_K": 0.26,
+             "Q2_K": 0.35, "IQ4_NL": 0.115, "IQ4_XS": 0.12}
 
 
 def _max_block_error(got: np.ndarray, expected: np.ndarray, weight_type: str) -> float:
@@ -98,4 +100,4 @@ def test_logits_of_float_weights_are_well_conditioned():
 
 def test_bad_spec_is_rejected():
     with pytest.raises(ValueError, match="weight_type"):
-        TinySpec(weight_type="Q5_K")
+        TinySpec(weight_type="IQ2_XXS")

@@ -16,7 +16,7 @@ from ovpool.worker.backend import EngineBackend
 from ovpool.worker.gguf.model import GGUFModel
 
 EXACT = {"inference_precision": "f32", "kv_cache_precision": "f32"}
-TYPES = ["Q5_0"]
+TYPES = ["Q5_0", "Q5_1", "Q5_K", "Q3_K", "Q2_K", "IQ4_NL", "IQ4_XS"]
 
 
 @pytest.mark.parametrize("weight_type", TYPES)

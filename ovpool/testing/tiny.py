@@ -18,11 +18,13 @@ from gguf import GGMLQuantizationType as QT
 from ovpool.testing.kquants import QUANTIZERS
 from ovpool.testing.tiny_vocab import KINDS, Vocab, vocab, write_tokenizer
 
-WEIGHT_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K", "Q5_0")
+WEIGHT_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K", "Q5_0", "Q5_1", "Q5_K",
+                "Q3_K", "Q2_K", "IQ4_NL", "IQ4_XS")
 ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3")
 # llama.cpp's LLAMA_FTYPE values for a file of one weight type (general.file_type).
-_FILE_TYPE = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q4_K": 15, "Q6_K": 18,
-              "BF16": 32}
+# (A K-quant file of one type is llama.cpp's _S variant: Q3_K_S, Q5_K_S.)
+_FILE_TYPE = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q5_1": 9, "Q2_K": 10,
+              "Q3_K": 11, "Q4_K": 15, "Q5_K": 16, "Q6_K": 18, "IQ4_NL": 25, "IQ4_XS": 30, "BF16": 32}
 _PRE = {"llama": "default", "qwen2": "qwen2", "qwen3": "qwen2", "gemma3": "default"}
 # gemma3: six layers hold both kinds (five local, one global, as llama.cpp's pattern of 6 has
 # them), and a window shorter than the test prompts, so sliding matters.

@@ -18,7 +18,8 @@ from ovpool.models import ALIASES, resolve_model_path
 from ovpool.worker.gguf.file import TensorInfo, read_header
 
 ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3")
-WEIGHT_TYPES = frozenset({T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q4_K, T.Q6_K, T.Q5_0})
+WEIGHT_TYPES = frozenset({T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q4_K, T.Q6_K, T.Q5_0, T.Q5_1,
+                          T.Q5_K, T.Q3_K, T.Q2_K, T.IQ4_NL, T.IQ4_XS})
 _NORM_TYPES = frozenset({T.F32, T.F16, T.BF16})
 ROPE_FREQS = "rope_freqs.weight"  # per-frequency divisors (Llama 3.1 long-context RoPE)
 

@@ -22,8 +22,9 @@ import openvino.opset13 as ops
 from ovpool.devices import device_type
 from ovpool.errors import UnsupportedModelError
 from ovpool.settings import Settings
+from ovpool.worker.gguf.blocks import unpack
 from ovpool.worker.gguf.model import ROPE_FREQS, GGUFModel, HParams
-from ovpool.worker.gguf.quants import dequantize, unpack
+from ovpool.worker.gguf.quants import dequantize
 from ovpool.worker.graph import layers as L
 from ovpool.worker.graph import weights as W
 

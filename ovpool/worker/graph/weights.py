@@ -16,11 +16,12 @@ import openvino as ov
 import openvino.opset13 as ops
 from gguf import GGMLQuantizationType as T
 
+from ovpool.worker.gguf.blocks import unpack
 from ovpool.worker.gguf.model import GGUFModel
-from ovpool.worker.gguf.quants import Packed, concat_rows, permute_rows, requantize, unpack, widen
+from ovpool.worker.gguf.quants import Packed, concat_rows, gatherable, permute_rows, requantize, widen
 
 _ELEMENT = {"f32": ov.Type.f32, "f16": ov.Type.f16, "bf16": ov.Type.bf16, "i8": ov.Type.i8,
-            "u8": ov.Type.u8, "u4": ov.Type.u4, "i4": ov.Type.i4}
+            "u8": ov.Type.u8, "u4": ov.Type.u4, "i4": ov.Type.i4, "u2": ov.Type.u2}
 
 
 def constant(array: np.ndarray, element: ov.Type | None = None, shape=None) -> ov.Node:
@@ -95,6 +96,7 @@ class Weight:
         self.packed, self.name = packed, name
         self.rows, self.cols = packed.shape
         self._matrix: ov.Output | None = None
+        self._table: Weight | None = None
 
     def matrix(self) -> ov.Output:
         """The decompressed [rows, cols] f32 weight (a subgraph the plugin fuses, built once)."""
@@ -133,7 +135,15 @@ class Weight:
 
     def lookup(self, ids: ov.Output) -> ov.Output:
         """Rows ``ids`` [...] → [..., cols] (the embedding table's lookup)."""
-        return ops.gather(self.matrix(), ids, ops.constant(np.int64(0))).output(0)
+        return ops.gather(self._gather_table().matrix(), ids, ops.constant(np.int64(0))).output(0)
+
+    def _gather_table(self) -> Weight:
+        """This weight, or a copy in a form the CPU plugin gathers compressed (quants.gatherable):
+        only a tied Q2_K vocabulary keeps both (llama.cpp writes a tied one as Q6_K)."""
+        if self._table is None:
+            table = gatherable(self.packed)
+            self._table = self if table is self.packed else Weight(table, self.name)
+        return self._table
 
 
 def _pack_zero(zero: np.ndarray) -> np.ndarray:
