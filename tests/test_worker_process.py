@@ -104,6 +104,11 @@ def request(rid: str, max_tokens: int = 3, **params) -> Request:
     return Request(rid, "m", {"max_tokens": max_tokens, "seed": 1, **params}, prompt="hello there")
 
 
+def serves_on(broker: HandBroker) -> None:
+    broker.send(request("next", max_tokens=1))
+    assert isinstance(broker.until(Final, "next")[-1], Final)
+
+
 def test_a_request_streams_each_token_once_in_order_then_its_final(broker, serving):
     ready, stop = serving
     assert isinstance(ready, Ready) and ready.models == ["m"] and ready.slots == 2
@@ -122,8 +127,7 @@ def test_bad_parameters_are_an_error_naming_them_and_the_worker_serves_on(broker
     err = broker.next()
     assert isinstance(err, Error) and err.request_id == "bad"
     assert err.code == errors.InvalidRequestError.code and "temperature" in err.message
-    broker.send(request("good", max_tokens=1))
-    assert isinstance(broker.until(Final, "good")[-1], Final)
+    serves_on(broker)
     stop()
 
 
@@ -153,8 +157,7 @@ def test_a_broker_that_asks_again_gets_a_new_ready_and_the_sessions_are_dropped(
 def test_a_frame_that_does_not_decode_is_dropped_and_the_worker_serves_on(broker, serving):
     _, stop = serving
     broker.send_frames([b"\xff\xfe not a message"])
-    broker.send(request("next", max_tokens=1))
-    assert isinstance(broker.until(Final, "next")[-1], Final)
+    serves_on(broker)
     stop()
 
 
