@@ -24,8 +24,11 @@ def cache_lines(text: str, kind: str) -> list[str]:
 
 def test_cold_cache_three_workers_compile_once_and_a_killed_worker_imports(tmp_path, tiny_model):
     model, cache, port = tiny_model(), tmp_path / "cache", free_port()
+    # Heartbeats of 1 s, not the helpers' 0.2 s: the table below is one snapshot of the registered
+    # workers, and at a 0.6 s expiry a worker building its paged graph on a loaded 2-core host (two
+    # busy loops beside the suite) missed it and was away re-registering (2 of 3 runs failed so).
     with serve(tmp_path, "--model", str(model), "--workers", "3", "--cache-dir", str(cache),
-               "--metrics-port", str(port)) as served:
+               "--metrics-port", str(port), env={"OVPOOL_HEARTBEAT_INTERVAL_S": "1.0"}) as served:
         workers = served.wait_states("ready", timeout=120)
         log = served.output()
         assert len(cache_lines(log, "WROTE")) == 1, log
@@ -37,7 +40,8 @@ def test_cold_cache_three_workers_compile_once_and_a_killed_worker_imports(tmp_p
         assert all(load["seconds"] > 0 and load["entry"] == loads[0]["entry"] for load in loads)
         table = subprocess.run([sys.executable, "-m", "ovpool", "status", "--broker", served.endpoint],
                                capture_output=True, text=True, check=True).stdout
-        assert [len(re.findall(rf" {outcome} \d+\.\ds ", table)) for outcome in ("hit", "wrote")] == [2, 1]
+        counts = [len(re.findall(rf" {outcome} \d+\.\ds ", table)) for outcome in ("hit", "wrote")]
+        assert counts == [2, 1], table
         events = [labels for (name, labels), value in scrape(port).items()
                   if name == "ovpool_worker_cache_total" and value == 1]
         assert sorted(dict(labels)["event"] for labels in events) == ["hits", "hits", "misses", "writes"]
