@@ -135,7 +135,7 @@ async def _sdk_streams(port: int, streams: int, max_tokens: int) -> float:
         out = await sdk.chat.completions.create(
             model="", messages=[{"role": "user", "content": f"Tell story number {i}."}],
             max_tokens=max_tokens, temperature=0, stream=True, extra_body={"ignore_eos": True})
-        return sum(1 async for chunk in out if chunk.choices and chunk.choices[0].delta.content is not None)
+        return len([1 async for chunk in out if chunk.choices and chunk.choices[0].delta.content is not None])
 
     start = time.perf_counter()
     counts = await asyncio.gather(*(one(i) for i in range(streams)))
@@ -149,7 +149,7 @@ async def _client_streams(endpoint: str, streams: int, max_tokens: int) -> float
         async def one(i: int) -> int:
             stream = client.stream([{"role": "user", "content": f"Tell story number {i}."}],
                                    max_tokens=max_tokens, ignore_eos=True)
-            return sum([1 async for _ in stream])
+            return len([1 async for _ in stream])
 
         start = time.perf_counter()
         counts = await asyncio.gather(*(one(i) for i in range(streams)))

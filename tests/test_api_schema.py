@@ -38,6 +38,22 @@ def test_fields_map_onto_sampling_params():
     assert negative.choices[0].sampling["seed"] == 2**63 - 1
 
 
+def test_sampler_fields_and_logprobs_map_onto_sampling_params():
+    gen = parse_chat({**CHAT, "min_p": 0.1, "presence_penalty": 0.5, "frequency_penalty": -0.5,
+                      "repetition_penalty": 1.2, "logit_bias": {"5": 2, "7": -100}, "logprobs": True,
+                      "top_logprobs": 3}, max_tokens=8)
+    sampling = gen.choices[0].sampling
+    assert {k: sampling[k] for k in ("min_p", "presence_penalty", "frequency_penalty", "repetition_penalty",
+                                     "logit_bias", "logprobs")} == {
+        "min_p": 0.1, "presence_penalty": 0.5, "frequency_penalty": -0.5, "repetition_penalty": 1.2,
+        "logit_bias": {5: 2.0, 7: -100.0}, "logprobs": 3}
+    assert gen.logprobs == 3
+    assert parse_chat({**CHAT, "logprobs": True}, 8).logprobs == 0
+    assert parse_completion({"model": "m", "prompt": "p", "logprobs": 2}).choices[0].sampling["logprobs"] == 2
+    assert bad_param(parse_completion, {"model": "m", "prompt": "p", "repetition_penalty": 0}) == \
+        "repetition_penalty"
+
+
 def test_prompt_lists_and_n_number_the_choices_like_openai():
     gen = parse_completion({"model": "m", "prompt": ["a", "b"], "n": 2})
     assert [(c.index, c.prompt) for c in gen.choices] == [(0, "a"), (1, "a"), (2, "b"), (3, "b")]

@@ -226,7 +226,7 @@ class _SSE:
             else:
                 self._metrics.itl.labels(self._endpoint).observe(now - previous)
             self._last[index] = now
-            return sse.data(responses.chunk(self.reply, index, item.text))
+            return sse.data(responses.chunk(self.reply, index, item.text, item.logprobs))
         if isinstance(item, Completion):
             return sse.data(responses.last_chunk(self.reply, index, item))
         raise item

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ovpool.api.schema import Generate
-from ovpool.completion import Completion
+from ovpool.completion import Completion, Logprob, TokenLogprobs
 
 
 @dataclass
@@ -23,6 +23,7 @@ class Reply:
     # Streaming: choices that have sent their first chunk, and finished completions by choice index.
     started: set[int] = field(default_factory=set)
     finished: dict[int, Completion] = field(default_factory=dict)
+    offsets: dict[int, int] = field(default_factory=dict)  # completions' text_offset, per choice
 
     def __post_init__(self) -> None:
         self.id = ("chatcmpl-" if self.gen.chat else "cmpl-") + secrets.token_hex(12)
@@ -55,27 +56,58 @@ def full(reply: Reply, completions: list[Completion]) -> dict[str, Any]:
 
 
 def _choice(gen: Generate, index: int, prompt: Any, c: Completion) -> dict[str, Any]:
+    logprobs = None if gen.logprobs is None else logprobs_object(gen, c.logprobs or (), 0)
     if gen.chat:
-        return {"index": index, "message": {"role": "assistant", "content": c.text}, "logprobs": None,
+        return {"index": index, "message": {"role": "assistant", "content": c.text}, "logprobs": logprobs,
                 "finish_reason": c.finish_reason}
     text = prompt + c.text if gen.echo else c.text
-    return {"index": index, "text": text, "logprobs": None, "finish_reason": c.finish_reason}
+    return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": c.finish_reason}
 
 
-def chunk(reply: Reply, index: int, text: str) -> dict[str, Any]:
-    """A stream chunk carrying ``text`` for choice ``index`` (the first one of a chat choice also
-    carries its role; the first of an echoing completion, its prompt)."""
+def chunk(reply: Reply, index: int, text: str, tokens: Sequence[TokenLogprobs] = ()) -> dict[str, Any]:
+    """A stream chunk carrying ``text`` for choice ``index`` and its tokens' log-probabilities if
+    asked for (the first chunk of a chat choice also carries its role; the first of an echoing
+    completion, its prompt)."""
     gen = reply.gen
     first = index not in reply.started
     reply.started.add(index)
+    logprobs = None
+    if gen.logprobs is not None:
+        offset = reply.offsets.get(index, 0)
+        logprobs = logprobs_object(gen, tokens, offset)
+        reply.offsets[index] = offset + sum(len(t.chosen.text) for t in tokens)
     if gen.chat:
         delta = {"role": "assistant", "content": text} if first else {"content": text}
-        body = {"index": index, "delta": delta, "logprobs": None, "finish_reason": None}
+        body = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": None}
     else:
         if first and gen.echo:
             text = gen.choices[index].prompt + text
-        body = {"index": index, "text": text, "logprobs": None, "finish_reason": None}
+        body = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": None}
     return _chunk(reply, body)
+
+
+def logprobs_object(gen: Generate, tokens: Sequence[TokenLogprobs], offset: int) -> dict[str, Any]:
+    """OpenAI's ``logprobs`` of a choice or a chunk: chat's ``content`` list, or the completions
+    API's parallel lists (``top_logprobs`` maps text to logprob and, as OpenAI's, always holds the
+    chosen token: up to logprobs + 1 entries)."""
+    if gen.chat:
+        return {"content": [_chat_entry(t.chosen, t.top) for t in tokens], "refusal": None}
+    offsets = []
+    for t in tokens:
+        offsets.append(offset)
+        offset += len(t.chosen.text)
+    return {"tokens": [t.chosen.text for t in tokens],
+            "token_logprobs": [t.chosen.logprob for t in tokens],
+            "top_logprobs": [{**{x.text: x.logprob for x in t.top}, t.chosen.text: t.chosen.logprob}
+                             for t in tokens],
+            "text_offset": offsets}
+
+
+def _chat_entry(lp: Logprob, top: Sequence[Logprob] | None = None) -> dict[str, Any]:
+    entry = {"token": lp.text, "logprob": lp.logprob, "bytes": list(lp.text.encode())}
+    if top is not None:
+        entry["top_logprobs"] = [_chat_entry(t) for t in top]
+    return entry
 
 
 def last_chunk(reply: Reply, index: int, c: Completion) -> dict[str, Any]:

@@ -11,17 +11,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from ovpool.errors import InvalidRequestError
-from ovpool.sampling_params import SamplingParams
+from ovpool.sampling_params import MAX_LOGPROBS
 
 # OpenAI's default for /v1/completions; chat defaults to the server's max_new_tokens.
 COMPLETION_MAX_TOKENS = 16
 MAX_CHOICES = 128  # n × prompts: one broker request each
 _SEED_RANGE = 2**63  # SamplingParams seeds are in [0, 2**63)
-# Fields that map 1:1 onto a SamplingParams field of the same name, with their checks.
+# Fields that map 1:1 onto a SamplingParams field of the same name, with their ranges (OpenAI's
+# for the penalties; vLLM's for min_p and repetition_penalty).
 _NUMBERS = {"temperature": (0.0, None), "top_p": (0.0, 1.0), "min_p": (0.0, 1.0),
             "presence_penalty": (-2.0, 2.0), "frequency_penalty": (-2.0, 2.0),
             "repetition_penalty": (0.0, None)}
-_NEUTRAL = {"min_p": 0.0, "presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0}
+_ABOVE_ZERO = ("top_p", "repetition_penalty")  # 0 is in range above, but not allowed
 
 
 @dataclass(frozen=True)
@@ -59,7 +60,7 @@ def parse_chat(body: Any, max_tokens: int) -> Generate:
     messages = chat_messages(body.get("messages"))
     _no_tools(body)
     tokens = _int(body, "max_completion_tokens", 1) or _int(body, "max_tokens", 1) or max_tokens
-    top = _int(body, "top_logprobs", 0, 20)
+    top = _int(body, "top_logprobs", 0, MAX_LOGPROBS)
     if not _bool(body, "logprobs"):
         if top is not None:
             raise bad("top_logprobs", "needs logprobs: true")
@@ -72,7 +73,7 @@ def parse_completion(body: Any) -> Generate:
     body = _object(body)
     tokens = _int(body, "max_tokens", 1) or COMPLETION_MAX_TOKENS
     echo = bool(_bool(body, "echo"))
-    logprobs = _int(body, "logprobs", 0, 20)
+    logprobs = _int(body, "logprobs", 0, MAX_LOGPROBS)
     if echo and logprobs is not None:
         raise bad("echo", "echo with logprobs (log-probabilities of the prompt) is not supported")
     return _generate(body, False, _prompts(body.get("prompt")), tokens, logprobs, echo)
@@ -88,7 +89,9 @@ def _generate(body: dict, chat: bool, prompts: list, max_tokens: int, logprobs: 
         raise bad("n", f"n × prompts = {n * len(prompts)} choices; at most {MAX_CHOICES}")
     _response_format(body.get("response_format"))
     stream = bool(_bool(body, "stream"))
-    base = {"max_tokens": max_tokens, **_sampling(body), **_logprob_fields(logprobs)}
+    base = {"max_tokens": max_tokens, **_sampling(body)}
+    if logprobs is not None:
+        base["logprobs"] = logprobs
     seed = base.pop("seed", None)
     choices = [Choice(i * n + j, prompt, {**base, "seed": None if seed is None else (seed + j) % _SEED_RANGE})
                for i, prompt in enumerate(prompts) for j in range(n)]
@@ -103,8 +106,9 @@ def _sampling(body: dict) -> dict[str, Any]:
         value = _number(body, name, low, high)
         if value is not None:
             out[name] = value
-    if out.get("top_p") == 0:
-        raise bad("top_p", "must be in (0, 1]")
+    for name in _ABOVE_ZERO:
+        if out.get(name) == 0:
+            raise bad(name, "must be > 0")
     top_k = _int(body, "top_k", -1)
     if top_k is not None:
         out["top_k"] = max(top_k, 0)  # vLLM's -1 and 0 both mean no top-k filter
@@ -121,25 +125,7 @@ def _sampling(body: dict) -> dict[str, Any]:
     bias = _logit_bias(body.get("logit_bias"))
     if bias:
         out["logit_bias"] = bias
-    return _supported(out)
-
-
-def _supported(sampling: dict[str, Any]) -> dict[str, Any]:
-    """Drop neutral values of fields this pool's sampler lacks; refuse the others with a 400."""
-    known = SamplingParams.__dataclass_fields__
-    out = {}
-    for name, value in sampling.items():
-        if name in known:
-            out[name] = value
-        elif value != _NEUTRAL.get(name):
-            raise bad(name, "this server's sampler does not support it yet")
     return out
-
-
-def _logprob_fields(logprobs: int | None) -> dict[str, Any]:
-    if logprobs is None:
-        return {}
-    return _supported({"logprobs": logprobs})
 
 
 def chat_messages(messages: Any) -> list[dict[str, str]]:
