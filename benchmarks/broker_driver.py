@@ -13,8 +13,18 @@ import zmq
 
 from ovpool.client import dealer
 from ovpool.errors import BrokerUnavailableError
-from ovpool.pending import make_submit
-from ovpool.protocol import Final, Partial, Submit, decode, encode, message_type, recv_frames, send_frames
+from ovpool.pending import STREAM_WINDOW, make_submit
+from ovpool.protocol import (
+    Credit,
+    Final,
+    Partial,
+    Submit,
+    decode,
+    encode,
+    message_type,
+    recv_frames,
+    send_frames,
+)
 from ovpool.settings import Settings
 
 _STALL_S = 10.0  # no reply for this long means the pool is stuck: fail instead of hanging
@@ -58,6 +68,39 @@ class LeanDriver:
                 pass
             out.append(time.perf_counter() - t)
         return out
+
+    def stream(self, streams: int, tokens: int) -> float:
+        """Tokens/s streamed to this one reader: ``streams`` at once of ``tokens`` each, each with
+        the client libraries' window, credit returned as the reader takes tokens (as Client does)."""
+        half = STREAM_WINDOW // 2
+        taken: dict[str, int] = {}
+        start = time.perf_counter()
+        for i in range(streams):
+            self._sent += 1
+            rid = f"s{self._sent}"
+            t = self._template
+            params = {**t.params, "max_tokens": tokens, "seed": i}
+            send_frames(self._socket, encode(Submit(rid, t.model, params, f"p{i}", window=STREAM_WINDOW)))
+            taken[rid] = 0
+        received = 0
+        while taken:
+            if not self._socket.poll(_STALL_S * 1000):
+                raise BrokerUnavailableError(f"no reply from the broker for {_STALL_S}s")
+            while True:
+                try:
+                    msg = decode(recv_frames(self._socket))
+                except zmq.Again:
+                    break
+                if isinstance(msg, Partial):
+                    received += 1
+                    taken[msg.request_id] += 1
+                    if taken[msg.request_id] % half == 0:
+                        send_frames(self._socket, encode(Credit(msg.request_id, half)))
+                elif isinstance(msg, Final):
+                    del taken[msg.request_id]
+                else:
+                    raise RuntimeError(f"unexpected reply: {msg}")
+        return received / (time.perf_counter() - start)
 
     def _submit(self) -> None:
         self._sent += 1

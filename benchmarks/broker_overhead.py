@@ -11,6 +11,11 @@ broker_driver.py) or from ``ovpool.Client`` with its I/O thread (``--client full
 Throughput: ``--requests`` requests with up to ``--window`` outstanding (pipelined).
 Latency: ``--samples`` requests one at a time; with a null engine the whole round trip is
 overhead, so its p50/p99 bound what the pool adds to a real generation.
+
+``--stream``: aggregate streamed tokens/s instead, through the broker from null workers with no
+token delay (they generate as fast as the flow control lets them) to one lean reader that returns
+credit as it reads, for 1, 8, 64 and 256 concurrent streams of ``--stream-tokens`` each: how many
+tokens/s one broker carries, and where it saturates.
 """
 
 from __future__ import annotations
@@ -117,6 +122,30 @@ def measure(args: argparse.Namespace) -> dict:
             "load_average": os.getloadavg()[0]}
 
 
+def measure_streams(args: argparse.Namespace) -> dict:
+    endpoint = free_endpoint()
+    rates = {}
+    with ExitStack() as stack:
+        broker_proc = stack.enter_context(broker(endpoint))
+        workers = [stack.enter_context(null_worker(endpoint, slots=256)) for _ in range(args.workers)]
+        with Client(endpoint) as client:
+            wait_for_workers(client, args.workers)
+        driver = stack.enter_context(LeanDriver(endpoint, 1))
+        driver.stream(8, 500)  # warm up
+        pids = [broker_proc.proc.pid, *(w.proc.pid for w in workers), -1]
+        for streams in (1, 8, 64, 256):
+            before = cpu_seconds(pids)
+            rate = driver.stream(streams, args.stream_tokens)
+            used = [b - a for a, b in zip(before, cpu_seconds(pids), strict=True)]
+            tokens = streams * args.stream_tokens
+            rates[streams] = {"tokens_per_s": round(rate),
+                              "cpu_us_per_token": {"broker": round(used[0] / tokens * 1e6, 2),
+                                                   "workers": round(sum(used[1:-1]) / tokens * 1e6, 2),
+                                                   "reader": round(used[-1] / tokens * 1e6, 2)}}
+    return {"workers": args.workers, "stream_tokens": args.stream_tokens, "streams": rates,
+            "load_average": os.getloadavg()[0]}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--workers", type=int, default=2)
@@ -127,8 +156,16 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=1)
     ap.add_argument("--client", choices=["lean", "full"], default="lean",
                     help="lean: single-threaded raw-socket driver; full: ovpool.Client")
+    ap.add_argument("--stream", action="store_true", help="aggregate streamed tokens/s instead")
+    ap.add_argument("--stream-tokens", type=int, default=2000)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
+    if args.stream:
+        r = measure_streams(args)
+        print(json.dumps(r) if args.json else "\n".join(
+            f"{n:>4} streams: {v['tokens_per_s']} tokens/s; CPU per token (us): {v['cpu_us_per_token']}"
+            for n, v in r["streams"].items()) + f"\nload average {r['load_average']:.1f}")
+        return
     r = measure(args)
     print(json.dumps(r) if args.json else
           f"{r['requests_per_s']} requests/s routed ({args.workers} null workers, window {args.window},"

@@ -2,7 +2,8 @@
 
 ``async with AsyncClient(endpoint) as c: await c.complete("Hi")``. One reader task delivers
 replies and one timer task pings and enforces deadlines; the protocol logic is PendingRequests,
-shared with the threaded Client.
+shared with the threaded Client, and so is the flow control (a stream's reader returns credit as
+it takes tokens; ``aclose()`` cancels what is left).
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ from ovpool import errors, timing
 from ovpool.auth import HANDSHAKE_EVENTS, HandshakeWatch
 from ovpool.client import ClientBase, dealer, safe_decode
 from ovpool.completion import Completion, Delta
-from ovpool.pending import FutureSink, StreamSink, unwrap
-from ovpool.protocol import Cancel, Message, Status, Submit, encode
+from ovpool.pending import STREAM_WINDOW, FutureSink, StreamSink, credits, unwrap
+from ovpool.protocol import Cancel, Credit, Message, Status, Submit, encode
 from ovpool.settings import Settings
 
 
@@ -68,16 +69,21 @@ class AsyncClient(ClientBase):
         await self.aclose()
 
     async def aclose(self) -> None:
+        """Cancel what is still outstanding (freeing its slots and queue places at once), fail its
+        futures and streams, and release the socket."""
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks = []
+        left = self._pending.ids()
+        self._send([Cancel(rid) for rid in left])
         self._pending.fail_all(errors.BrokerUnavailableError("the client was closed"))
         self._socket.disable_monitor()
         self._monitor.close()
-        self._socket.close()
+        # Long enough for the CANCELs to leave on a live connection, never long on a dead one.
+        self._socket.close(linger=int(timing.HEARTBEAT_INTERVAL_S * 1000) if left else 0)
         self._context.term()
 
     def submit(self, prompt: str | list, *, model: str | None = None, timeout: float | None = None,
@@ -99,16 +105,19 @@ class AsyncClient(ClientBase):
                **sampling: Any) -> AsyncStream:
         """``async for delta in client.stream(...)``; leaving the loop early (or ``aclose()``)
         cancels the request; ``.completion`` is the finished Completion once the loop ended."""
-        msg = self._submit_msg(prompt, model, timeout, sampling)
+        msg = self._submit_msg(prompt, model, timeout, sampling, STREAM_WINDOW)
         items: asyncio.Queue = asyncio.Queue()
         sink = StreamSink(items.put_nowait)
         self._start(msg, sink)
         return AsyncStream(msg.request_id, self._iterate(msg.request_id, items, sink), sink)
 
     async def _iterate(self, request_id: str, items: asyncio.Queue, sink: StreamSink) -> AsyncIterator[Delta]:
+        grants = credits(STREAM_WINDOW)
         try:
             while (delta := unwrap(await items.get())) is not None:
                 yield delta
+                if (tokens := next(grants)) and not sink.ended:
+                    self._send([Credit(request_id, tokens)])
         finally:
             if not sink.ended:
                 self._pending.forget(request_id)

@@ -4,6 +4,13 @@ Both talk to the broker through one DEALER socket and share ``PendingRequests`` 
 logic. ``Client`` owns a background I/O thread (zmq sockets are not thread-safe, so API calls hand
 it work through a queue and a wake-up pipe); ``AsyncClient`` runs the same in the event loop.
 Remote errors are raised as the same ovpool error classes the broker or worker raised.
+
+Flow control: a stream starts with ``STREAM_WINDOW`` tokens of credit and its reader returns half
+of it each time it has taken that many, so the broker never sends a stream more than its reader
+can hold. The I/O loop reads at most ``_READ_BATCH`` messages between its other duties (commands,
+PINGs, deadlines) and stamps each batch with the time it was read, so a flood of tokens never
+makes the client look silent, nor the broker look silent to it. Closing a client cancels every
+request it leaves behind.
 """
 
 from __future__ import annotations
@@ -24,9 +31,18 @@ from zmq.utils.monitor import recv_monitor_message
 from ovpool import errors, timing
 from ovpool.auth import HANDSHAKE_EVENTS, HandshakeWatch, secure_peer
 from ovpool.completion import Completion, Delta
-from ovpool.pending import FutureSink, PendingRequests, StreamSink, make_submit, unwrap
+from ovpool.pending import (
+    STREAM_WINDOW,
+    FutureSink,
+    PendingRequests,
+    StreamSink,
+    credits,
+    make_submit,
+    unwrap,
+)
 from ovpool.protocol import (
     Cancel,
+    Credit,
     Message,
     Status,
     Submit,
@@ -38,11 +54,15 @@ from ovpool.protocol import (
 )
 from ovpool.settings import Settings
 
+_READ_BATCH = 256  # messages read between the loop's other duties (~2 ms of decoding)
+
 
 def dealer(context: zmq.Context, broker: str, settings: Settings) -> zmq.Socket:
     sock = context.socket(zmq.DEALER)
     sock.linger = 0
-    sock.sndhwm = sock.rcvhwm = 100_000
+    # No libzmq limits: what the broker sends is bounded by the credit this client granted, and a
+    # DEALER at its high-water mark would block or refuse (a lost CANCEL or PING).
+    sock.sndhwm = sock.rcvhwm = 0
     secure_peer(sock, settings)
     sock.connect(broker)
     return sock
@@ -65,9 +85,10 @@ class ClientBase:
         self._pending = PendingRequests(time.monotonic())
 
     def _submit_msg(self, prompt: str | list, model: str | None, timeout: float | None,
-                    sampling: dict[str, Any]) -> Submit:
+                    sampling: dict[str, Any], window: int = 0) -> Submit:
         return make_submit(prompt, model if model is not None else self.model,
-                           timeout if timeout is not None else self.timeout, sampling)
+                           timeout if timeout is not None else self.timeout, sampling, window)
+
 
 
 class Client(ClientBase):
@@ -95,15 +116,21 @@ class Client(ClientBase):
         self.close()
 
     def close(self) -> None:
+        """Cancel what is still outstanding (its slots and queue places are freed at once), fail
+        its futures and streams here, and release the socket."""
         if self._closed.is_set():
             return
         self._closed.set()
         self._wake()
-        self._thread.join()
+        self._thread.join()  # from here on this thread owns the socket
+        self._run_commands(time.monotonic())  # those queued after the loop's last turn
+        left = self._pending.ids()
+        self._send([Cancel(rid) for rid in left])
         self._pending.fail_all(errors.BrokerUnavailableError("the client was closed"))
         self._socket.disable_monitor()
         self._monitor.close()
-        self._socket.close()
+        # Long enough for the CANCELs to leave on a live connection, never long on a dead one.
+        self._socket.close(linger=int(timing.HEARTBEAT_INTERVAL_S * 1000) if left else 0)
         self._context.term()
         os.close(self._wake_r)
         os.close(self._wake_w)
@@ -128,16 +155,19 @@ class Client(ClientBase):
     def stream(self, prompt: str | list, *, model: str | None = None, timeout: float | None = None,
                **sampling: Any) -> Iterator[Delta]:
         """Tokens as they arrive; leaving the loop early cancels the request."""
-        msg = self._submit_msg(prompt, model, timeout, sampling)
+        msg = self._submit_msg(prompt, model, timeout, sampling, STREAM_WINDOW)
         items: queue.SimpleQueue = queue.SimpleQueue()
         sink = StreamSink(items.put)
         self._start(msg, sink)
         return self._iterate(msg.request_id, items, sink)
 
     def _iterate(self, request_id: str, items: queue.SimpleQueue, sink: StreamSink) -> Iterator[Delta]:
+        grants = credits(STREAM_WINDOW)
         try:
             while (delta := unwrap(items.get())) is not None:
                 yield delta
+                if (tokens := next(grants)) and not sink.ended and not self._closed.is_set():
+                    self._call(lambda now, n=tokens: [Credit(request_id, n)])
         finally:
             if not sink.ended and not self._closed.is_set():
                 self._call(lambda now: self._abandon(request_id))
@@ -196,17 +226,17 @@ class Client(ClientBase):
         poller.register(self._wake_r, zmq.POLLIN)
         poller.register(self._monitor, zmq.POLLIN)
         next_tick = 0.0
-        while not self._closed.is_set():
-            ready = dict(poller.poll(timing.POLL_INTERVAL_S * 1000))
+        more = False  # messages were left unread: poll without waiting
+        while True:
+            ready = dict(poller.poll(0 if more else timing.POLL_INTERVAL_S * 1000))
             now = time.monotonic()
+            if self._closed.is_set():
+                return
             if self._wake_r in ready:
                 os.read(self._wake_r, 4096)
                 self._woken = False
-                with contextlib.suppress(queue.Empty):
-                    while True:
-                        self._send(self._commands.get_nowait()(now))
-            if self._socket in ready:
-                self._receive(now)
+                self._run_commands(now)
+            more = self._socket in ready and self._receive(now)
             if self._monitor in ready:
                 self._handshake.on_event(recv_monitor_message(self._monitor))
             if self._handshake.refused is not None:  # fail now, not after CLIENT_UNAVAILABLE_S
@@ -215,15 +245,22 @@ class Client(ClientBase):
                 next_tick = now + timing.POLL_INTERVAL_S
                 self._send(self._pending.tick(now))
 
-    def _receive(self, now: float) -> None:
-        while True:
+    def _run_commands(self, now: float) -> None:
+        with contextlib.suppress(queue.Empty):
+            while True:
+                self._send(self._commands.get_nowait()(now))
+
+    def _receive(self, now: float) -> bool:
+        """Handle up to _READ_BATCH messages; whether more may be waiting."""
+        for _ in range(_READ_BATCH):
             try:
                 frames = recv_frames(self._socket)
             except zmq.Again:
-                return
+                return False
             msg = safe_decode(frames)
             if msg is not None:
                 self._send(self._pending.on_message(msg, now))
+        return True
 
     def _send(self, msgs: list[Message]) -> None:
         for msg in msgs:

@@ -18,6 +18,7 @@ are translated once, where they enter ovpool, with ``raise ... from exc``.
     ├── CacheError                   cache
     │   ├── CacheMissError           cache.miss          cache-only mode found no usable entry
     │   ├── CacheCorruptError        cache.corrupt       blob or manifest failed its checks
+    │   ├── CacheLockedError         cache.locked        another process held a lock past cache_lock_timeout_s
     │   └── CacheUnsupportedError    cache.unsupported   a configuration the cache refuses
     ├── ProtocolError                protocol
     │   ├── MalformedMessageError    protocol.malformed
@@ -31,6 +32,8 @@ are translated once, where they enter ovpool, with ``raise ... from exc``.
         ├── RequestTimeoutError      request.timeout
         ├── CancelledError           request.cancelled
         ├── WorkerLostError          request.worker_lost
+        ├── ClientTooSlowError       request.client_too_slow  a stream unread for stream_stall_s
+        ├── StreamGapError           request.stream_gap  a PARTIAL of a stream went missing
         └── BrokerUnavailableError   request.broker_unavailable
 """
 
@@ -100,6 +103,10 @@ class CacheCorruptError(CacheError):
     code = "cache.corrupt"
 
 
+class CacheLockedError(CacheError):
+    code = "cache.locked"
+
+
 class CacheUnsupportedError(CacheError):
     code = "cache.unsupported"
 
@@ -156,6 +163,14 @@ class CancelledError(RequestError):
 
 class WorkerLostError(RequestError):
     code = "request.worker_lost"
+
+
+class ClientTooSlowError(RequestError):
+    code = "request.client_too_slow"
+
+
+class StreamGapError(RequestError):
+    code = "request.stream_gap"
 
 
 class BrokerUnavailableError(RequestError):

@@ -112,13 +112,13 @@ class BrokerObserver:
     def incoming(self, msg: object, now: float) -> None:
         if isinstance(msg, Submit):
             self._started.setdefault(msg.request_id, (msg.model, now))
+        elif isinstance(msg, Partial):  # from the worker: a request without a stream gets none
+            self._first_token.setdefault(msg.request_id, now)
         elif isinstance(msg, Ready):
             self._ready(msg)
 
     def outgoing(self, msg: object, now: float) -> None:
-        if isinstance(msg, Partial):
-            self._first_token.setdefault(msg.request_id, now)
-        elif isinstance(msg, Final):
+        if isinstance(msg, Final):
             usage = msg.completion.get("usage") or {}
             self._end(msg.request_id, "ok", now, usage.get("completion_tokens", 0))
         elif isinstance(msg, Error) and msg.request_id:

@@ -1,23 +1,41 @@
 """The client side's bookkeeping, shared by Client and AsyncClient: no sockets, no threads.
 
 It builds SUBMITs (with a seed fixed here, so a resend after a broker restart replays the same
-tokens), routes each reply to its request's sink, forwards every token index once, resends what a
-restarted broker has forgotten (PING lists outstanding ids, PONG names the unknown ones) and fails
-requests on their local deadline or when the broker stays silent.
+tokens, and refused here if over the broker's message limit), routes each reply to its request's
+sink, forwards every PARTIAL once (by ``seq``) and treats a jump in ``seq``, or a FINAL that counts
+more PARTIALs than arrived, as StreamGapError (never as text: every stream ends with all its
+tokens and FINAL, or with an error), resends what a restarted broker has forgotten (PING lists
+outstanding ids, PONG names the unknown ones) and fails requests on their local deadline or when
+the broker stays silent.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import random
 import uuid
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ovpool import errors, timing
 from ovpool.completion import Completion, Delta, TokenLogprobs
-from ovpool.protocol import Error, Final, Message, Partial, Ping, Pong, StatusReply, Submit, sampling_to_wire
+from ovpool.protocol import (
+    MAX_MESSAGE_BYTES,
+    Cancel,
+    Error,
+    Final,
+    Message,
+    Partial,
+    Ping,
+    Pong,
+    StatusReply,
+    Submit,
+    encode,
+    sampling_to_wire,
+)
 from ovpool.sampling_params import SamplingParams
 
 
@@ -35,6 +53,10 @@ class Sink(Protocol):
 
 _seeds = random.Random()  # sampling seeds need no cryptographic strength
 END = object()  # a stream's end marker
+# Tokens of credit a stream starts with; its reader returns half of it at a time. 256 tokens are
+# seconds of a real model's output and ~10 ms of a null worker's, so a reader that keeps up never
+# waits for credit, and one that stops holds at most this much in the sockets.
+STREAM_WINDOW = 256
 
 
 class FutureSink:
@@ -75,6 +97,18 @@ class StreamSink:
         self._put(exc)
 
 
+def credits(window: int) -> Iterator[int]:
+    """After each token a stream's reader takes: the credit to return then (0: none yet)."""
+    half, taken = max(1, window // 2), 0
+    while True:
+        taken += 1
+        if taken == half:
+            taken = 0
+            yield half
+        else:
+            yield 0
+
+
 def unwrap(item: Any) -> Delta | None:
     """A stream queue's item as the next Delta, None at the end; raises the request's error."""
     if isinstance(item, Exception):
@@ -83,8 +117,9 @@ def unwrap(item: Any) -> Delta | None:
 
 
 def make_submit(prompt_or_messages: str | list, model: str, timeout: float | None,
-                sampling: dict[str, Any]) -> Submit:
-    """A validated SUBMIT; bad sampling parameters raise InvalidRequestError here, before sending."""
+                sampling: dict[str, Any], window: int = 0) -> Submit:
+    """A validated SUBMIT (``window`` > 0: a stream with that much credit); bad sampling parameters
+    or a message over the broker's limit raise InvalidRequestError here, before sending."""
     params = sampling_to_wire(SamplingParams(**sampling))
     if params["seed"] is None:  # fixed here so that a resend replays the same tokens
         params["seed"] = _seeds.getrandbits(63)
@@ -97,7 +132,23 @@ def make_submit(prompt_or_messages: str | list, model: str, timeout: float | Non
             f"prompt must be a str or a list of chat messages, not {type(prompt_or_messages).__name__}")
     if timeout is not None and timeout <= 0:
         raise errors.InvalidRequestError("timeout must be > 0 seconds (or None for no timeout)")
-    return Submit(_next_id(), model or "", params, prompt, messages, float(timeout or 0.0))
+    submit = Submit(_next_id(), model or "", params, prompt, messages, float(timeout or 0.0), window)
+    _check_size(submit)
+    return submit
+
+
+def _check_size(submit: Submit) -> None:
+    """InvalidRequestError if ``submit`` is over protocol.MAX_MESSAGE_BYTES (the broker would refuse
+    it); encodes only prompts that could be (UTF-8 takes at most 4 bytes a character)."""
+    text = submit.prompt if submit.prompt is not None else submit.messages
+    chars = len(text) if isinstance(text, str) else sum(len(str(m)) for m in text)
+    if chars * 4 + 4096 < MAX_MESSAGE_BYTES:
+        return
+    size = len(encode(submit)[2])
+    if size > MAX_MESSAGE_BYTES:
+        raise errors.InvalidRequestError(
+            f"the request is {size:,} bytes encoded, over the broker's limit of {MAX_MESSAGE_BYTES:,}"
+            f" bytes ({MAX_MESSAGE_BYTES >> 20} MiB) per message; send a shorter prompt")
 
 
 # A random per-process prefix and a counter: unique ids without os.urandom per request.
@@ -114,7 +165,7 @@ class _Pending:
     submit: Submit
     sink: Sink
     deadline: float
-    next_index: int = 0
+    next_seq: int = 0  # the seq of the next PARTIAL
 
 
 class PendingRequests:
@@ -142,6 +193,10 @@ class PendingRequests:
             self._last_heard = now
         self._status_waiters.append(waiter)
 
+    def ids(self) -> list[str]:
+        """The requests still outstanding."""
+        return list(self._pending)
+
     def forget(self, request_id: str) -> None:
         self._pending.pop(request_id, None)
 
@@ -150,22 +205,43 @@ class PendingRequests:
         self._last_heard = now
         if isinstance(msg, Partial):
             p = self._pending.get(msg.request_id)
-            if p is not None and msg.index >= p.next_index:
-                p.next_index = msg.index + 1
-                if p.sink.streams:
-                    p.sink.delta(Delta(msg.index, msg.token_id, msg.text,
-                                       tuple(TokenLogprobs.from_wire(t) for t in msg.logprobs)))
+            if p is None or msg.seq < p.next_seq:
+                return []  # a request that ended, or a replay after a resend
+            if msg.seq > p.next_seq:
+                return self._gap(p, f"PARTIAL {msg.seq} came after {p.next_seq - 1}")
+            p.next_seq += 1
+            if p.sink.streams:
+                p.sink.delta(Delta(msg.index, msg.token_id, msg.text,
+                                   tuple(TokenLogprobs.from_wire(t) for t in msg.logprobs)))
         elif isinstance(msg, Final):
-            p = self._pending.pop(msg.request_id, None)
+            p = self._pending.get(msg.request_id)
+            if p is not None and p.submit.window and msg.partials != p.next_seq:
+                return self._gap(p, f"FINAL after {p.next_seq} of its {msg.partials} PARTIALs")
             if p is not None:
+                del self._pending[msg.request_id]
                 p.sink.done(Completion.from_dict(msg.completion))
         elif isinstance(msg, Error):
             self._on_error(msg)
         elif isinstance(msg, Pong):
-            return [self._pending[r].submit for r in msg.unknown if r in self._pending]
+            return [self._resend(self._pending[r]) for r in msg.unknown if r in self._pending]
         elif isinstance(msg, StatusReply) and self._status_waiters:
             self._status_waiters.popleft().done(msg.status)
         return []
+
+    def _gap(self, p: _Pending, what: str) -> list[Message]:
+        """A lost message: fail the request (its stream must not read on as if nothing was missing)."""
+        rid = p.submit.request_id
+        del self._pending[rid]
+        p.sink.fail(errors.StreamGapError(f"request {rid} lost tokens on the way: {what}"))
+        return [Cancel(rid)]
+
+    @staticmethod
+    def _resend(p: _Pending) -> Submit:
+        """The SUBMIT again, for a broker that forgot it. Its replay of the PARTIALs already here is
+        dropped unread, so it gets credit for them on top of the window."""
+        if not p.submit.window:
+            return p.submit
+        return dataclasses.replace(p.submit, window=p.submit.window + p.next_seq)
 
     def _on_error(self, msg: Error) -> None:
         exc = errors.from_wire(msg.code, msg.message)
@@ -190,7 +266,7 @@ class PendingRequests:
                 f"request {rid} reached its timeout without an answer from the broker"))
         if self._pending and now >= self._next_ping:
             self._next_ping = now + timing.HEARTBEAT_INTERVAL_S
-            return [Ping(list(self._pending))]
+            return [Ping(self.ids())]
         return []
 
     def fail_all(self, exc: errors.OvpoolError) -> None:

@@ -6,10 +6,16 @@ map's keys are its field names. ``encode`` and ``decode`` are the only places th
 
 Who sends what::
 
-    client → broker   SUBMIT, CANCEL, STATUS, PING, SUPERVISED (from ``ovpool serve``)
+    client → broker   SUBMIT, CANCEL, CREDIT, STATUS, PING, SUPERVISED (from ``ovpool serve``)
     broker → client   PARTIAL, FINAL, ERROR, STATUS_REPLY, PONG
     worker → broker   READY, HEARTBEAT, PARTIAL, FINAL, ERROR, DISCONNECT
-    broker → worker   REQUEST, CANCEL, HEARTBEAT, DISCONNECT
+    broker → worker   REQUEST, CANCEL, CREDIT, HEARTBEAT, DISCONNECT
+
+Flow control (docs/protocol.md): every sender of PARTIALs holds credit granted by its receiver, so
+no queue grows past what the receiver agreed to take and no layer ever drops a message. A worker
+starts each connection with ``WORKER_WINDOW`` messages of credit and the broker returns credit as
+it handles them; a streaming client grants each stream ``Submit.window`` tokens and returns
+credit as its reader consumes them.
 
 A decode failure raises ``UnsupportedVersionError`` or ``MalformedMessageError``; the receiver
 answers a client with ERROR or logs and drops the frames, and keeps serving.
@@ -31,6 +37,14 @@ from ovpool.sampling_params import SamplingParams
 VERSION = b"OVP1"
 _MISSING = object()
 
+# The largest message the broker takes (its body frame): a client refuses a bigger SUBMIT before
+# sending it; the broker answers one up to twice this size with an error, and libzmq drops the
+# connection of a peer that sends more than that (nothing can be answered without reading it).
+MAX_MESSAGE_BYTES = 64 << 20
+# PARTIAL/FINAL/ERROR messages a worker may send before the broker has handled them: the bound of
+# the worker's send queue and of the broker's receive queue from it (a few ms of a fast worker).
+WORKER_WINDOW = 4096
+
 
 @dataclass(frozen=True)
 class Submit:
@@ -44,12 +58,23 @@ class Submit:
     prompt: str | None = None
     messages: list | None = None
     timeout_s: float = 0.0
+    window: int = 0  # 0: only the FINAL (no PARTIALs); else a stream with this many tokens of credit
 
 
 @dataclass(frozen=True)
 class Cancel:
     command: ClassVar[int] = 0x02
     request_id: str
+
+
+@dataclass(frozen=True)
+class Credit:
+    """Client → broker: the reader of stream ``request_id`` took ``tokens`` more PARTIALs.
+    Broker → worker (``request_id`` ""): it handled ``tokens`` more of the worker's messages."""
+
+    command: ClassVar[int] = 0x07
+    request_id: str
+    tokens: int
 
 
 @dataclass(frozen=True)
@@ -88,7 +113,9 @@ class Supervised:
 
 @dataclass(frozen=True)
 class Partial:
-    """One streamed Delta; ``index`` is its position in the completion (the dedupe key);
+    """One streamed Delta. ``index`` is its position in the completion (a token without text sends
+    no PARTIAL, so indices may skip); ``seq`` numbers the request's PARTIALs 0, 1, 2, ... (the key
+    for de-duplication and for gap detection: a jump in ``seq`` means a lost message);
     ``logprobs`` its TokenLogprobs in their wire form (empty unless the request asked)."""
 
     command: ClassVar[int] = 0x10
@@ -96,16 +123,19 @@ class Partial:
     index: int
     token_id: int
     text: str
+    seq: int
     logprobs: list = field(default_factory=list)
 
 
 @dataclass(frozen=True)
 class Final:
-    """A finished generation; ``completion`` is ``Completion.to_dict()``."""
+    """A finished generation; ``completion`` is ``Completion.to_dict()``; ``partials``: how many
+    PARTIALs the worker sent before it (a stream that got fewer lost its tail)."""
 
     command: ClassVar[int] = 0x11
     request_id: str
     completion: dict
+    partials: int = 0
 
 
 @dataclass(frozen=True)
@@ -164,8 +194,8 @@ class Request:
     messages: list | None = None
 
 
-Message = (Submit | Cancel | Status | Ping | Pong | Supervised | Partial | Final | Error | StatusReply
-           | Ready | Heartbeat | Disconnect | Request)
+Message = (Submit | Cancel | Credit | Status | Ping | Pong | Supervised | Partial | Final | Error
+           | StatusReply | Ready | Heartbeat | Disconnect | Request)
 
 _BY_COMMAND: dict[int, type] = {cls.command: cls for cls in Message.__args__}
 _COMMAND_BYTES: dict[type, bytes] = {cls: bytes([cls.command]) for cls in _BY_COMMAND.values()}

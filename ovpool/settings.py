@@ -81,6 +81,14 @@ _SETTINGS = [
     Setting("slots", int, 8, "concurrent sequences one worker serves", minimum=1),
     Setting("metrics_port", int, 0, "broker: Prometheus /metrics HTTP port (0: off)", minimum=0),
     Setting("queue_limit", int, 256, "requests the broker queues per model before QueueFull", minimum=0),
+    Setting("stream_stall_s", float, 30.0, "broker: a stream whose reader takes none of the tokens "
+            "waiting for it for this long fails with ClientTooSlowError", minimum=0.01),
+    Setting("progress_timeout_s", float, 60.0, "broker: a worker that sends no token of a request "
+            "for this long (prefill included) loses it to another worker, and gets no new request "
+            "until one of its others finishes", minimum=0.01),
+    Setting("cache_lock_timeout_s", float, 600.0, "how long a start waits for another process's "
+            "cache lock (it logs the holder meanwhile) before compiling without exporting; "
+            "cache-only mode fails then", minimum=0.0),
     Setting("max_prompt_tokens", int, 8192, "longest prompt a worker accepts", minimum=1),
     Setting("max_new_tokens", int, 4096, "largest max_tokens a request may ask for", minimum=1),
     Setting("curve_secret_key", str, "", "this peer's CURVE key pair file (.key_secret; empty: no CURVE)"),

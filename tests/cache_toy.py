@@ -1,7 +1,7 @@
 """A toy graph for cache tests: a few ops with a dynamic Parameter and constant weights.
 
 Used in-process by the tests and as a child process (``python tests/cache_toy.py CACHE_DIR
-MODEL_FILE [--cache-only] [--set k=v] [--static]``) that loads through ``load_compiled``, runs
+MODEL_FILE [--cache-only] [--set k=v] [--lock-timeout S]``) that loads through ``load_compiled``, runs
 one inference and prints ``RESULT <outcome> <entry> <digest of the output>`` on stdout.
 """
 
@@ -76,11 +76,13 @@ def main(argv: list[str]) -> int:
     ap.add_argument("model_file", type=Path)
     ap.add_argument("--cache-only", action="store_true")
     ap.add_argument("--set", action="append", default=[])
+    ap.add_argument("--lock-timeout", type=float, default=-1)
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(message)s")
     settings = dict(item.split("=", 1) for item in args.set)
     result = load_compiled(ov.Core(), identity=identity(args.model_file, settings), device="CPU",
-                           config={}, build=build, cache_dir=args.cache_dir, cache_only=args.cache_only)
+                           config={}, build=build, cache_dir=args.cache_dir, cache_only=args.cache_only,
+                           lock_timeout_s=args.lock_timeout)
     print("RESULT", result.outcome, result.entry, digest(run(result.compiled)), flush=True)
     return 0
 

@@ -31,8 +31,8 @@ def ready(slots=2, models=("m",)):
     return Ready("w", list(models), "CPU", slots, "host", 1)
 
 
-def submit(rid, model="m", timeout_s=0.0, **params):
-    return Submit(rid, model, {"max_tokens": 4, **params}, prompt="hi", timeout_s=timeout_s)
+def submit(rid, model="m", timeout_s=0.0, window=0, **params):
+    return Submit(rid, model, {"max_tokens": 4, **params}, prompt="hi", timeout_s=timeout_s, window=window)
 
 
 def of(out, cls):
@@ -104,16 +104,16 @@ def test_seedless_requests_get_a_seed_so_a_replay_repeats_the_tokens(router):
 
 def test_each_token_index_reaches_the_client_once_across_a_re_dispatch(router):
     router.handle(W2, ready(), LATE)
-    (w, _), = router.handle(C1, submit("r"), LATE)
+    (w, _), = router.handle(C1, submit("r", window=8), LATE)
     other = W2 if w == W1 else W1
-    assert of(router.handle(w, Partial("r", 0, 7, "a"), LATE), Partial)
-    assert of(router.handle(w, Partial("r", 1, 8, "b"), LATE), Partial)
+    assert of(router.handle(w, Partial("r", 0, 7, "a", 0), LATE), Partial)
+    assert of(router.handle(w, Partial("r", 1, 8, "b", 1), LATE), Partial)
     router.handle(other, Heartbeat(), LATE + 0.02)
     out = router.tick(LATE + timing.HEARTBEAT_EXPIRY_S + 0.01)  # w goes silent: expired
     assert of(out, Request) == [(other, Request("r", "m", out[-1][1].params, "hi", None))]
-    assert router.handle(other, Partial("r", 0, 7, "a"), LATE + 1) == []
-    assert router.handle(other, Partial("r", 1, 8, "b"), LATE + 1) == []
-    fresh = Partial("r", 2, 9, "c")
+    assert router.handle(other, Partial("r", 0, 7, "a", 0), LATE + 1) == []
+    assert router.handle(other, Partial("r", 1, 8, "b", 1), LATE + 1) == []
+    fresh = Partial("r", 2, 9, "c", 2)
     assert of(router.handle(other, fresh, LATE + 1), Partial) == [(C1, fresh)]
 
 
@@ -164,7 +164,7 @@ def test_deadlines_expire_in_the_queue_and_while_generating(router):
 def test_stale_and_unknown_workers_are_told_once(router):
     assert router.handle(W2, Heartbeat(), LATE) == [(W2, Disconnect())]
     assert router.handle(W2, Heartbeat(), LATE) == []
-    assert router.handle(W1, Partial("ghost", 0, 1, "x"), LATE) == [(W1, Cancel("ghost"))]
+    assert router.handle(W1, Partial("ghost", 0, 1, "x", 0), LATE) == [(W1, Cancel("ghost"))]
 
 
 def test_resent_submit_is_not_run_twice_and_ping_names_forgotten_requests(router):

@@ -26,8 +26,8 @@ class Recorder:
         self.error = e
 
 
-def final(rid):
-    return Final(rid, Completion("ab", [1, 2], "length", Usage(1, 2)).to_dict())
+def final(rid, partials=0):
+    return Final(rid, Completion("ab", [1, 2], "length", Usage(1, 2)).to_dict(), partials)
 
 
 def test_make_submit_validates_and_fixes_a_seed():
@@ -42,11 +42,11 @@ def test_make_submit_validates_and_fixes_a_seed():
 
 def test_token_indices_are_delivered_once_in_order():
     p, rec = PendingRequests(0.0), Recorder()
-    sub = make_submit("hi", "m", None, {})
+    sub = make_submit("hi", "m", None, {}, window=8)
     p.add(sub, rec, 0.0)
     for i in (0, 1, 0, 1, 2):  # a replay after a re-dispatch repeats 0 and 1
-        p.on_message(Partial(sub.request_id, i, i, str(i)), 0.1)
-    p.on_message(final(sub.request_id), 0.2)
+        p.on_message(Partial(sub.request_id, i, i, str(i), i), 0.1)
+    p.on_message(final(sub.request_id, 3), 0.2)
     assert [d.index for d in rec.deltas] == [0, 1, 2]
     assert rec.result.text == "ab" and len(p) == 0
 

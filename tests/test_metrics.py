@@ -81,8 +81,8 @@ def test_observer_turns_broker_traffic_into_request_metrics():
     obs.incoming(Submit("r1", "", {}, prompt="hi"), 10.0)
     obs.incoming(Submit("r1", "", {}, prompt="hi"), 10.5)  # a client resend keeps the first time
     obs.outgoing(Request("r1", "smollm2", {}, prompt="hi"), 10.6)
-    obs.outgoing(Partial("r1", 0, 5, "a"), 11.0)
-    obs.outgoing(Partial("r1", 1, 6, "b"), 11.5)
+    obs.incoming(Partial("r1", 0, 5, "a", 0), 11.0)
+    obs.incoming(Partial("r1", 1, 6, "b", 1), 11.5)
     obs.outgoing(Final("r1", {"usage": {"prompt_tokens": 2, "completion_tokens": 2}}), 12.0)
     obs.incoming(Submit("r2", "smollm2", {}, prompt="x"), 20.0)
     obs.outgoing(Error("r2", "request.queue_full", "full"), 20.001)

@@ -16,7 +16,7 @@ from ovpool.testing.pool import broker, fast_heartbeats, free_endpoint, null_wor
 
 # The served model has a name the fuzzer will not produce, so fuzzed READYs never steal its requests.
 MODEL = "fuzz-target-model-7f3a"
-_COMMANDS = [encode(m)[1] for m in (Submit("r", "m", {}), Partial("r", 0, 0, ""), Final("r", {}),
+_COMMANDS = [encode(m)[1] for m in (Submit("r", "m", {}), Partial("r", 0, 0, "", 0), Final("r", {}),
                                     Ready("w", ["m"], "CPU", 1, "h", 1))] + [bytes([b]) for b in range(40)]
 _values = st.recursive(
     st.none() | st.booleans() | st.integers(-2**63, 2**64 - 1) | st.floats() | st.text(max_size=20)

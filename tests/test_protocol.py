@@ -35,7 +35,7 @@ EXAMPLES = [
     Submit("r1", "m", {"max_tokens": 3, "seed": 7}, prompt="hi", timeout_s=2.5),
     Submit("r2", "", {}, messages=[{"role": "user", "content": "hé"}]),
     Cancel("r1"), Status(), Ping(["a", "b"]), Pong([]),
-    Partial("r1", 3, 42, " wörld"),
+    Partial("r1", 3, 42, " wörld", 3),
     Final("r1", {"text": "x", "token_ids": [1], "finish_reason": "stop",
                  "usage": {"prompt_tokens": 1, "completion_tokens": 1}, "timings": {"total_s": 0.5}}),
     Error("r1", "request.timeout", "too slow"), StatusReply({"workers": []}),

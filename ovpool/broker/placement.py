@@ -4,13 +4,14 @@ Router (the protocol) owns one Placement and changes placement state only throug
 Placement holds every invariant about it:
 
 - a request is either queued (in its model's FIFO) or in flight on exactly one worker;
-- a worker's ``inflight`` never exceeds its slots; the least-loaded worker (by busy fraction) gets
-  the next request;
-- a lost worker's requests go back to the head of their queue, at most ``max_attempts``
-  dispatches per request, then WorkerLost.
+- a worker's ``inflight`` never exceeds its slots nor the broker's cap on them
+  (RegisteredWorker.cap); the least-loaded worker (by busy fraction) gets the next request;
+- a lost worker's requests, and one that stalled (``stall``), go back to the head of their queue,
+  at most ``max_attempts`` dispatches per request, then WorkerLost.
 
-``workers``, ``jobs`` and ``queues`` are read-only views for the Router; a Job's ``client`` and
-``next_index`` are the Router's (which peer hears the stream, and how far), the rest is placement's.
+``workers``, ``jobs`` and ``queues`` are read-only views for the Router; a Job's ``client``,
+``next_seq`` and ``progress_at`` are the Router's (which peer hears the stream, how far, and when
+it last moved; dispatch resets ``progress_at`` to None), the rest is placement's.
 """
 
 from __future__ import annotations
@@ -20,10 +21,8 @@ from collections import deque
 from types import MappingProxyType
 
 from ovpool import errors
-from ovpool.broker.state import Counters, Job, RegisteredWorker
-from ovpool.protocol import Cancel, Error, Message
-
-Output = list[tuple[bytes, Message]]
+from ovpool.broker.state import Counters, Job, Output, RegisteredWorker
+from ovpool.protocol import Cancel, Error
 
 
 class Placement:
@@ -108,6 +107,20 @@ class Placement:
         for model in worker.info.models:
             self._dispatch(model, out)
 
+    def stall(self, job: Job, out: Output, now: float) -> None:
+        """``job`` made no progress on its worker: cancel it there and requeue it at the head; its
+        worker gets no new request until one of those it still runs finishes."""
+        worker = self._workers[job.worker]
+        out.append((worker.identity, Cancel(job.request_id)))
+        worker.inflight.discard(job.request_id)
+        worker.cap = len(worker.inflight)
+        self._requeue(job, now, out, lost=True)
+        self._dispatch(job.model, out)
+
+    def finished_on(self, worker: RegisteredWorker) -> None:
+        """A request ended well on ``worker``: it may take one more at once again."""
+        worker.cap = min(worker.cap + 1, worker.info.slots)
+
     def orphaned(self, job: Job) -> errors.RequestError:
         """The error for a request whose model no worker serves (any more)."""
         served = self.served()
@@ -149,7 +162,7 @@ class Placement:
     def _free_worker(self, model: str) -> RegisteredWorker | None:
         best = None
         for w in self._by_model.get(model, ()):
-            if len(w.inflight) < w.info.slots and (
+            if len(w.inflight) < w.cap and (
                     best is None or len(w.inflight) * best.info.slots < len(best.inflight) * w.info.slots):
                 best = w
         return best
@@ -162,6 +175,7 @@ class Placement:
                 return
             job = self._jobs[queue.popleft()]
             job.worker = worker.identity
+            job.progress_at = None
             job.attempts += 1
             worker.inflight.add(job.request_id)
             self.counters.dispatched += 1

@@ -3,8 +3,12 @@
 Every method takes ``now`` (monotonic seconds) so tests drive time by hand. On top of the
 placement rules (its Placement, the only code that changes queues and slots), the Router guarantees:
 
-- token indices reach the client at most once and in order (a replay after a re-dispatch repeats
-  the same seeded tokens, and those already forwarded are dropped);
+- each PARTIAL reaches the client once and in order (a replay after a re-dispatch repeats the same
+  seeded tokens, and those already forwarded, by ``seq``, are dropped); a stream gets no more than
+  its credit, the rest waits in its Streams (broker/streams.py), and FINAL/ERROR are never dropped;
+- a request id belongs to the client that sent it: another client's SUBMIT with it is refused;
+- a worker's replies return it credit (protocol.WORKER_WINDOW) as they are handled;
+- a request that gets no token for ``progress_timeout_s`` goes to another worker (Placement.stall);
 - the broker frees a slot as soon as it sends CANCEL (the worker handles messages in order, so the
   cancel lands before the next request);
 - a request that names no model goes to the only model served; a restarted broker queues requests
@@ -16,10 +20,14 @@ from __future__ import annotations
 import secrets
 
 from ovpool import errors, timing
-from ovpool.broker.placement import Output, Placement
-from ovpool.broker.state import Counters, Job, RegisteredWorker, SupervisedHosts
+from ovpool.broker.placement import Placement
+from ovpool.broker.state import Counters, Job, Output, RegisteredWorker, SupervisedHosts
+from ovpool.broker.streams import Streams
 from ovpool.protocol import (
+    MAX_MESSAGE_BYTES,
+    WORKER_WINDOW,
     Cancel,
+    Credit,
     Disconnect,
     Error,
     Final,
@@ -40,14 +48,21 @@ from ovpool.protocol import (
 MAX_ATTEMPTS = 3
 _MAX_ID_LEN = 128
 _MAX_STRANGERS = 10_000
+_REPLIES = (Partial, Final, Error)
+# Credit goes back to a worker in quarters of its window: one CREDIT per ~1,000 replies, and the
+# worker never waits for one unless the broker is that far behind.
+_ACK_EVERY = WORKER_WINDOW // 4
 
 
 class Router:
     def __init__(self, *, now: float, queue_limit: int = 256, max_new_tokens: int = 4096,
-                 max_attempts: int = MAX_ATTEMPTS):
+                 max_attempts: int = MAX_ATTEMPTS, stream_stall_s: float = 30.0,
+                 progress_timeout_s: float = 60.0):
         self.started = now
         self.counters = Counters()
         self.placement = Placement(max_attempts=max_attempts, counters=self.counters)
+        self.streams = Streams(stream_stall_s)
+        self.progress_timeout_s = progress_timeout_s
         self.workers = self.placement.workers  # read-only views: Placement changes them
         self.jobs = self.placement.jobs
         self.queues = self.placement.queues
@@ -57,7 +72,8 @@ class Router:
         self._clients_heard: dict[bytes, float] = {}
         self._next_heartbeat = now
         self.supervised = SupervisedHosts()
-        self._handlers = {Submit: self._on_submit, Cancel: self._on_cancel, Status: self._on_status,
+        self._handlers = {Submit: self._on_submit, Cancel: self._on_cancel, Credit: self._on_credit,
+                          Status: self._on_status,
                           Ping: self._on_ping, Supervised: self._on_supervised,
                           Ready: self._on_ready, Partial: self._on_partial,
                           Final: self._on_end, Error: self._on_end,
@@ -66,10 +82,16 @@ class Router:
     # -- inputs ---------------------------------------------------------------------------------
 
     def handle(self, peer: bytes, msg: Message, now: float) -> Output:
+        out: Output = []
         worker = self.workers.get(peer)
         if worker is not None:
             worker.expires = now + timing.HEARTBEAT_EXPIRY_S
-        elif isinstance(msg, (Heartbeat, Partial, Final, Error)):
+            if isinstance(msg, _REPLIES):
+                worker.unacked += 1
+                if worker.unacked >= _ACK_EVERY:
+                    out.append((peer, Credit("", worker.unacked)))
+                    worker.unacked = 0
+        elif isinstance(msg, (Heartbeat, *_REPLIES)):
             return self._stranger(peer)
         else:
             self._clients_heard[peer] = now
@@ -77,7 +99,6 @@ class Router:
         if handler is None:
             return self.malformed(peer, errors.MalformedMessageError(
                 f"{type(msg).__name__} is not a message the broker accepts"))
-        out: Output = []
         handler(peer, msg, now, out)
         return out
 
@@ -88,15 +109,27 @@ class Router:
             return []
         return [(peer, Error("", exc.code, str(exc)))]
 
+    def oversized(self, peer: bytes, msg: Message, size: int) -> Output:
+        """A message over protocol.MAX_MESSAGE_BYTES (the client library refuses those itself)."""
+        self.counters.rejected += 1
+        if peer in self.workers:
+            return []
+        return [(peer, Error(getattr(msg, "request_id", ""), errors.InvalidRequestError.code,
+                             f"a {type(msg).__name__} of {size:,} bytes is over the broker's limit of"
+                             f" {MAX_MESSAGE_BYTES:,} bytes per message; send a shorter prompt"))]
+
     def tick(self, now: float) -> Output:
-        """Timers: heartbeats to workers, worker expiry, request deadlines, orphaned queues."""
+        """Timers: heartbeats to workers, worker expiry, request deadlines and progress, stalled
+        streams, orphaned queues."""
         out: Output = []
         if now >= self._next_heartbeat:
             self._next_heartbeat = now + timing.HEARTBEAT_INTERVAL_S
             out.extend((w.identity, Heartbeat()) for w in self.workers.values())
         for worker in [w for w in self.workers.values() if now >= w.expires]:
-            self.placement.drop_worker(worker, now, out, lost=True)
+            self._drop_worker(worker, now, out, lost=True)
+        self._expire_progress(now, out)
         self._expire_deadlines(now, out)
+        self._expire_stalled_streams(now, out)
         self._expire_orphans(now, out)
         self.supervised.expire(now)
         return out
@@ -107,6 +140,7 @@ class Router:
             "workers": [w.describe(now) for w in self.workers.values()],
             **self.placement.status(),
             "counters": self.counters.as_dict(),
+            "streams": {"open": len(self.streams), "held": self.streams.held()},
             "supervised": self.supervised.entries(),
         }
 
@@ -118,8 +152,14 @@ class Router:
 
     def _on_submit(self, peer: bytes, msg: Submit, now: float, out: Output) -> None:
         known = self.jobs.get(msg.request_id)
-        if known is not None:  # a resend: keep the running request, route replies to the sender
-            known.client = peer
+        owner = known.client if known is not None else self.streams.client(msg.request_id)
+        if owner == peer:
+            return  # a resend of a request this broker runs (or still streams): nothing to do
+        if owner is not None:  # never re-route someone else's stream to this sender
+            self.counters.rejected += 1
+            out.append((peer, Error(msg.request_id, errors.InvalidRequestError.code,
+                                    f"request id {msg.request_id!r} is in use by another client;"
+                                    " give each request a fresh id")))
             return
         try:
             job = self._admit(peer, msg, now)
@@ -128,6 +168,8 @@ class Router:
             out.append((peer, Error(msg.request_id, exc.code, str(exc))))
             return
         self.counters.submitted += 1
+        if msg.window > 0:
+            self.streams.open(job.request_id, peer, msg.window)
         self.placement.submit(job, out)
 
     def _admit(self, peer: bytes, msg: Submit, now: float) -> Job:
@@ -172,16 +214,22 @@ class Router:
 
     def _on_cancel(self, peer: bytes, msg: Cancel, now: float, out: Output) -> None:
         job = self.jobs.get(msg.request_id)
-        if job is None or job.client != peer:
-            return
-        self.counters.cancelled += 1
-        self.placement.fail(job, errors.CancelledError("cancelled by the client"), out)
+        exc = errors.CancelledError("cancelled by the client")
+        if job is not None and job.client == peer:
+            self.counters.cancelled += 1
+            self._fail(job, exc, out)
+        elif job is None and self.streams.client(msg.request_id) == peer:  # generated, not yet read
+            self._end_stream(msg.request_id, exc, out)
+
+    def _on_credit(self, peer: bytes, msg: Credit, now: float, out: Output) -> None:
+        self.streams.credit(peer, msg.request_id, msg.tokens, now, out)
 
     def _on_status(self, peer: bytes, msg: Status, now: float, out: Output) -> None:
         out.append((peer, StatusReply(self.status(now))))
 
     def _on_ping(self, peer: bytes, msg: Ping, now: float, out: Output) -> None:
-        out.append((peer, Pong([rid for rid in msg.request_ids if rid not in self.jobs])))
+        out.append((peer, Pong([rid for rid in msg.request_ids
+                                if rid not in self.jobs and rid not in self.streams])))
 
     def _on_supervised(self, peer: bytes, msg: Supervised, now: float, out: Output) -> None:
         if not all(isinstance(w, dict) and all(isinstance(k, str) for k in w) for w in msg.workers):
@@ -195,7 +243,7 @@ class Router:
     def _on_ready(self, peer: bytes, msg: Ready, now: float, out: Output) -> None:
         old = self.workers.get(peer)
         if old is not None:  # registering again means it dropped whatever it was running
-            self.placement.drop_worker(old, now, out, lost=True)
+            self._drop_worker(old, now, out, lost=True)
         if msg.slots < 1 or not msg.models or not all(isinstance(m, str) for m in msg.models):
             self.counters.malformed += 1
             return
@@ -204,24 +252,58 @@ class Router:
 
     def _on_partial(self, peer: bytes, msg: Partial, now: float, out: Output) -> None:
         job = self._job_on(peer, msg.request_id, out)
-        if job is not None and msg.index >= job.next_index:
-            job.next_index = msg.index + 1
-            out.append((job.client, msg))
+        if job is None:
+            return
+        job.progress_at = now
+        if msg.seq >= job.next_seq:
+            job.next_seq = msg.seq + 1
+            if msg.request_id in self.streams:
+                self.streams.partial(msg, now, out)
 
     def _on_end(self, peer: bytes, msg: Final | Error, now: float, out: Output) -> None:
         job = self._job_on(peer, msg.request_id, out)
-        if job is not None:
-            if isinstance(msg, Final):
-                self.counters.completed += 1
-            else:
-                self.counters.failed += 1
+        if job is None:
+            return
+        if isinstance(msg, Final):
+            self.counters.completed += 1
+            self.placement.finished_on(self.workers[peer])
+        else:
+            self.counters.failed += 1
+        if msg.request_id in self.streams:
+            self.streams.end(msg, out)
+        else:
             out.append((job.client, msg))
-            self.placement.finish(job, out)
+        self.placement.finish(job, out)
 
     def _on_disconnect(self, peer: bytes, msg: Disconnect, now: float, out: Output) -> None:
         worker = self.workers.get(peer)
         if worker is not None:
-            self.placement.drop_worker(worker, now, out, lost=False)
+            self._drop_worker(worker, now, out, lost=False)
+
+    # -- endings --------------------------------------------------------------------------------
+
+    def _fail(self, job: Job, exc: errors.OvpoolError, out: Output) -> None:
+        """End ``job`` with ``exc`` now: what its stream still held is dropped, never delivered."""
+        self.streams.drop(job.request_id)
+        self.placement.fail(job, exc, out)
+
+    def _end_stream(self, request_id: str, exc: errors.OvpoolError, out: Output) -> None:
+        """End a stream whose generation is over (only its delivery was left) with ``exc``."""
+        client = self.streams.client(request_id)
+        self.streams.drop(request_id)
+        out.append((client, Error(request_id, exc.code, str(exc))))
+
+    def _drop_worker(self, worker: RegisteredWorker, now: float, out: Output, *, lost: bool) -> None:
+        running = list(worker.inflight)
+        self.placement.drop_worker(worker, now, out, lost=lost)
+        self._forget_failed(running)
+
+    def _forget_failed(self, request_ids: list[str]) -> None:
+        """Placement failed those of ``request_ids`` it no longer knows (WorkerLost): their streams
+        end with that ERROR, so nothing they held is sent after it."""
+        for rid in request_ids:
+            if rid not in self.jobs:
+                self.streams.drop(rid)
 
     def _stranger(self, peer: bytes) -> Output:
         """A worker this broker does not know (it restarted, or the worker expired): tell it once."""
@@ -240,6 +322,29 @@ class Router:
             return None
         return job
 
+    def _expire_progress(self, now: float, out: Output) -> None:
+        """A request that got no token for progress_timeout_s (a hung or lying worker) moves on."""
+        stuck = now - self.progress_timeout_s
+        for job in [j for j in self.jobs.values() if j.worker is not None]:
+            if job.progress_at is None:
+                job.progress_at = now  # the first tick since its dispatch
+            elif job.progress_at <= stuck:
+                self.counters.stalled += 1
+                self.placement.stall(job, out, now)
+                self._forget_failed([job.request_id])
+
+    def _expire_stalled_streams(self, now: float, out: Output) -> None:
+        for rid in self.streams.stalled(now):
+            exc = errors.ClientTooSlowError(
+                f"request {rid}: its client took none of the tokens waiting for it for"
+                f" {self.streams.stall_s:g} s (setting stream_stall_s); read the stream faster")
+            self.counters.cancelled += 1
+            job = self.jobs.get(rid)
+            if job is not None:
+                self._fail(job, exc, out)
+            else:
+                self._end_stream(rid, exc, out)
+
     def _expire_deadlines(self, now: float, out: Output) -> None:
         """Requests past their timeout, and those of clients gone silent (a client pings while it
         waits): their slots would otherwise stay busy for nobody."""
@@ -253,7 +358,7 @@ class Router:
             else:
                 self.counters.cancelled += 1
                 exc = errors.CancelledError(f"request {job.request_id}: its client went silent")
-            self.placement.fail(job, exc, out)
+            self._fail(job, exc, out)
         if len(self._clients_heard) > len(self.jobs) * 2 + 1000:  # forget clients with nothing left
             live = {j.client for j in self.jobs.values()}
             self._clients_heard = {c: t for c, t in self._clients_heard.items() if c in live}
@@ -267,7 +372,7 @@ class Router:
             for rid in [r for r in queue if now - self.jobs[r].waiting_since >= timing.BROKER_GRACE_S]:
                 job = self.jobs[rid]
                 self.counters.failed += 1
-                self.placement.fail(job, self.placement.orphaned(job), out)
+                self._fail(job, self.placement.orphaned(job), out)
 
 def _ignore(peer: bytes, msg: Message, now: float, out: Output) -> None:
     """Heartbeats only refresh the sender's expiry, done for every worker message in handle()."""

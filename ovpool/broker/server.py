@@ -18,13 +18,11 @@ from ovpool.auth import ServerSecurity
 from ovpool.broker.router import Output, Router
 from ovpool.errors import ConfigError, ProtocolError
 from ovpool.metrics import BrokerMetrics, BrokerObserver, MetricsServer
-from ovpool.protocol import Message, decode, encode, recv_frames, send_frames
+from ovpool.protocol import MAX_MESSAGE_BYTES, Message, decode, encode, recv_frames, send_frames
 from ovpool.settings import Settings
 
 log = logging.getLogger(__name__)
 
-_HWM = 200_000             # messages buffered per peer before ROUTER drops (it never blocks)
-_MAX_MESSAGE = 64 << 20    # a peer sending a bigger frame is disconnected by libzmq
 _DRAIN = 512               # messages handled between timer checks
 
 
@@ -38,8 +36,10 @@ class Broker:
         self._context = zmq.Context()
         self._security = ServerSecurity(self._context, self.settings)
         self._socket: zmq.Socket | None = None
-        self.router = Router(now=time.monotonic(), queue_limit=self.settings.queue_limit,
-                             max_new_tokens=self.settings.max_new_tokens)
+        s = self.settings
+        self.router = Router(now=time.monotonic(), queue_limit=s.queue_limit,
+                             max_new_tokens=s.max_new_tokens, stream_stall_s=s.stream_stall_s,
+                             progress_timeout_s=s.progress_timeout_s)
         # Off unless a port is set: observing every message costs ~15% of the routing rate.
         self.metrics = BrokerObserver(BrokerMetrics()) if self.settings.metrics_port else None
         self._metrics_server = (MetricsServer(self.metrics.metrics.registry, self.settings.metrics_port)
@@ -51,8 +51,11 @@ class Broker:
             sock = self._context.socket(zmq.ROUTER)
             self._socket = sock
             sock.linger = 0
-            sock.sndhwm = sock.rcvhwm = _HWM
-            sock.maxmsgsize = _MAX_MESSAGE
+            # No libzmq limits (a ROUTER at its high-water mark drops silently): what is queued
+            # is bounded by the credit each receiver granted (docs/protocol.md, flow control).
+            sock.sndhwm = sock.rcvhwm = 0
+            # Up to twice the limit is read and answered with an error; beyond, libzmq drops the peer.
+            sock.maxmsgsize = 2 * MAX_MESSAGE_BYTES
             self._security.apply(sock, self.bind)
             sock.bind(self.bind)
             if self._metrics_server is not None:
@@ -115,6 +118,11 @@ class Broker:
         except ProtocolError as exc:
             self._send(self.router.malformed(peer, exc))
             return
+        if len(frames[-1]) > MAX_MESSAGE_BYTES:
+            log.warning("refused a %s of %d bytes (limit %d)", type(msg).__name__, len(frames[-1]),
+                        MAX_MESSAGE_BYTES)
+            self._send(self.router.oversized(peer, msg, len(frames[-1])))
+            return
         out = self._handle(peer, msg, now)
         if len(out) == 1 and out[0][1] is msg:  # forwarded as it came (PARTIAL, FINAL): no re-encode
             self._send_raw(out[0][0], frames[1:], msg)
@@ -137,7 +145,7 @@ class Broker:
     def _send_raw(self, peer: bytes, frames: list[bytes], msg: Message) -> None:
         if self.metrics:
             self.metrics.outgoing(msg, time.monotonic())
-        try:  # a ROUTER never blocks: it drops for a peer that is gone or whose buffer is full
+        try:  # a ROUTER never blocks; with no high-water mark it drops only for a peer that is gone
             send_frames(self._socket, [peer, *frames])
         except zmq.ZMQError:
-            pass  # heartbeats and resends recover
+            pass  # a vanished peer: its requests end by its silence (Router), nobody is waiting

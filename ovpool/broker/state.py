@@ -5,23 +5,34 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from ovpool import timing
-from ovpool.protocol import Ready, Request, Supervised
+from ovpool.protocol import Message, Ready, Request, Supervised
+
+Output = list[tuple[bytes, Message]]  # what the routing core asks the server to send, in order
 
 _MAX_HOSTS = 1000  # supervisor reports kept at once; the stalest goes first
 
 
 @dataclass
 class RegisteredWorker:
+    """``cap``: the slots the broker fills, at most the advertised ``info.slots``. A request that
+    makes no progress there lowers it to what the worker still runs; each FINAL raises it by one,
+    so a worker that stalls (or lies about its slots) stops attracting requests."""
+
     identity: bytes
     info: Ready
     expires: float
     inflight: set[str] = field(default_factory=set)
+    cap: int = 0
+    unacked: int = 0  # replies handled since the last CREDIT sent to it
+
+    def __post_init__(self) -> None:
+        self.cap = self.info.slots
 
     def describe(self, now: float) -> dict:
         i = self.info
         return {"id": i.worker_id, "models": list(i.models), "device": i.device, "slots": i.slots,
-                "active": len(self.inflight), "host": i.host, "pid": i.pid, "load": dict(i.load),
-                "expires_in_s": round(self.expires - now, 3)}
+                "cap": self.cap, "active": len(self.inflight), "host": i.host, "pid": i.pid,
+                "load": dict(i.load), "expires_in_s": round(self.expires - now, 3)}
 
 
 @dataclass
@@ -35,7 +46,8 @@ class Job:
     waiting_since: float = 0.0
     worker: bytes | None = None
     attempts: int = 0
-    next_index: int = 0  # the next token index the client has not seen yet
+    next_seq: int = 0  # the seq of the next PARTIAL the client has not seen yet
+    progress_at: float | None = None  # its latest PARTIAL (or first tick) on its current worker
 
     @property
     def request_id(self) -> str:
@@ -56,6 +68,7 @@ class Counters:
     cancelled: int = 0
     timed_out: int = 0
     requeued: int = 0
+    stalled: int = 0
     malformed: int = 0
 
     def as_dict(self) -> dict[str, int]:

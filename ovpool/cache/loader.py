@@ -4,7 +4,9 @@ Hit: import the blob (no graph build, no weight read, no compile). Miss: take th
 look again (a racing process may have exported meanwhile: then import its blob), else build,
 compile with CACHE_MODE=OPTIMIZE_SPEED and export: blob to tmp/ → fsync → rename → manifest
 through temp + fsync + rename, last; only then log ``model cache WROTE <entry>``. An export that
-fails (disk full, read-only dir) costs a warning; the process goes on with its compiled model.
+fails (disk full, read-only dir) costs a warning; the process goes on with its compiled model. So
+does a family lock held past ``lock_timeout_s`` (setting cache_lock_timeout_s; a stopped or hung
+holder): the wait is logged with the holder, then the process compiles without exporting.
 
 Cache-only mode returns a hit or raises: CacheMissError naming what differs from the nearest
 entry, CacheCorruptError for a bad entry (removed so the next normal start recompiles), and
@@ -29,7 +31,13 @@ from ovpool.cache.fingerprint import GraphIdentity, ports_key
 from ovpool.cache.lookup import Lookup
 from ovpool.cache.manifest import Entry, Manifest, is_static
 from ovpool.devices import device_type
-from ovpool.errors import CacheCorruptError, CacheMissError, CacheUnsupportedError, ModelLoadError
+from ovpool.errors import (
+    CacheCorruptError,
+    CacheLockedError,
+    CacheMissError,
+    CacheUnsupportedError,
+    ModelLoadError,
+)
 
 log = logging.getLogger("ovpool.cache")
 # Devices that may split a graph or fall back to the CPU at run time: the blob is not one device's.
@@ -65,11 +73,12 @@ class LoadResult:
 def load_compiled(core: ov.Core, *, identity: GraphIdentity, device: str, config: dict,
                   build: Callable[[], ov.Model], cache_dir: str | Path | None,
                   cache_only: bool, hint: str | None = None,
-                  early: prefetch.BlobImport | None = None) -> LoadResult:
+                  early: prefetch.BlobImport | None = None, lock_timeout_s: float = -1) -> LoadResult:
     """The compiled graph; ``hint``: the key under which a hit or export is remembered for the next
     start's early import (ovpool.cache.prefetch; an engine's own graph only); ``early``: that
     import, begun by the caller, taken over by a hit on its blob (``result.blob is early``) and
-    otherwise left to the caller to close."""
+    otherwise left to the caller to close; ``lock_timeout_s``: the longest wait for another
+    process's cache lock (< 0: for ever)."""
     start = time.perf_counter()
     if "CACHE_DIR" in config:
         raise CacheUnsupportedError("OpenVINO's own CACHE_DIR is not used; pass cache_dir instead")
@@ -80,7 +89,7 @@ def load_compiled(core: ov.Core, *, identity: GraphIdentity, device: str, config
         return LoadResult(compile_model(core, build(), device, config), "compiled", None, _since(start))
     if not _cacheable(device, identity, cache_only):
         return LoadResult(compile_model(core, build(), device, config), "compiled", None, _since(start))
-    lookup = Lookup.create(core, cache_dir, identity, device, config)
+    lookup = Lookup.create(core, cache_dir, identity, device, config, lock_timeout_s)
     hit, found = _try_hit(lookup, core, device, config, cache_only, early, hint)
     if hit is not None:
         return LoadResult(hit[0], "hit", found, _since(start), blob=hit[1])
@@ -145,6 +154,9 @@ def _compile_and_export(lookup: Lookup, core, device, config, build,
         except OSError as exc:
             log.warning("model cache: %s is not writable (%s); compiling without exporting",
                         lookup.store.root, exc)
+            return compile_model(core, build(), device, config), "compiled", None, None
+        except CacheLockedError as exc:
+            log.warning("model cache: %s; compiling without exporting", exc)
             return compile_model(core, build(), device, config), "compiled", None, None
         # Look again: the process that held the lock before us may have exported this graph.
         hit, entry = _try_hit(lookup, core, device, config, cache_only=False, hint=hint)

@@ -29,7 +29,7 @@ from ovpool.cache.manifest import Entry, Manifest, nearest, parse_bounds
 from ovpool.cache.prefetch import BlobImport
 from ovpool.cache.sources import ContentHashes
 from ovpool.cache.store import CacheStore
-from ovpool.errors import CacheCorruptError
+from ovpool.errors import CacheCorruptError, CacheLockedError
 
 log = logging.getLogger("ovpool.cache")
 
@@ -43,9 +43,10 @@ class Lookup:
 
     @classmethod
     def create(cls, core: ov.Core, cache_dir: str | Path, identity: GraphIdentity, device: str,
-               config: Mapping[str, Any]) -> Lookup:
-        """The lookup for ``identity`` compiled for ``device`` with ``config``."""
-        store = CacheStore(cache_dir)
+               config: Mapping[str, Any], lock_timeout_s: float = -1) -> Lookup:
+        """The lookup for ``identity`` compiled for ``device`` with ``config``; its locks wait at most
+        ``lock_timeout_s`` (< 0: for ever)."""
+        store = CacheStore(cache_dir, lock_timeout_s)
         content = ContentHashes(store) if identity.source_identity == "content" else None
         fp = fingerprint(identity, DeviceKey.probe(core, device), config, ov_version=openvino_version(),
                          content_hash=content)
@@ -126,7 +127,7 @@ class Lookup:
             self.store.prepare()
             with self.store.lock(self.family):
                 action()
-        except OSError as exc:
+        except (OSError, CacheLockedError) as exc:
             log.warning("model cache: cannot remove a bad entry from %s (%s); it stays a miss",
                         self.store.root, exc)
 

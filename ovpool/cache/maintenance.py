@@ -15,12 +15,10 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-import filelock
-
 from ovpool.cache.lookup import Lookup
 from ovpool.cache.manifest import Entry, Manifest
 from ovpool.cache.store import CacheStore, crc32_of
-from ovpool.errors import CacheCorruptError, CacheError, CacheMissError
+from ovpool.errors import CacheCorruptError, CacheError, CacheLockedError, CacheMissError
 
 _TEMP_NAME = re.compile(r"^.+\.(?P<pid>\d+)\.[0-9a-f]+\.partial$")
 
@@ -207,5 +205,5 @@ def _try_lock(store: CacheStore, family: str) -> Iterator[bool]:
     try:
         with store.lock(family, timeout=0):
             yield True
-    except filelock.Timeout:
+    except CacheLockedError:
         yield False

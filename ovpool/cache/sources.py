@@ -16,6 +16,7 @@ from pathlib import Path
 
 from ovpool.cache.fingerprint import stat_identity
 from ovpool.cache.store import CHUNK_BYTES, CacheStore
+from ovpool.errors import CacheLockedError
 
 log = logging.getLogger(__name__)
 SIDE_FILE = "sources.json"
@@ -52,7 +53,7 @@ class ContentHashes:
                 known = self._load()
                 known[key] = digest
                 self.store.write_text(self.path, json.dumps(known, indent=1, sort_keys=True))
-        except OSError as exc:
+        except (OSError, CacheLockedError) as exc:
             log.warning("model cache: cannot remember the content hash of a model (%s); "
                         "the next start hashes it again", exc)
 

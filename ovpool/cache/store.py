@@ -6,6 +6,7 @@
       manifests/<family>.json   one per graph family; entries inside
       blobs/<entry>.blob        exported CompiledModel (weights included)
       locks/<family>.lock       filelock; never deleted (deleting a held lock file splits waiters)
+      locks/<family>.holder     who took the lock last (pid, host, time): what a waiter logs
       hits/<entry>.hits         one byte appended per hit: its size is the entry's hit count
       hints/<key>.json          the blob an engine's request last used (see ovpool.cache.prefetch)
       tmp/<name>.<pid>.<random>.partial   while writing; gc removes those of dead processes
@@ -27,9 +28,12 @@ Test hook: ``OVPOOL_CACHE_TEST_PAUSE=<phase>`` makes a writer print ``OVPOOL_CAC
 from __future__ import annotations
 
 import contextlib
+import json
+import logging
 import os
 import secrets
 import signal
+import socket
 import sys
 import time
 import zlib
@@ -40,9 +44,11 @@ from typing import BinaryIO
 import numpy as np
 
 from ovpool.cache.manifest import Entry, Manifest
-from ovpool.errors import CacheCorruptError
+from ovpool.errors import CacheCorruptError, CacheLockedError
 
+log = logging.getLogger("ovpool.cache")
 LAYOUT_VERSION = "v1"
+LOCK_REPORT_S = 10.0  # a waiter logs who holds the lock this often
 CHUNK_BYTES = 16 << 20
 PAUSE_ENV = "OVPOOL_CACHE_TEST_PAUSE"
 
@@ -65,10 +71,12 @@ def crc32_of(buffer: memoryview | np.ndarray) -> str:
 
 
 class CacheStore:
-    """One cache directory. Creating it touches nothing; writers call ``prepare()`` first."""
+    """One cache directory. Creating it touches nothing; writers call ``prepare()`` first.
+    ``lock_timeout_s``: how long ``lock`` waits by default (setting cache_lock_timeout_s; < 0: for ever)."""
 
-    def __init__(self, root: str | Path):
+    def __init__(self, root: str | Path, lock_timeout_s: float = -1):
         self.root = Path(root).expanduser()
+        self.lock_timeout_s = lock_timeout_s
         self.base = self.root / LAYOUT_VERSION
         self.manifests_dir, self.blobs_dir = self.base / "manifests", self.base / "blobs"
         self.locks_dir, self.tmp_dir = self.base / "locks", self.base / "tmp"
@@ -99,12 +107,51 @@ class CacheStore:
         return self.hits_dir / blob.with_suffix(".hits").name
 
     @contextlib.contextmanager
-    def lock(self, name: str, timeout: float = -1) -> Iterator[None]:
-        """Hold ``locks/<name>.lock`` (blocking unless ``timeout`` >= 0; filelock.Timeout then)."""
+    def lock(self, name: str, timeout: float | None = None) -> Iterator[None]:
+        """Hold ``locks/<name>.lock``: wait up to ``timeout`` seconds (None: the store's
+        ``lock_timeout_s``; < 0: for ever),
+        then CacheLockedError naming the holder. A waiter logs the holder and its wait every
+        LOCK_REPORT_S (a stopped or hung holder would otherwise block every start silently)."""
         import filelock  # here: a cache hit takes no lock, and the import costs start-up time
 
-        with filelock.FileLock(self.locks_dir / f"{name}.lock", timeout=timeout, thread_local=False):
+        timeout = self.lock_timeout_s if timeout is None else timeout
+        lock = filelock.FileLock(self.locks_dir / f"{name}.lock", thread_local=False)
+        start, step = time.monotonic(), 0.0
+        while True:
+            waited = time.monotonic() - start
+            if timeout >= 0:
+                step = min(step, max(0.0, timeout - waited))
+            try:
+                lock.acquire(timeout=step)
+                break
+            except filelock.Timeout:
+                waited = time.monotonic() - start
+                if timeout >= 0 and waited >= timeout:
+                    raise CacheLockedError(f"cache lock {name} is still held by {self._holder(name)}"
+                                           f" after {waited:.1f} s (setting cache_lock_timeout_s)") from None
+                log.warning("model cache: lock %s is held by %s; waited %.0f s so far%s", name,
+                            self._holder(name), waited, f" of {timeout:g}" if timeout >= 0 else "")
+                step = LOCK_REPORT_S
+        holder = self.locks_dir / f"{name}.holder"
+        try:
+            with contextlib.suppress(OSError):  # only for the log of a waiter
+                holder.write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                                              "since": time.time()}))
             yield
+        finally:
+            self.remove(holder)
+            lock.release()
+
+    def _holder(self, name: str) -> str:
+        """``pid 123 on host, for 12 s (stopped)`` from the holder file, as far as it can be read."""
+        try:
+            h = json.loads((self.locks_dir / f"{name}.holder").read_text())
+            who = f"pid {h['pid']} on {h['host']}, for {time.time() - h['since']:.0f} s"
+        except (OSError, ValueError, KeyError, TypeError):
+            return "another process"
+        if h["host"] == socket.gethostname() and _stopped(h["pid"]):
+            who += " (it is stopped: SIGSTOP or a debugger)"
+        return who
 
     # Reading -----------------------------------------------------------------------------------
 
@@ -237,6 +284,14 @@ class CacheStore:
             self.remove(tmp)
             raise
         _fsync_dir(final.parent)
+
+
+def _stopped(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
+    except (OSError, IndexError):
+        return False
 
 
 def _fsync_dir(path: Path) -> None:

@@ -1,7 +1,11 @@
 """The worker process: one DEALER socket to the broker, a Backend doing the generation.
 
 The loop polls the socket without waiting while sessions are active (generation is the work;
-messages are handled between steps), and up to a heartbeat interval when idle. A broker that is
+messages are handled between steps), and up to a heartbeat interval when idle. Every PARTIAL,
+FINAL and ERROR spends one message of credit (protocol.WORKER_WINDOW per connection, returned by
+the broker's CREDIT as it handles them); without credit the worker stops stepping until CREDIT
+comes, so a broker that routes slower than the worker generates slows the worker down instead of
+letting its send queue overflow (libzmq would drop, or block the heartbeats). A broker that is
 silent for the heartbeat expiry is presumed gone: the worker drops its sessions (the broker has
 re-dispatched them), reconnects with a doubling backoff and registers again. Stopping (SIGTERM
 in the CLI) hands unfinished requests back with DISCONNECT before the socket closes.
@@ -21,7 +25,9 @@ from ovpool import timing
 from ovpool.auth import secure_peer
 from ovpool.errors import OvpoolError
 from ovpool.protocol import (
+    WORKER_WINDOW,
     Cancel,
+    Credit,
     Disconnect,
     Error,
     Final,
@@ -59,7 +65,8 @@ class Worker:
                            load=load_to_wire(load_report))
         self._context = zmq.Context()
         self._socket: zmq.Socket | None = None
-        self._active: set[str] = set()
+        self._active: dict[str, int] = {}  # request id -> the seq of its next PARTIAL
+        self._credit = WORKER_WINDOW
         self._backoff = timing.RECONNECT_MIN_S
         self._broker_expires = 0.0
 
@@ -80,9 +87,11 @@ class Worker:
             self._socket.close(linger=0)
         sock = self._context.socket(zmq.DEALER)
         sock.linger = 0
+        sock.sndhwm = 0  # no libzmq limit: the credit bounds what is queued (WORKER_WINDOW + a step)
         secure_peer(sock, self.settings)
         sock.connect(self.broker)
         self._socket = sock
+        self._credit = WORKER_WINDOW
         self._broker_expires = time.monotonic() + timing.HEARTBEAT_EXPIRY_S + self._backoff
         self._send(self.ready)
 
@@ -93,10 +102,10 @@ class Worker:
         while not stop.is_set():
             if not self._active and not self._socket.poll(0):
                 self.backend.idle()
-            wait_s = 0.0 if self._active else timing.POLL_INTERVAL_S
-            if self._socket.poll(wait_s * 1000):
+            stepping = self._active and self._credit > 0
+            if self._socket.poll(0 if stepping else timing.POLL_INTERVAL_S * 1000):
                 self._receive()
-            if self._active:
+            if self._active and self._credit > 0:
                 self._step()
             now = time.monotonic()
             if now >= next_heartbeat:
@@ -121,13 +130,15 @@ class Worker:
     def _handle(self, msg: Message) -> None:
         if isinstance(msg, Request):
             self._start(msg)
+        elif isinstance(msg, Credit):
+            self._credit += msg.tokens
         elif isinstance(msg, Cancel):
-            if msg.request_id in self._active:
-                self._active.discard(msg.request_id)
+            if self._active.pop(msg.request_id, None) is not None:
                 self.backend.cancel(msg.request_id)
         elif isinstance(msg, Disconnect):  # the broker does not know us (it restarted): start over
             log.info("broker asked %s to register again", self.ready.worker_id)
             self._drop_sessions()
+            self._credit = WORKER_WINDOW
             self._send(self.ready)
 
     def _start(self, msg: Request) -> None:
@@ -135,22 +146,24 @@ class Worker:
             params = sampling_from_wire(msg.params)
             self.backend.add(msg.request_id, msg.prompt if msg.messages is None else msg.messages, params)
         except OvpoolError as exc:
-            self._send(Error(msg.request_id, exc.code, str(exc)))
+            self._reply(Error(msg.request_id, exc.code, str(exc)))
             return
-        self._active.add(msg.request_id)
+        self._active[msg.request_id] = 0
 
     def _step(self) -> None:
+        active = self._active
         for ev in self.backend.step():
+            rid = ev.request_id
             if isinstance(ev, Token):
-                d = ev.delta
-                self._send(Partial(ev.request_id, d.index, d.token_id, d.text,
-                                   [t.to_wire() for t in d.logprobs]))
+                d, seq = ev.delta, active[rid]
+                active[rid] = seq + 1
+                self._reply(Partial(rid, d.index, d.token_id, d.text, seq, [t.to_wire() for t in d.logprobs]))
                 continue
-            self._active.discard(ev.request_id)
+            sent = active.pop(rid)
             if isinstance(ev, Finished):
-                self._send(Final(ev.request_id, completion_to_wire(ev.completion)))
+                self._reply(Final(rid, completion_to_wire(ev.completion), sent))
             elif isinstance(ev, Failed):
-                self._send(Error(ev.request_id, ev.error.code, str(ev.error)))
+                self._reply(Error(rid, ev.error.code, str(ev.error)))
 
     def _reconnect(self) -> None:
         log.warning("broker %s silent for %.1fs; reconnecting", self.broker, timing.HEARTBEAT_EXPIRY_S)
@@ -163,8 +176,16 @@ class Worker:
             self.backend.cancel(rid)
         self._active.clear()
 
+    def _reply(self, msg: Partial | Final | Error) -> None:
+        """A reply about a request: it spends credit (it may go below zero by at most one step)."""
+        self._credit -= 1
+        self._send(msg)
+
     def _send(self, msg: Message) -> None:
+        # With no send limit (sndhwm 0) and a connected-or-connecting pipe, libzmq queues rather
+        # than refusing; Again would mean no pipe at all, during a reconnect, whose messages the
+        # broker re-dispatches anyway.
         try:
             send_frames(self._socket, encode(msg), zmq.NOBLOCK)
         except zmq.Again:
-            pass  # the broker is unreachable; it re-dispatches whatever this worker loses
+            log.warning("no connection to the broker: a %s was not sent", type(msg).__name__)

@@ -72,7 +72,8 @@ def load_graph(model: GGUFModel, settings: Settings, device: str, core: ov.Core,
     values = dict(identity.settings)
     return load_compiled(core, identity=identity, device=device, config=config,
                          build=lambda: graph.build_model(model, values),
-                         cache_dir=cache_dir, cache_only=cache_only, hint=hint, early=early)
+                         cache_dir=cache_dir, cache_only=cache_only, hint=hint, early=early,
+                         lock_timeout_s=settings.cache_lock_timeout_s)
 
 
 def load_paged(model: GGUFModel, settings: Settings, device: str, core: ov.Core, *,
@@ -96,7 +97,8 @@ def load_paged(model: GGUFModel, settings: Settings, device: str, core: ov.Core,
         return built[-1]
 
     result = load_compiled(core, identity=identity, device=device, config=config, build=build,
-                           cache_dir=cache_dir, cache_only=cache_only, hint=hint, early=early)
+                           cache_dir=cache_dir, cache_only=cache_only, hint=hint, early=early,
+                           lock_timeout_s=settings.cache_lock_timeout_s)
     if not decode_graph.wanted(settings.decode_graph, device, model.path):
         return result
 
