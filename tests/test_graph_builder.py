@@ -142,16 +142,18 @@ def test_kquant_requant_stays_close_to_the_reference(tiny_model, scheme, max_err
     np.testing.assert_allclose(got, expected, atol=max_error * np.abs(expected).max())
 
 
-def _with_rope_freqs(source, path, factors: np.ndarray):
-    """A copy of the F32 model ``source`` with Llama 3.1's rope_freqs.weight added."""
+def f32_copy(source, path, changes: dict):
+    """A copy of the F32 model ``source`` (its hyper-parameters and tensors) where ``changes``
+    {name: (array, raw GGML type or None)} replaces or adds tensors."""
     model = GGUFModel.open(source)
     writer = GGUFWriter(str(path), model.architecture)
     for key, value in model.metadata.items():
         if key.startswith(model.architecture + "."):
             (writer.add_float32 if isinstance(value, float) else writer.add_uint32)(key, value)
-    for name, info in model.tensors.items():
-        writer.add_tensor(name, np.asarray(model.raw(name)).view(np.float32).reshape(info.shape))
-    writer.add_tensor("rope_freqs.weight", factors.astype(np.float32))
+    tensors = {name: (np.asarray(model.raw(name)).view(np.float32).reshape(info.shape), None)
+               for name, info in model.tensors.items()}
+    for name, (data, raw_dtype) in (tensors | changes).items():
+        writer.add_tensor(name, data, raw_dtype=raw_dtype)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -162,7 +164,8 @@ def _with_rope_freqs(source, path, factors: np.ndarray):
 def test_llama3_rope_frequency_factors_are_applied(tiny_model, tmp_path):
     source = tiny_model("llama", "F32")
     half = GGUFModel.open(source).hparams.head_dim // 2
-    path = _with_rope_freqs(source, tmp_path / "llama31.gguf", np.linspace(1, 8, half))
+    factors = np.linspace(1, 8, half).astype(np.float32)
+    path = f32_copy(source, tmp_path / "llama31.gguf", {"rope_freqs.weight": (factors, None)})
     model, request = compile_graph(path)
     _, plain = compile_graph(source)
     ids = prompt(model)

@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from gguf import GGML_QUANT_SIZES
+from gguf import GGMLQuantizationType as T
 from test_generate_batcher import PROMPTS, drain
-from test_graph_builder import compile_graph, feeds, prompt, score
+from test_graph_builder import compile_graph, f32_copy, feeds, prompt, score
 
 from ovpool import Engine
+from ovpool.errors import UnsupportedModelError
 from ovpool.sampling_params import SamplingParams
 from ovpool.testing.reference import Reference
 from ovpool.worker.backend import EngineBackend
@@ -61,3 +64,13 @@ def test_a_tied_embedding_of_another_type_than_the_matrices(tiny_model, embed_ty
     expected = Reference(model).logits(np.array(ids))
     with Engine(path, settings=EXACT) as eng:
         np.testing.assert_allclose(eng.logits(ids), expected, atol=2e-4 * np.abs(expected).max())
+
+
+def test_a_weight_type_without_a_form_is_refused_by_name(tiny_model, tmp_path):
+    source = tiny_model("llama", "F32", n_embd=256, n_ff=256)
+    block, size = GGML_QUANT_SIZES[T.IQ2_XXS]  # a lattice codebook: no form in the graph
+    codes = np.zeros((256, 256 // block * size), np.uint8)
+    path = f32_copy(source, tmp_path / "iq2.gguf", {"blk.1.ffn_up.weight": (codes, T.IQ2_XXS)})
+    with pytest.raises(UnsupportedModelError, match=r"blk.1.ffn_up.weight has weight type IQ2_XXS; "
+                                                    r"supported: .*IQ4_XS.*Q2_K.*Q5_0"):
+        GGUFModel.open(path)
