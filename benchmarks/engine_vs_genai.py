@@ -123,9 +123,13 @@ def load_genai(args: argparse.Namespace) -> tuple[float, Runner]:
 
 def load_llamacpp(args: argparse.Namespace) -> tuple[float, Runner]:
     """llama.cpp through llama-cpp-python, on every core (its default is half of them) and a
-    context that holds the prompt and the generation."""
+    context that holds the prompt and the generation. ``--omp-passive``: its OpenMP threads sleep
+    at barriers instead of spinning (OMP_WAIT_POLICY=PASSIVE), which a CPU shared with other
+    jobs rewards; set before llama.cpp's OpenMP runtime loads."""
     import os
 
+    if args.omp_passive:
+        os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
     import llama_cpp
 
     from ovpool.models import resolve_model_path
@@ -190,7 +194,7 @@ def child_paired(args: argparse.Namespace) -> dict:
 def run_child(child: str, args: argparse.Namespace, prompts: list[list[int]] | None = None) -> dict:
     cmd = [sys.executable, __file__, "--child", child, "--model", args.model, "--device", args.device,
            "--new-tokens", str(args.new_tokens), "--prompt-tokens", str(args.prompt_tokens),
-           "--peer", args.peer]
+           "--peer", args.peer, *(["--omp-passive"] if args.omp_passive else [])]
     if prompts is not None:
         cmd += ["--ids", json.dumps(prompts)]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
@@ -235,6 +239,7 @@ def parse_args(argv=None, peer: str = "genai", model: str = "smollm2") -> argpar
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=model, help=f"GGUF path or alias (default {model})")
     p.add_argument("--peer", choices=PEERS, default=peer, help=f"the other engine (default {peer})")
+    p.add_argument("--omp-passive", action="store_true", help="llamacpp: OMP_WAIT_POLICY=PASSIVE")
     p.add_argument("--device", default="CPU")
     p.add_argument("--prompt-tokens", type=int, default=512)
     p.add_argument("--new-tokens", type=int, default=128)
