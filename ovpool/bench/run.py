@@ -45,7 +45,7 @@ def run(opts: Options, say: Callable[[str], None] = lambda _: None) -> dict:
     if "startup" in opts.scenarios:
         say("start-up (benchmarks/cache_startup.py)")
         results["startup"] = script("cache_startup.py", "--model", opts.model, "--device", opts.device,
-                                    "--repeats", str(opts.repeats))
+                                    "--repeats", str(opts.repeats), *([] if genai else ["--no-genai"]))
     if "overhead" in opts.scenarios:
         say("broker overhead (benchmarks/broker_overhead.py)")
         results["overhead"] = script("broker_overhead.py", "--requests", "5000", "--samples", "500")
