@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ovpool import response_format as formats
 from ovpool.errors import InvalidRequestError
 
 MAX_LOGPROBS = 20      # top alternatives per token, as OpenAI's top_logprobs allows
@@ -54,6 +55,9 @@ class SamplingParams:
     # ((token id, bias), ...) sorted by id; give a mapping {id: bias} (ids as ints or digit strings).
     logit_bias: tuple[tuple[int, float], ...] = field(default_factory=tuple)
     logprobs: int | None = None
+    # What the output must match: a JSON schema, any JSON object, a regex or a grammar, masked
+    # before step 4 (ovpool.response_format, docs/structured-output.md); None: free text.
+    response_format: dict | None = None
 
     def __post_init__(self) -> None:
         d = self.__dict__  # frozen: normalize in place, once
@@ -68,6 +72,7 @@ class SamplingParams:
             # Exact types: a bool is not an int here. NaN fails every range check.
             if type(value) not in types or not ok(value):
                 raise InvalidRequestError(f"sampling: {name} {why} (got {value!r})"[:300])
+        d["response_format"] = formats.normalize(d["response_format"])
 
     @property
     def penalized(self) -> bool:
