@@ -33,6 +33,43 @@ def settings_options(func: Callable) -> Callable:
     return wrapper
 
 
+def response_format_options(func: Callable) -> Callable:
+    """Add --json-schema FILE, --json-object, --regex PATTERN and --grammar FILE, and pass the
+    command a ``response_format`` (ovpool.response_format; None for free text)."""
+
+    @click.option("--json-schema", type=click.File("r"), default=None, metavar="FILE",
+                  help="The output is JSON valid against this JSON Schema file.")
+    @click.option("--json-object", is_flag=True, help="The output is a JSON object.")
+    @click.option("--regex", default=None, metavar="PATTERN", help="The output matches this regex.")
+    @click.option("--grammar", type=click.File("r"), default=None, metavar="FILE",
+                  help="The output follows this grammar file: Lark, or GBNF if it ends in .gbnf.")
+    @functools.wraps(func)
+    def wrapper(*args: Any, json_schema: Any, json_object: bool, regex: str | None, grammar: Any,
+                **kwargs: Any) -> Any:
+        return func(*args, response_format=_response_format(json_schema, json_object, regex, grammar),
+                    **kwargs)
+
+    return wrapper
+
+
+def _response_format(json_schema: Any, json_object: bool, regex: str | None, grammar: Any) -> dict | None:
+    if sum(x is not None for x in (json_schema, json_object or None, regex, grammar)) > 1:
+        raise click.UsageError("give at most one of --json-schema, --json-object, --regex, --grammar")
+    if json_schema is not None:
+        try:
+            return {"type": "json_schema", "schema": json.load(json_schema)}
+        except json.JSONDecodeError as exc:
+            raise click.BadParameter(f"{json_schema.name} is not JSON: {exc}",
+                                     param_hint="--json-schema") from None
+    if json_object:
+        return {"type": "json_object"}
+    if regex is not None:
+        return {"type": "regex", "pattern": regex}
+    if grammar is not None:
+        return {"type": "grammar", "gbnf" if grammar.name.endswith(".gbnf") else "lark": grammar.read()}
+    return None
+
+
 def resolve_settings(assignments: tuple[str, ...] = (), **flags: Any) -> Settings:
     """Settings from ``--set`` items and dedicated flags (a dedicated flag wins over --set)."""
     merged = parse_assignments(assignments)

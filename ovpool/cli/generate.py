@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from ovpool.cli.common import resolve_settings, settings_options
+from ovpool.cli.common import resolve_settings, response_format_options, settings_options
 
 # A one-shot generation shorter than this finishes before the decode graph (ovpool.worker.graph.decode)
 # pays for itself: it would be made after 128 tokens, its compile takes ~2 s of CPU, and it gains
@@ -29,11 +29,12 @@ DECODE_GRAPH_MIN_TOKENS = 1024
 @click.option("--device", default=None, help="OpenVINO device (default: the device setting, CPU).")
 @click.option("--cache-dir", default=None, help="Compiled-model cache directory.")
 @click.option("--cache-only", is_flag=True, default=None, help="Import from the cache or fail.")
+@response_format_options
 @settings_options
 def generate_command(prompt: str, model: str, max_tokens: int, temperature: float, top_k: int, top_p: float,
                      seed: int | None, stop: tuple[str, ...], ignore_eos: bool, chat: bool,
                      device: str | None, cache_dir: str | None, cache_only: bool | None,
-                     assignments: tuple[str, ...]) -> None:
+                     response_format: dict | None, assignments: tuple[str, ...]) -> None:
     """Generate a continuation of PROMPT locally; timings go to stderr."""
     from ovpool.cache import prefetch
 
@@ -45,7 +46,8 @@ def generate_command(prompt: str, model: str, max_tokens: int, temperature: floa
     from ovpool.worker.engine import Engine
 
     params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                            seed=seed, stop=stop, ignore_eos=ignore_eos)
+                            seed=seed, stop=stop, ignore_eos=ignore_eos,
+                            response_format=response_format)
     with Engine(model, settings=settings, early=early) as engine:
         report = engine.load_report
         click.echo(f"loaded {engine.name} on {engine.device} ({report['outcome']}) in "

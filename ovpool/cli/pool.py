@@ -9,7 +9,13 @@ from typing import Any
 
 import click
 
-from ovpool.cli.common import emit_json, resolve_settings, settings_options, stop_on_signals
+from ovpool.cli.common import (
+    emit_json,
+    resolve_settings,
+    response_format_options,
+    settings_options,
+    stop_on_signals,
+)
 
 broker_option = click.option("--broker", default=None, envvar="OVPOOL_BROKER",
                               help="Broker endpoint (env OVPOOL_BROKER; default tcp://127.0.0.1:5555).")
@@ -103,15 +109,17 @@ def _backend(kind: str, model: str, settings: Any, token_delay: float,
 @click.option("--timeout", type=float, default=None, help="Seconds before the request fails.")
 @click.option("--stream", is_flag=True, help="Print tokens as they arrive.")
 @click.option("--json", "as_json", is_flag=True, help="Print the Completion as JSON.")
+@response_format_options
 @secret_option
 @server_key_option
 def complete_command(prompt: str, broker: str | None, model: str, max_tokens: int, temperature: float,
                      seed: int | None, timeout: float | None, stream: bool, as_json: bool,
-                     **curve: Any) -> None:
+                     response_format: dict | None, **curve: Any) -> None:
     """Complete PROMPT through the broker."""
     from ovpool.client import Client
 
-    sampling = {"max_tokens": max_tokens, "temperature": temperature, "seed": seed}
+    sampling = {"max_tokens": max_tokens, "temperature": temperature, "seed": seed,
+                "response_format": response_format}
     with Client(broker, model=model, timeout=timeout, settings=resolve_settings(**curve)) as client:
         if stream and not as_json:
             for delta in client.stream(prompt, **sampling):

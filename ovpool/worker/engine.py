@@ -24,6 +24,7 @@ from ovpool.errors import InvalidRequestError
 from ovpool.sampling_params import SamplingParams
 from ovpool.settings import Settings
 from ovpool.worker.generate.batch import PagedSession
+from ovpool.worker.generate.constraint import Vocabulary
 from ovpool.worker.generate.generation import Generation
 from ovpool.worker.generate.limits import check_max_tokens, check_prompt
 from ovpool.worker.generate.penalties import check_vocab
@@ -77,6 +78,7 @@ class Engine:
         self.load_report = {"outcome": result.outcome, "entry": result.entry, "seconds": phases,
                             "graph_settings": self.graph_settings}
         self._idle: list[Session | PagedSession] = []
+        self._vocabulary = None  # for constrained decoding, made on the first request with one
         self.warmed = False
         if self.settings.warm_up == "load":
             self.warm_up()
@@ -171,7 +173,17 @@ class Engine:
         params = params or SamplingParams()
         ids = self.admit(prompt, params)
         return Generation(self._acquire(), self._release, ids, params, self.tokenizer,
-                          context_length=self.hparams.context_length, prefill_chunk=prefill_chunk)
+                          context_length=self.hparams.context_length, prefill_chunk=prefill_chunk,
+                          constraint=self.constraint(params))
+
+    def constraint(self, params: SamplingParams):
+        """The Constraint of ``params.response_format`` on this model's vocabulary; None without one."""
+        if params.response_format is None:
+            return None
+        if self._vocabulary is None:
+            with _phase(self.load_report["seconds"], "structured-output vocabulary"):
+                self._vocabulary = Vocabulary(self.tokenizer)
+        return self._vocabulary.constraint(params.response_format, ignore_eos=params.ignore_eos)
 
     def stream(self, prompt: Prompt, **sampling: Any) -> Iterator[Delta]:
         with self.generation(prompt, SamplingParams.from_dict(sampling)) as gen:

@@ -8,7 +8,7 @@ single-stream path when it runs the paged graph (ovpool.worker.graph.loading).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import openvino as ov
@@ -61,9 +61,11 @@ class PagedRunner:
                 request.set_tensor(name, tensor)
         self.num_blocks = num_blocks
 
-    def forward(self, chunks: Sequence[Chunk], rows: Sequence[int] | None = None) -> np.ndarray:
+    def forward(self, chunks: Sequence[Chunk], rows: Sequence[int] | None = None,
+                during: Callable[[], None] | None = None) -> np.ndarray:
         """Run every chunk in one pass; logits [sampled chunks, vocab] in chunk order, or of the
-        token ``rows`` (indices into the chunks' concatenated tokens) if given.
+        token ``rows`` (indices into the chunks' concatenated tokens) if given. ``during`` runs
+        on this thread while the pass runs on the device's (the structured-output masks).
 
         The array is the request's output buffer: valid until the next forward pass.
         """
@@ -71,8 +73,15 @@ class PagedRunner:
         one_token = inputs["input_ids"].size == 1 and inputs["logits_indices"].size == 1
         request = (one_token and self._decode_request()) or self.requests[0]
         try:
-            # Shared both ways, as in Session.forward: no copy of the inputs or of the logits.
-            request.infer(inputs, share_inputs=True, share_outputs=True)
+            if during is None:
+                # Shared both ways, as in Session.forward: no copy of the inputs or of the logits.
+                request.infer(inputs, share_inputs=True, share_outputs=True)
+            else:
+                request.start_async(inputs, share_inputs=True)
+                try:
+                    during()
+                finally:
+                    request.wait()
         except RuntimeError as exc:
             raise InferenceError(f"inference failed ({len(chunks)} sequences): {exc}") from exc
         return request.get_tensor("logits").data[0]

@@ -18,6 +18,7 @@ from ovpool.errors import InferenceError, InvalidRequestError, OvpoolError
 from ovpool.sampling_params import SamplingParams
 from ovpool.worker.events import Event, Failed, Finished, Token
 from ovpool.worker.generate.batch import PagedRunner, PagedSession
+from ovpool.worker.generate.constraint import masks_for
 from ovpool.worker.generate.generation import Generation
 from ovpool.worker.generate.scheduler import Scheduler
 from ovpool.worker.generate.session import warm_up
@@ -72,7 +73,8 @@ class Batcher:
                 f"{self.scheduler.num_blocks * self.scheduler.block_size} positions; raise kv_cache_mb")
         h = self.engine.hparams
         self._generations[request_id] = Generation(None, None, ids, params, self.engine.tokenizer,
-                                                   context_length=h.context_length)
+                                                   context_length=h.context_length,
+                                                   constraint=self.engine.constraint(params))
         self.scheduler.add(request_id, ids)
 
     def cancel(self, request_id: str) -> None:
@@ -87,20 +89,23 @@ class Batcher:
         events: list[Event] = [self._exhausted(rid) for rid in plan.exhausted]
         if not plan.chunks:
             return events
+        sampled = [c.seq_id for c in plan.chunks if c.sample]
+        masks = masks_for([self._generations[rid].constraint for rid in sampled])
         try:
-            logits = self.runner.forward(plan.chunks)
+            # The constrained rows' masks are computed while the pass runs (both drop the GIL).
+            logits = self.runner.forward(plan.chunks, during=masks and masks.compute)
+            if masks is not None:
+                logits = masks.apply(logits)
         except InferenceError as exc:  # the pass is shared: every request in it fails
             return events + [self._fail(c.seq_id, exc) for c in plan.chunks]
-        rows = iter(logits)
-        for chunk in plan.chunks:
-            if chunk.sample:
-                events += self._accept(chunk.seq_id, next(rows))
+        for rid, row in zip(sampled, logits, strict=True):
+            events += self._accept(rid, row, masked=masks is not None)
         return events
 
-    def _accept(self, request_id: str, logits) -> list[Event]:
+    def _accept(self, request_id: str, logits, masked: bool) -> list[Event]:
         gen = self._generations[request_id]
         try:
-            delta = gen.feed(logits)
+            delta = gen.feed(logits, masked=masked)
         except OvpoolError as exc:
             return [self._fail(request_id, exc)]
         events: list[Event] = [] if delta is None else [Token(request_id, delta)]

@@ -15,6 +15,7 @@ import numpy as np
 from ovpool.completion import Completion, Delta, TokenLogprobs, Usage
 from ovpool.errors import InvalidRequestError
 from ovpool.sampling_params import SamplingParams
+from ovpool.worker.generate.constraint import Constraint
 from ovpool.worker.generate.logprobs import Logprobs
 from ovpool.worker.generate.sampler import Sampler, StopMatcher
 from ovpool.worker.generate.session import Session
@@ -25,7 +26,7 @@ class Generation:
 
     def __init__(self, session: Session | None, release: Callable[[Session], None] | None,
                  prompt_ids: Sequence[int], params: SamplingParams, tokenizer, *, context_length: int,
-                 prefill_chunk: int | None = None):
+                 prefill_chunk: int | None = None, constraint: Constraint | None = None):
         self._session, self._release = session, release
         self.prompt_ids, self.params = list(prompt_ids), params
         self._pending = list(prompt_ids)
@@ -36,6 +37,7 @@ class Generation:
         self._logprobs = None if params.logprobs is None else Logprobs(tokenizer, params.logprobs)
         self._token_logprobs: list[TokenLogprobs] = []
         self._sent_logprobs = 0  # how many of them a Delta carried
+        self.constraint = constraint
         self._decoder = tokenizer.stream_decoder()
         self._stop = StopMatcher(params.stop)
         self.token_ids: list[int] = []
@@ -61,11 +63,14 @@ class Generation:
             logits = self._session.forward(self.token_ids[-1:], logits_from=0)
         return self.feed(logits[-1])
 
-    def feed(self, logits: np.ndarray) -> Delta | None:
-        """Sample the next token from its logits [vocab] (from any forward pass) and accept it.
+    def feed(self, logits: np.ndarray, masked: bool = False) -> Delta | None:
+        """Sample the next token from its logits [vocab] (from any forward pass) and accept it;
+        ``masked``: the constraint's mask is already applied (a batched pass masks all its rows).
 
         A Generation driven from outside (a batched forward pass) is built with session=None.
         """
+        if self.constraint is not None and not masked:
+            logits = self.constraint.masked(logits)
         token = self._sampler.choose(logits)
         if self._logprobs is not None and token not in self._eos:
             self._token_logprobs.append(self._logprobs.of(logits, token))
@@ -86,6 +91,8 @@ class Generation:
         text, stopped = self._stop.feed(self._decoder.push(token))
         if stopped:
             return self._finish("stop", token, text, flush=False)
+        if self.constraint is not None and self.constraint.advance(token):
+            return self._finish("stop", token, text)  # complete: only EOS could follow
         if len(self.token_ids) >= self.params.max_tokens or \
                 len(self.prompt_ids) + len(self.token_ids) >= self._context_length:
             return self._finish("length", token, text)

@@ -1,6 +1,7 @@
 """Log-probabilities of each output token and of the most probable alternatives at its position.
 
-Of the raw logits (before logit_bias, penalties and temperature, vLLM's default), as log-softmax
+Of the raw logits (before logit_bias, penalties and temperature, vLLM's default; with a
+response_format, after its mask, as vLLM's are), as log-softmax
 at float32: ``(x - max) - log(sum(exp(x - max)))``, the formula NumPy and PyTorch users write.
 """
 
@@ -39,6 +40,7 @@ class Logprobs:
         ids = np.flatnonzero(x >= best - _WINDOW)
         if len(ids) < self._top:
             ids = np.flatnonzero(x >= np.partition(x, -self._top)[-self._top])
+            ids = ids[x[ids] > -np.inf]  # a token a response_format forbids is no alternative
         return ids[np.argsort(-x[ids], kind="stable")[:self._top]]
 
     def _logprob(self, x: np.ndarray, best: np.float32, log_total: np.float32, token: int) -> Logprob:

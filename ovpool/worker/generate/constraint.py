@@ -1,0 +1,125 @@
+"""Constrained decoding: a sequence's tokens kept to its ``response_format`` (ovpool.response_format)
+by masking the logits before sampling, with llguidance (a Rust core, no Python dependencies; used by
+llama.cpp and vLLM). xgrammar, the other common engine, needs torch and transformers.
+
+``Vocabulary`` is the model's tokens as llguidance sees them, built once per model from the GGUF
+vocabulary (the bytes of every token id, its special tokens and EOS ids). ``Constraint`` is one
+sequence's matcher: it masks a logits row, and takes each chosen token. ``MaskBatch`` computes the
+masks of one batched pass's constrained rows in one llguidance call (its own threads, without the
+GIL) while the forward pass runs, and applies them over the batch in NumPy.
+
+EOS is allowed exactly when the constraint is complete (llguidance's mask holds it then); a
+constraint that admits no more text ends its sequence with finish reason ``stop`` at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from ovpool import response_format as formats
+from ovpool.errors import InferenceError, InvalidRequestError
+
+
+class _GGUFTokens:
+    """What llguidance.TokenizerWrapper reads: each id's bytes, the special ids, EOS, and encode."""
+
+    def __init__(self, tokenizer):
+        self._tokenizer = tokenizer
+        self.tokens = [tokenizer.piece(i, skip_special=False) for i in range(tokenizer.vocab_size)]
+        # piece() gives b"" for a control, unknown or unused token when it skips specials.
+        self.special_token_ids = [i for i, raw in enumerate(self.tokens)
+                                  if raw and not tokenizer.piece(i, skip_special=True)]
+        self.eos_token_id = min(tokenizer.eos_ids) if tokenizer.eos_ids else None
+        self.bos_token_id = tokenizer.bos_id
+
+    def __call__(self, text: bytes | str) -> list[int]:
+        if isinstance(text, bytes):
+            text = text.decode("utf-8", errors="replace")
+        return self._tokenizer.encode(text, add_special=False)
+
+
+class Vocabulary:
+    """A model's vocabulary for llguidance. Building it reads every token once: SmolLM2's 49,152
+    tokens take ~0.35 s (benchmarks/structured_output.py), so an Engine builds it once, on its
+    first constrained request, and keeps it."""
+
+    def __init__(self, tokenizer):
+        import llguidance  # here, so that importing this module (the batcher does) costs nothing
+
+        self.size = tokenizer.vocab_size
+        self.eos_ids = sorted(tokenizer.eos_ids)
+        self.lltokenizer = llguidance.LLTokenizer(llguidance.TokenizerWrapper(_GGUFTokens(tokenizer)),
+                                                  n_vocab=self.size, eos_token=self.eos_ids or None)
+        self.words = (self.size + 31) // 32   # an int32 bit mask row: bit i of word i // 32 is id i
+        self.executor = llguidance.LLExecutor()
+
+    def constraint(self, fmt: dict, ignore_eos: bool = False) -> Constraint:
+        """A matcher for a canonical ``fmt``; a grammar llguidance refuses is an InvalidRequestError."""
+        import llguidance
+
+        matcher = llguidance.LLMatcher(self.lltokenizer, formats.grammar(fmt), log_level=0)
+        if matcher.is_error():
+            raise InvalidRequestError(f"response_format: {matcher.get_error()}")
+        return Constraint(self, matcher, ignore_eos)
+
+
+class Constraint:
+    """One sequence's matcher. ``ignore_eos``: EOS is never allowed, so the sequence ends when the
+    constraint admits nothing more (or at max_tokens)."""
+
+    def __init__(self, vocabulary: Vocabulary, matcher, ignore_eos: bool):
+        self.vocabulary, self.matcher = vocabulary, matcher
+        self.blocked_eos = vocabulary.eos_ids if ignore_eos else []
+
+    def masked(self, logits: np.ndarray) -> np.ndarray:
+        """``logits`` [vocab] with every token the constraint forbids at -inf (a new array)."""
+        batch = MaskBatch([self])
+        batch.compute()
+        return batch.apply(logits[None, :])[0]
+
+    def advance(self, token: int) -> bool:
+        """Take the chosen ``token``; whether the output is now complete."""
+        if not self.matcher.consume_token(token):
+            raise InferenceError(f"structured output: token {token} broke the constraint: "
+                                 f"{self.matcher.get_error()}")
+        return self.matcher.is_stopped()
+
+
+def masks_for(constraints: Sequence[Constraint | None]) -> MaskBatch | None:
+    """The MaskBatch of a pass whose sampled rows have these constraints (None: a free row);
+    None when no row is constrained."""
+    rows = [i for i, c in enumerate(constraints) if c is not None]
+    return MaskBatch([constraints[i] for i in rows], rows) if rows else None
+
+
+class MaskBatch:
+    """The masks of the constrained rows of one pass. ``rows[i]`` is the logits row of
+    ``constraints[i]`` (by default row i)."""
+
+    def __init__(self, constraints: Sequence[Constraint], rows: Sequence[int] | None = None):
+        self.constraints = list(constraints)
+        self.rows = np.arange(len(self.constraints)) if rows is None else np.asarray(rows, np.intp)
+        self.vocabulary = self.constraints[0].vocabulary
+        self.bits = np.empty((len(self.constraints), self.vocabulary.words), np.int32)
+
+    def compute(self) -> None:
+        """Fill the masks: one llguidance call for the batch (its threads; it drops the GIL, so a
+        forward pass running meanwhile is not held up)."""
+        v = self.vocabulary
+        v.executor.unsafe_compute_mask_ptr([(c.matcher, i) for i, c in enumerate(self.constraints)],
+                                           self.bits.ctypes.data, v.words * 4, len(self.constraints))
+
+    def apply(self, logits: np.ndarray) -> np.ndarray:
+        """A float32 copy of ``logits`` [rows, vocab] with the forbidden tokens of the constrained
+        rows at -inf; the other rows as they were. Ids past the vocabulary stay forbidden."""
+        out = np.array(logits, dtype=np.float32)
+        allowed = np.unpackbits(self.bits.view(np.uint8), axis=1, count=out.shape[1],
+                                bitorder="little").view(bool)
+        for i, c in enumerate(self.constraints):
+            allowed[i, c.blocked_eos] = False
+        sub = out[self.rows]
+        sub[~allowed] = -np.inf
+        out[self.rows] = sub
+        return out
