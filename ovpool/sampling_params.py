@@ -22,8 +22,9 @@ _NUM, _INT = (float, int), (int,)
 class SamplingParams:
     """How to pick tokens. ``temperature == 0`` is greedy; the same seed gives the same tokens.
 
-    One position's float32 logits go through, in this order (vLLM's for steps 1-3):
+    One position's float32 logits go through, in this order (vLLM's for steps 0-3):
 
+    0. with a ``response_format``, every token it forbids goes to -inf (docs/structured-output.md);
     1. ``logit_bias`` {token id: bias} is added (each bias clipped to [-100, 100]);
     2. ``repetition_penalty`` (Hugging Face / vLLM): every token of the prompt or of the output
        so far has a positive logit divided by it, a negative one multiplied (1 is off);

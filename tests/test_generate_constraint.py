@@ -4,6 +4,7 @@ seeded, alone and 8 batched); the mask never changes a greedy choice the constra
 from __future__ import annotations
 
 import json
+import math
 import re
 import subprocess
 import sys
@@ -130,9 +131,13 @@ def test_max_tokens_mid_structure_ends_with_length(smollm2):
 
 @pytest.mark.slow
 def test_a_complete_constraint_stops_even_when_eos_is_ignored(smollm2):
-    out = smollm2.complete("Is the sky blue?", max_tokens=20, ignore_eos=True,
+    out = smollm2.complete("Is the sky blue?", max_tokens=20, ignore_eos=True, logprobs=5,
                            response_format={"type": "grammar", "lark": 'start: " yes" | " no"'})
     assert out.text in (" yes", " no") and out.finish_reason == "stop"
+    # Log-probabilities are of the masked logits (as vLLM's): a forbidden token is no alternative.
+    first = out.logprobs[0]
+    assert first.top and all(" yes".startswith(a.text) or " no".startswith(a.text) for a in first.top)
+    assert all(math.isfinite(a.logprob) for t in out.logprobs for a in (t.chosen, *t.top))
 
 
 def test_a_bad_constraint_is_refused_before_any_model_runs():
