@@ -245,3 +245,49 @@ def test_idle_warm_up_covers_the_engine_and_a_separate_batching_graph(tiny_model
         assert not failed
         assert done["a"].token_ids == alone(eng, PROMPTS[0], params).token_ids
         assert done["b"].token_ids == alone(eng, PROMPTS[3], params).token_ids
+
+
+class _Broken:
+    """An InferRequest whose device fails."""
+
+    def infer(self, *args, **kwargs):
+        raise RuntimeError("device lost")
+
+
+def test_a_failed_pass_fails_its_requests_with_an_inference_error_and_the_rest_go_on(engine):
+    from ovpool.errors import InferenceError
+
+    backend = EngineBackend(engine, slots=2)  # its own runner (KV blocks, requests) on the graph
+    assert backend.wait_batching()
+    runner = backend.runs.runner
+    working, runner.requests[0] = runner.requests[0], _Broken()
+    backend.add("a", PROMPTS[0], SamplingParams(max_tokens=4, ignore_eos=True))
+    (failed,) = backend.step()
+    assert isinstance(failed, Failed) and isinstance(failed.error, InferenceError)
+    assert failed.error.code == "inference" and "device lost" in str(failed.error)
+    runner.requests[0] = working
+    params = SamplingParams(max_tokens=3, ignore_eos=True)
+    done, _, failures = drain(backend, {0: [("b", PROMPTS[2], params)]})
+    assert not failures and len(done["b"].token_ids) == 3
+
+
+def test_an_unbatched_generation_that_fails_is_an_inference_error():
+    from types import SimpleNamespace
+
+    from ovpool.errors import InferenceError
+    from ovpool.worker.backend import Interleaved
+
+    class Failing:
+        def step(self):
+            raise RuntimeError("device lost")
+
+        def close(self):
+            pass
+
+    engine = SimpleNamespace(settings=SimpleNamespace(prefill_chunk=8),
+                             generation=lambda prompt, params, prefill_chunk: Failing())
+    interleaved = Interleaved(engine)
+    interleaved.add("a", "hi", SamplingParams())
+    (failed,) = interleaved.step()
+    assert isinstance(failed.error, InferenceError) and "device lost" in str(failed.error)
+    assert interleaved.active == 0
