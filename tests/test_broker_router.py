@@ -7,7 +7,9 @@ import pytest
 from ovpool import errors, timing
 from ovpool.broker.router import Router
 from ovpool.protocol import (
+    WORKER_WINDOW,
     Cancel,
+    Credit,
     Disconnect,
     Error,
     Final,
@@ -220,3 +222,67 @@ def test_supervisor_reports_are_listed_per_host_until_they_go_stale(router):
     assert [s["host"] for s in router.status(LATE + 3)["supervised"]] == ["b"]
     (_, err), = router.handle(C1, Supervised("a", 10, ["not a map"]), LATE + 3)
     assert err.code == errors.MalformedMessageError.code and "workers" in err.message
+
+
+def test_a_broker_behind_on_reading_judges_no_worker_silent(router):
+    """A heartbeat may wait among the messages the server has not read yet."""
+    late = LATE + timing.HEARTBEAT_EXPIRY_S + 0.01
+    assert not of(router.tick(late, caught_up=False), Request) and W1 in router.workers
+    router.tick(late, caught_up=True)
+    assert W1 not in router.workers
+
+
+def test_a_stream_gets_its_credit_then_waits_with_its_final_behind(router):
+    (w, _), = router.handle(C1, submit("r", window=2), LATE)
+    tokens = [Partial("r", i, i, str(i), i) for i in range(4)]
+    sent = [m for t in tokens for _, m in of(router.handle(w, t, LATE), Partial)]
+    assert sent == tokens[:2]  # the window; the rest waits in the broker
+    assert of(router.handle(w, Final("r", {}, 4), LATE), Final) == []
+    assert router.status(LATE)["streams"] == {"open": 1, "held": 2}
+    out = router.handle(C1, Credit("r", 5), LATE)
+    assert [m for _, m in out] == [tokens[2], tokens[3], Final("r", {}, 4)]
+    assert router.status(LATE)["streams"] == {"open": 0, "held": 0}
+    assert router.handle(C1, Ping(["r"]), LATE) == [(C1, Pong(["r"]))]
+
+
+def test_a_stream_unread_for_stream_stall_s_fails_and_stops_its_worker():
+    r = Router(now=0.0, stream_stall_s=5.0)
+    r.handle(W1, ready(), LATE)
+    (w, _), = r.handle(C1, submit("r", window=1), LATE)
+    r.handle(w, Partial("r", 0, 0, "a", 0), LATE)
+    r.handle(w, Partial("r", 1, 1, "b", 1), LATE)  # no credit left: it waits
+    r.handle(w, Heartbeat(), LATE + 5)
+    r.handle(C1, Ping(["r"]), LATE + 5)
+    out = r.tick(LATE + 5)
+    assert (w, Cancel("r")) in out
+    (_, err), = of(out, Error)
+    assert err.code == errors.ClientTooSlowError.code and "stream_stall_s" in err.message
+
+
+def test_another_clients_reuse_of_a_running_id_is_refused(router):
+    router.handle(C1, submit("r"), LATE)
+    (peer, err), = router.handle(C2, submit("r"), LATE)
+    assert peer == C2 and err.code == errors.InvalidRequestError.code and "another client" in err.message
+    assert router.jobs["r"].client == C1
+
+
+def test_a_request_without_progress_moves_and_its_worker_draws_no_more():
+    r = Router(now=0.0, progress_timeout_s=2.0)
+    r.handle(W1, ready(slots=4), LATE)
+    (first, _), = r.handle(C1, submit("r"), LATE)
+    r.tick(LATE + 0.1)  # stamps the dispatch
+    r.handle(W2, ready(slots=1), LATE + 1)
+    for t in (LATE + 2.05, LATE + 2.1):
+        r.handle(W1, Heartbeat(), t)
+        r.handle(W2, Heartbeat(), t)
+    out = r.tick(LATE + 2.2)
+    assert (W1, Cancel("r")) in out and of(out, Request)[0][0] == W2
+    assert r.workers[W1].cap == 0 and r.status(LATE + 2.2)["counters"]["stalled"] == 1
+    assert of(r.handle(C1, submit("s"), LATE + 2.2), Request) == []  # W1 draws nothing new
+
+
+def test_a_workers_replies_return_it_credit_each_quarter_window(router):
+    (w, _), = router.handle(C1, submit("r", max_tokens=100), LATE)
+    credits = [m for i in range(WORKER_WINDOW // 4)
+               for _, m in router.handle(w, Partial("r", i, i, "x", i), LATE) if isinstance(m, Credit)]
+    assert credits == [Credit("", WORKER_WINDOW // 4)]

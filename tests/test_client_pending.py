@@ -7,7 +7,7 @@ import pytest
 from ovpool import errors, timing
 from ovpool.completion import Completion, Usage
 from ovpool.pending import PendingRequests, make_submit
-from ovpool.protocol import Error, Final, Partial, Ping, Pong, StatusReply
+from ovpool.protocol import MAX_MESSAGE_BYTES, Cancel, Error, Final, Partial, Ping, Pong, StatusReply
 
 
 class Recorder:
@@ -86,3 +86,38 @@ def test_status_replies_go_to_waiters_in_order():
     p.on_message(StatusReply({"n": 1}), 0.1)
     p.on_message(StatusReply({"n": 2}), 0.1)
     assert first.result == {"n": 1} and second.result == {"n": 2}
+
+
+def test_a_missing_partial_fails_the_stream_and_cancels_it():
+    p, rec = PendingRequests(0.0), Recorder()
+    sub = make_submit("hi", "m", None, {}, window=8)
+    p.add(sub, rec, 0.0)
+    p.on_message(Partial(sub.request_id, 0, 0, "a", 0), 0.1)
+    assert p.on_message(Partial(sub.request_id, 5, 5, "f", 2), 0.1) == [Cancel(sub.request_id)]
+    assert isinstance(rec.error, errors.StreamGapError) and "PARTIAL 2 came after 0" in str(rec.error)
+    assert [d.text for d in rec.deltas] == ["a"] and len(p) == 0
+
+
+def test_a_final_after_fewer_partials_than_it_counts_is_a_gap():
+    p, rec = PendingRequests(0.0), Recorder()
+    sub = make_submit("hi", "m", None, {}, window=8)
+    p.add(sub, rec, 0.0)
+    p.on_message(Partial(sub.request_id, 0, 0, "a", 0), 0.1)
+    assert p.on_message(final(sub.request_id, 2), 0.2) == [Cancel(sub.request_id)]
+    assert isinstance(rec.error, errors.StreamGapError) and rec.result is None
+
+
+def test_a_resent_stream_gets_credit_for_the_replay_it_drops():
+    p, rec = PendingRequests(0.0), Recorder()
+    sub = make_submit("hi", "m", None, {}, window=8)
+    p.add(sub, rec, 0.0)
+    for i in range(3):
+        p.on_message(Partial(sub.request_id, i, i, "x", i), 0.1)
+    (resent,) = p.on_message(Pong([sub.request_id]), 0.2)
+    assert resent.request_id == sub.request_id and resent.window == 8 + 3
+
+
+def test_a_prompt_over_the_message_limit_is_refused_before_sending():
+    with pytest.raises(errors.InvalidRequestError, match="67,108,864 bytes"):
+        make_submit("x" * (MAX_MESSAGE_BYTES + 1), "m", None, {})
+    assert make_submit("x" * (MAX_MESSAGE_BYTES // 8), "m", None, {}).prompt  # encoded only to check

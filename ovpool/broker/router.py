@@ -17,9 +17,8 @@ placement rules (its Placement, the only code that changes queues and slots), th
 
 from __future__ import annotations
 
-import secrets
-
 from ovpool import errors, timing
+from ovpool.broker.admission import Admission
 from ovpool.broker.placement import Placement
 from ovpool.broker.state import Counters, Job, Output, RegisteredWorker, SupervisedHosts
 from ovpool.broker.streams import Streams
@@ -37,16 +36,13 @@ from ovpool.protocol import (
     Ping,
     Pong,
     Ready,
-    Request,
     Status,
     StatusReply,
     Submit,
     Supervised,
-    sampling_from_wire,
 )
 
 MAX_ATTEMPTS = 3
-_MAX_ID_LEN = 128
 _MAX_STRANGERS = 10_000
 _REPLIES = (Partial, Final, Error)
 # Credit goes back to a worker in quarters of its window: one CREDIT per ~1,000 replies, and the
@@ -66,8 +62,8 @@ class Router:
         self.workers = self.placement.workers  # read-only views: Placement changes them
         self.jobs = self.placement.jobs
         self.queues = self.placement.queues
-        self.queue_limit = queue_limit
-        self.max_new_tokens = max_new_tokens
+        self.admission = Admission(self.placement, started=now, queue_limit=queue_limit,
+                                   max_new_tokens=max_new_tokens)
         self._told_to_register: set[bytes] = set()
         self._clients_heard: dict[bytes, float] = {}
         self._next_heartbeat = now
@@ -118,16 +114,19 @@ class Router:
                              f"a {type(msg).__name__} of {size:,} bytes is over the broker's limit of"
                              f" {MAX_MESSAGE_BYTES:,} bytes per message; send a shorter prompt"))]
 
-    def tick(self, now: float) -> Output:
+    def tick(self, now: float, caught_up: bool = True) -> Output:
         """Timers: heartbeats to workers, worker expiry, request deadlines and progress, stalled
-        streams, orphaned queues."""
+        streams, orphaned queues. ``caught_up``: the server has read every message that arrived;
+        until it has, no worker is judged silent nor stuck (its heartbeat or token may be among
+        those unread: liveness follows arrival, not how far behind the broker is)."""
         out: Output = []
         if now >= self._next_heartbeat:
             self._next_heartbeat = now + timing.HEARTBEAT_INTERVAL_S
             out.extend((w.identity, Heartbeat()) for w in self.workers.values())
-        for worker in [w for w in self.workers.values() if now >= w.expires]:
-            self._drop_worker(worker, now, out, lost=True)
-        self._expire_progress(now, out)
+        if caught_up:
+            for worker in [w for w in self.workers.values() if now >= w.expires]:
+                self._drop_worker(worker, now, out, lost=True)
+            self._expire_progress(now, out)
         self._expire_deadlines(now, out)
         self._expire_stalled_streams(now, out)
         self._expire_orphans(now, out)
@@ -162,7 +161,7 @@ class Router:
                                     " give each request a fresh id")))
             return
         try:
-            job = self._admit(peer, msg, now)
+            job = self.admission.admit(peer, msg, now)
         except errors.RequestError as exc:
             self.counters.rejected += 1
             out.append((peer, Error(msg.request_id, exc.code, str(exc))))
@@ -171,46 +170,6 @@ class Router:
         if msg.window > 0:
             self.streams.open(job.request_id, peer, msg.window)
         self.placement.submit(job, out)
-
-    def _admit(self, peer: bytes, msg: Submit, now: float) -> Job:
-        if not msg.request_id or len(msg.request_id) > _MAX_ID_LEN:
-            raise errors.InvalidRequestError(f"request_id must be 1..{_MAX_ID_LEN} characters")
-        if (msg.prompt is None) == (msg.messages is None):
-            raise errors.InvalidRequestError("give exactly one of prompt or messages")
-        if msg.messages is not None and not all(
-                isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
-                for m in msg.messages):
-            raise errors.InvalidRequestError('messages must be maps with string "role" and "content"')
-        params = sampling_from_wire(msg.params)
-        if params.max_tokens > self.max_new_tokens:
-            raise errors.InvalidRequestError(
-                f"max_tokens={params.max_tokens} exceeds this broker's limit of {self.max_new_tokens}"
-                " (setting max_new_tokens)")
-        model = self._resolve_model(msg.model, now)
-        if self.placement.queued(model) >= self.queue_limit and not self.placement.has_free_slot(model):
-            raise errors.QueueFullError(
-                f"model {model!r} has {self.queue_limit} requests queued (queue_limit); retry later")
-        wire = msg.params  # validated above, so it is forwarded as it came
-        if params.seed is None:  # a fixed seed makes a re-dispatch replay the same tokens
-            wire = {**wire, "seed": secrets.randbits(63)}
-        request = Request(msg.request_id, model, wire, msg.prompt, msg.messages)
-        deadline = now + msg.timeout_s if msg.timeout_s > 0 else float("inf")
-        return Job(request, peer, deadline, queued_at=now, waiting_since=now)
-
-    def _resolve_model(self, model: str, now: float) -> str:
-        resolved = (model if self.placement.serves(model) else None) if model else self.placement.only_model()
-        if resolved is not None:  # the common cases, without building the served list per request
-            return resolved
-        served = self.placement.served()
-        starting = now < self.started + timing.BROKER_GRACE_S
-        if not model:
-            if not served and starting:
-                return ""  # the only model is decided when the first worker registers
-            raise errors.InvalidRequestError(
-                f"name a model: this broker serves {served or 'none yet'}")
-        if not starting:
-            raise errors.ModelNotFoundError(f"no worker serves model {model!r}; served: {served}")
-        return model
 
     def _on_cancel(self, peer: bytes, msg: Cancel, now: float, out: Output) -> None:
         job = self.jobs.get(msg.request_id)

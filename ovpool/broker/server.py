@@ -85,20 +85,24 @@ class Broker:
         poller = zmq.Poller()
         poller.register(sock, zmq.POLLIN)
         next_tick = 0.0
+        caught_up = True  # the last drain emptied the socket
         while not stop.is_set():
             now = time.monotonic()
             if now >= next_tick:
-                self._send(self.router.tick(now))
+                self._send(self.router.tick(now, caught_up))
                 if self.metrics:
                     self._observe()
                 next_tick = now + timing.POLL_INTERVAL_S
             if not poller.poll(max(0.0, next_tick - now) * 1000):
+                caught_up = True
                 continue
             now = time.monotonic()
+            caught_up = False
             for _ in range(_DRAIN):
                 try:
                     frames = recv_frames(sock)
                 except zmq.Again:
+                    caught_up = True
                     break
                 if len(frames) >= 2:
                     self._route(frames, now)
