@@ -3,6 +3,7 @@ seeded, alone and 8 batched); the mask never changes a greedy choice the constra
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import re
@@ -165,3 +166,26 @@ def test_cli_keeps_to_a_json_schema_file_and_names_a_bad_one(tiny_model, tmp_pat
         assert run.returncode == 2 and "Traceback" not in run.stderr
         assert "error: response_format: the JSON schema is not usable: Unsatisfiable schema: minimum (5)" \
             in run.stderr
+
+
+@pytest.mark.slow
+def test_client_and_async_client_constrain_through_a_worker(tiny_model):
+    from ovpool import AsyncClient, Client
+    from ovpool.testing.pool import PoolProcess, broker, fast_heartbeats, free_endpoint, wait_for_workers
+
+    code = {"type": "regex", "pattern": "[a-z]{3}-[0-9]{2}"}
+    endpoint = free_endpoint()
+    with fast_heartbeats(0.5), broker(endpoint), Client(endpoint) as client, \
+            PoolProcess("worker", "--broker", endpoint, "--model", str(tiny_model()), "--slots", "4"):
+        wait_for_workers(client, 1, timeout=120)
+        futures = [client.submit("once upon a time", max_tokens=12, seed=i, temperature=1.0,
+                                 response_format=code) for i in range(4)]
+        outputs = [f.result(timeout=120) for f in futures]
+
+        async def main():
+            async with AsyncClient(endpoint) as aclient:
+                return await aclient.complete("once upon a time", max_tokens=12, response_format=code)
+
+        outputs.append(asyncio.run(main()))
+    for out in outputs:
+        assert re.fullmatch(code["pattern"], out.text) and out.finish_reason == "stop", out.text
