@@ -1,7 +1,7 @@
 """Structured output: what the llguidance vocabulary costs to build, and decode tokens/s with a JSON
 schema constraint vs unconstrained, 1 and 8 concurrent requests through the Batcher, in one run.
 
-    .venv/bin/python benchmarks/structured_output.py [--model smollm2] [--tokens 64] [--rounds 3]
+    .venv/bin/python benchmarks/structured_output.py [--model smollm2] [--tokens 64] [--rounds 5]
 
 Each round runs every (concurrency, constrained?) case once, alternating, so that load from other
 processes on the CPU hits both sides alike; the ratio is the median of the rounds' ratios. Both sides
@@ -15,10 +15,12 @@ import argparse
 import statistics
 import time
 
+import numpy as np
+
 from ovpool import Engine
 from ovpool.sampling_params import SamplingParams
 from ovpool.worker.backend import EngineBackend, Finished
-from ovpool.worker.generate.constraint import Vocabulary
+from ovpool.worker.generate.constraint import MaskBatch, Vocabulary
 
 SCHEMA = {"type": "array", "minItems": 50, "items": {
     "type": "object", "additionalProperties": False, "required": ["name", "age", "tags"], "properties": {
@@ -27,26 +29,49 @@ SCHEMA = {"type": "array", "minItems": 50, "items": {
 PROMPT = [{"role": "user", "content": "List fifty people as JSON records with name, age and tags."}]
 
 
-def decode_tps(backend: EngineBackend, concurrency: int, params: SamplingParams) -> float:
-    """Decode tokens/s of all requests together: tokens after each one's first, over the wall time
-    from the first first-token to the end (prefill excluded)."""
+def decode_rates(backend: EngineBackend, concurrency: int,
+                 params: SamplingParams) -> tuple[float, float, list]:
+    """(decode tokens/s of all requests together, decode tokens per CPU second of this process,
+    the completions):
+    tokens after each one's first, over the wall (CPU) time from the first first-token to the end,
+    prefill excluded. CPU time counts OpenVINO's and llguidance's threads too; on a CPU shared with
+    other jobs it varies less than wall time."""
     for i in range(concurrency):
         backend.add(str(i), PROMPT, params)
-    done, first_token_at = {}, None
+    done, start = {}, None
     while backend.active:
         events = backend.step()
-        first_token_at = first_token_at or time.perf_counter()
+        start = start or (time.perf_counter(), time.process_time())
         done |= {e.request_id: e.completion for e in events if isinstance(e, Finished)}
-    elapsed = time.perf_counter() - first_token_at
+    wall, cpu = time.perf_counter() - start[0], time.process_time() - start[1]
     assert all(len(c.token_ids) == params.max_tokens for c in done.values()), "a request ended early"
-    return sum(len(c.token_ids) - 1 for c in done.values()) / elapsed
+    tokens = sum(len(c.token_ids) - 1 for c in done.values())
+    return tokens / wall, tokens / cpu, list(done.values())
+
+
+def mask_cost(engine: Engine, fmt: dict, outputs: list) -> tuple[float, float]:
+    """Median ms per step to compute, and to apply, the masks of ``outputs``' sequences replayed
+    together (one batch of constrained rows), outside any forward pass."""
+    constraints = [engine.constraint(SamplingParams(response_format=fmt)) for _ in outputs]
+    logits = np.random.default_rng(0).standard_normal((len(outputs), engine.tokenizer.vocab_size), np.float32)
+    computes, applies = [], []
+    for step in range(min(len(c.token_ids) for c in outputs)):
+        batch = MaskBatch(constraints)
+        start = time.perf_counter()
+        batch.compute()
+        computes.append(time.perf_counter() - start)
+        batch.apply(logits)
+        applies.append(time.perf_counter() - start - computes[-1])
+        for constraint, out in zip(constraints, outputs, strict=True):
+            constraint.advance(out.token_ids[step])
+    return statistics.median(computes) * 1e3, statistics.median(applies) * 1e3
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2")
     parser.add_argument("--tokens", type=int, default=64)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
     with Engine(args.model, settings={"attention": "paged"}) as engine:
         start = time.perf_counter()
@@ -58,19 +83,24 @@ def main() -> None:
         free = SamplingParams(max_tokens=args.tokens, ignore_eos=True)
         constrained = SamplingParams(max_tokens=args.tokens,
                                      response_format={"type": "json_schema", "schema": SCHEMA})
-        decode_tps(backend, 1, constrained)  # builds the vocabulary, warms both paths
-        results: dict[tuple[int, bool], list[float]] = {}
+        decode_rates(backend, 1, constrained)  # builds the vocabulary, warms both paths
+        results: dict[tuple[int, bool], list[tuple[float, float]]] = {}
         for _ in range(args.rounds):
             for concurrency in (1, 8):
                 for is_constrained, params in ((False, free), (True, constrained)):
-                    tps = decode_tps(backend, concurrency, params)
-                    results.setdefault((concurrency, is_constrained), []).append(tps)
+                    *rates, outputs = decode_rates(backend, concurrency, params)
+                    results.setdefault((concurrency, is_constrained), []).append(rates)
+        compute_ms, apply_ms = mask_cost(engine, constrained.response_format, outputs)
+    print(f"masks of 8 constrained rows per step (replayed, no forward pass): compute {compute_ms:.2f} ms, "
+          f"apply {apply_ms:.2f} ms")
     for concurrency in (1, 8):
-        free_runs, constrained_runs = results[concurrency, False], results[concurrency, True]
-        ratios = [c / f for c, f in zip(constrained_runs, free_runs, strict=True)]
-        print(f"{concurrency} concurrent: unconstrained {statistics.median(free_runs):.1f} tokens/s, "
-              f"JSON schema {statistics.median(constrained_runs):.1f} tokens/s, ratio "
-              f"{statistics.median(ratios):.3f} (rounds: {', '.join(f'{r:.3f}' for r in ratios)})")
+        for i, what in ((0, "tokens/s"), (1, "tokens per CPU s")):
+            free_runs = [r[i] for r in results[concurrency, False]]
+            constrained_runs = [r[i] for r in results[concurrency, True]]
+            ratios = [c / f for c, f in zip(constrained_runs, free_runs, strict=True)]
+            print(f"{concurrency} concurrent, {what}: unconstrained {statistics.median(free_runs):.1f}, "
+                  f"JSON schema {statistics.median(constrained_runs):.1f}, ratio "
+                  f"{statistics.median(ratios):.3f} (rounds: {', '.join(f'{r:.3f}' for r in ratios)})")
 
 
 if __name__ == "__main__":
