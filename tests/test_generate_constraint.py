@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 import jsonschema
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
@@ -189,3 +190,27 @@ def test_client_and_async_client_constrain_through_a_worker(tiny_model):
         outputs.append(asyncio.run(main()))
     for out in outputs:
         assert re.fullmatch(code["pattern"], out.text) and out.finish_reason == "stop", out.text
+
+
+def test_masks_forbid_exactly_what_the_constraint_forbids_and_leave_free_rows_alone(tiny_model):
+    from ovpool.worker.generate.constraint import Vocabulary, masks_for
+    from ovpool.worker.gguf.model import GGUFModel
+    from ovpool.worker.text.tokenizer import Tokenizer
+
+    tokenizer = Tokenizer.from_metadata(GGUFModel.open(tiny_model()).metadata)
+    vocabulary = Vocabulary(tokenizer)
+    digits = {"type": "regex", "pattern": "[0-9]+"}
+    fresh, grown, no_eos = (vocabulary.constraint(digits, ignore_eos=i == 2) for i in range(3))
+    pieces = [tokenizer.piece(i) for i in range(tokenizer.vocab_size)]
+    digit_ids = {i for i, p in enumerate(pieces) if p and p.isdigit()}
+    assert digit_ids
+    grown.advance(min(digit_ids))  # now complete: EOS allowed
+    logits = np.random.default_rng(0).standard_normal((5, tokenizer.vocab_size)).astype(np.float32)
+    masks = masks_for([fresh, None, grown, None, no_eos])
+    masks.compute()
+    out = masks.apply(logits)
+    eos = set(tokenizer.eos_ids)
+    for row, allowed in ((0, digit_ids), (2, digit_ids | eos), (4, digit_ids)):
+        assert set(np.flatnonzero(out[row] > -np.inf)) == allowed
+        np.testing.assert_array_equal(out[row][sorted(allowed)], logits[row][sorted(allowed)])
+    np.testing.assert_array_equal(out[[1, 3]], logits[[1, 3]])
