@@ -121,10 +121,15 @@ _SETTINGS = [
     Setting("stateful", bool, True, "keep the KV cache in OpenVINO state variables", graph=True),
     Setting("kquant_requant", str, "none", "requantize K-quant weights (Q4_K, Q6_K) to another scheme",
             choices=("none", "q4_asym32", "q8_sym32"), graph=True),
-    Setting("q4_storage", str, "auto", "how 4-bit codes (Q4_0, Q4_1, Q4_K) sit in the graph: i8 (one "
-            "per byte, same values; the CPU plugin's first-inference set-up is ~3x faster, weights "
-            "take twice the memory) or i4 (packed); auto: i8 on the CPU, i4 elsewhere",
+    Setting("q4_storage", str, "auto", "how 4-bit codes (Q4_0, Q4_1, Q4_K) sit in the graph: i4 (packed) "
+            "or i8 (one per byte, same values; the CPU plugin's first-inference set-up is ~3x faster, "
+            "weights take twice the memory and decode reads twice the bytes); auto: i4",
             choices=("auto", "i4", "i8"), graph=True),
+    Setting("zero_points", str, "auto", "how Q4_1/Q4_K's per-block minimum enters the graph: float (an "
+            "exact float zero point) or integer (a rounded u4 zero point plus the exact remainder as a "
+            "small correction term, so the CPU plugin's int8 kernels take the MatMul); auto: integer "
+            "where the CPU quantizes activations to int8 (VNNI/AMX at bf16), float elsewhere",
+            choices=("auto", "float", "integer"), graph=True),
 ]
 
 REGISTRY: dict[str, Setting] = {s.name: s for s in _SETTINGS}

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ovpool.worker.generate.scheduler import Scheduler
+from ovpool.worker.generate.scheduler import Scheduler, prompt_chunk
 
 
 def make(num_blocks=64, block_size=4, prefill_chunk=8, max_running=4) -> Scheduler:
@@ -138,3 +138,24 @@ def test_every_sequence_is_computed_exactly_in_order(requests, num_blocks, block
                     s.append(c.seq_id, 7)
     assert done == set(want)
     assert s.free_blocks == num_blocks
+
+
+def test_prompt_chunks_never_leave_one_token_for_a_pass_of_its_own():
+    # One-token queries run on the paged-attention decode kernel: a prompt token is only ever
+    # computed by the prefill kernel, as when the prompt comes whole.
+    assert [prompt_chunk(left, 4) for left in (1, 2, 3, 4, 5, 6)] == [1, 2, 3, 4, 3, 4]
+    assert prompt_chunk(3, 2) == 3 and prompt_chunk(4, 1) == 0 and prompt_chunk(2, 1) == 2
+    s = make(prefill_chunk=8)
+    s.add("p", list(range(17)))
+    sizes = [len(run_step(s).chunks[0].tokens) for _ in range(3)]
+    assert sizes == [8, 7, 2]
+
+
+def test_a_preempted_sequence_recomputes_its_generated_tokens_one_per_pass():
+    s = make(num_blocks=64, block_size=4, prefill_chunk=8)
+    s.add("a", [1, 2, 3])
+    for _ in range(4):
+        run_step(s)  # prompt, then three decodes: 3 prompt + 4 generated tokens
+    s._preempt(s._running[0], s.plan())  # as pool pressure would
+    sizes = [len(run_step(s).chunks[0].tokens) for _ in range(5)]
+    assert sizes == [3, 1, 1, 1, 1]

@@ -183,12 +183,22 @@ def test_auto_settings_resolve_to_the_device_defaults():
     assert values["kv_cache_precision"] == "f16"  # not the plugin's u8: faster decode (graph.py)
     assert values["attention"] == "manual" and "auto" not in values.values()
     gpu = resolve_auto({"inference_precision": "f16", "kv_cache_precision": "f16"}, "GPU.1", core)
-    assert values["q4_storage"] == "i8" and gpu["q4_storage"] == "i4"  # no GPU plugin query needed
+    assert values["q4_storage"] == gpu["q4_storage"] == "i4"  # no GPU plugin query needed
+    assert gpu["zero_points"] == "float"
     config = compile_config({"inference_precision": "f32", "kv_cache_precision": "f16"}, "CPU", core)
     assert config == {"INFERENCE_PRECISION_HINT": "f32", "KV_CACHE_PRECISION": "f16",
                       "DYNAMIC_QUANTIZATION_GROUP_SIZE": 0}
     bf16 = compile_config({"inference_precision": "bf16"}, "CPU", core)
     assert bf16["INFERENCE_PRECISION_HINT"] == "bf16" and "DYNAMIC_QUANTIZATION_GROUP_SIZE" not in bf16
+
+
+@pytest.mark.parametrize("weight_type,tied", [("Q4_1", False), ("Q4_1", True), ("Q4_K", False)])
+def test_integer_zero_points_with_their_remainder_match_the_reference(tiny_model, weight_type, tied):
+    # The encoding the VNNI/AMX classes run at bf16, here at f32: as exact as the float zero point.
+    model, request = compile_graph(tiny_model("llama", weight_type, tied), zero_points="integer")
+    ids = prompt(model)
+    expected = Reference(model).logits(ids)
+    np.testing.assert_allclose(score(request, ids), expected, atol=2e-4 * np.abs(expected).max())
 
 
 @pytest.mark.parametrize("weight_type,storage,element", [

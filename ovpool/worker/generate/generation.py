@@ -18,6 +18,7 @@ from ovpool.sampling_params import SamplingParams
 from ovpool.worker.generate.constraint import Constraint
 from ovpool.worker.generate.logprobs import Logprobs
 from ovpool.worker.generate.sampler import Sampler, StopMatcher
+from ovpool.worker.generate.scheduler import prompt_chunk
 from ovpool.worker.generate.session import Session
 
 
@@ -30,7 +31,7 @@ class Generation:
         self._session, self._release = session, release
         self.prompt_ids, self.params = list(prompt_ids), params
         self._pending = list(prompt_ids)
-        self._chunk = prefill_chunk or len(self._pending)
+        self._chunk = max(prefill_chunk or len(self._pending), 2)  # see prompt_chunk
         self._context_length = context_length
         self._eos = frozenset() if params.ignore_eos else frozenset(tokenizer.eos_ids)
         self._sampler = Sampler(params, self.prompt_ids)
@@ -55,7 +56,8 @@ class Generation:
         if self.finished:
             return None
         if self._pending:
-            chunk, self._pending = self._pending[:self._chunk], self._pending[self._chunk:]
+            n = prompt_chunk(len(self._pending), self._chunk)  # the batcher's chunks, too
+            chunk, self._pending = self._pending[:n], self._pending[n:]
             logits = self._session.forward(chunk, logits_from=len(chunk) - 1)
             if self._pending:
                 return None

@@ -6,7 +6,8 @@ pending == 1 is a decode (one token, then sample); pending > 1 is a prompt still
 (or a preempted sequence being recomputed), fed in chunks. Each ``plan()``:
 
 1. schedules every running decode (they never wait behind a prompt),
-2. spends at most ``prefill_chunk`` tokens on prompt chunks, oldest sequence first,
+2. spends at most ``prefill_chunk`` tokens on prompt chunks, oldest sequence first (see
+   ``prompt_chunk``: a token's keys and values are computed as in a run of its own),
 3. admits waiting sequences (FIFO) while a slot, prefill budget and KV blocks are free, keeping
    one spare block per running sequence so that decodes can grow,
 4. allocates the KV blocks each scheduled chunk writes. When the pool runs dry, the most recently
@@ -21,6 +22,22 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+
+
+def prompt_chunk(left: int, budget: int) -> int:
+    """How many of a prompt's ``left`` uncomputed tokens the next pass takes, within ``budget``
+    (0: none this pass). A prompt of two or more tokens is never fed one token at a time, nor does a
+    chunk leave a single token for the last one (it takes one token fewer, or one over the budget):
+    OpenVINO's CPU paged attention computes a one-token query with its decode kernel and longer ones
+    with its prefill kernel, which differ in the last bits at bf16 (0.11 in a tiny model's logits),
+    enough to change a greedy token. So a prompt token is computed the same whether the prompt came
+    whole (a run of its own) or in chunks beside other sequences."""
+    if left == 1:
+        return 1
+    n = min(left, budget)
+    if left - n == 1:
+        n = n - 1 if n > 2 else left
+    return n if n >= 2 else 0
 
 
 @dataclass(frozen=True)
@@ -49,12 +66,20 @@ class Plan:
 class _Seq:
     id: str
     tokens: list[int]
+    prompt: int  # how many of the tokens are the prompt
     computed: int = 0
     blocks: list[int] = field(default_factory=list)
 
     @property
     def pending(self) -> int:
         return len(self.tokens) - self.computed
+
+    def take(self, budget: int) -> int:
+        """Tokens of the next chunk: a prompt chunk, or one generated token at a time when
+        recomputing after a preemption, as each was computed the first time (see prompt_chunk)."""
+        if self.computed >= self.prompt:
+            return 1
+        return prompt_chunk(self.prompt - self.computed, budget)
 
 
 class Scheduler:
@@ -81,7 +106,7 @@ class Scheduler:
             raise ValueError(f"sequence {seq_id!r} is already scheduled")
         if not prompt:
             raise ValueError("a sequence needs at least one token")
-        seq = _Seq(seq_id, list(prompt))
+        seq = _Seq(seq_id, list(prompt), len(prompt))
         self._seqs[seq_id] = seq
         self._waiting.append(seq)
 
@@ -119,20 +144,20 @@ class Scheduler:
     def plan(self) -> Plan:
         """The next forward pass; the chunks' tokens count as computed from now on."""
         plan = Plan()
-        budget = self.prefill_chunk
+        budget = max(self.prefill_chunk, 2)  # a prompt chunk has two tokens or more (prompt_chunk)
         for seq in [s for s in self._running if s.pending == 1]:
             if seq in self._running:  # not preempted by an earlier decode of this loop
                 self._schedule(seq, 1, plan)
         for seq in [s for s in self._running if s.pending > 1]:
-            if budget and seq in self._running:
-                budget -= self._schedule(seq, min(seq.pending, budget), plan)
-        while budget and self._waiting and len(self._running) < self.max_running:
+            if budget > 0 and seq in self._running and (n := seq.take(budget)):
+                budget -= self._schedule(seq, n, plan)
+        while budget > 0 and self._waiting and len(self._running) < self.max_running:
             seq = self._waiting[0]
             if not self.fits(len(seq.tokens)):
                 self._exhaust(seq, plan)
                 continue
-            n = min(seq.pending, budget)
-            if self.blocks_for(seq.computed + n) + len(self._running) > len(self._free):
+            n = seq.take(budget)
+            if not n or self.blocks_for(seq.computed + n) + len(self._running) > len(self._free):
                 break
             self._running.append(self._waiting.popleft())
             budget -= self._schedule(seq, n, plan)

@@ -3,10 +3,12 @@ expanding it to float (dequantize for tests and the reference, permute, stack, r
 
 A ``Packed`` weight of shape [rows, cols] means, for column c in group g = c // group::
 
-    W[r, c] = scale[r, g] * (code[r, c] - zero[r, g])
+    W[r, c] = scale[r, g] * (code[r, c] - zero[r, g]) + offset[r, g]
 
-``zero`` may be absent (zero). The codes, scales and zero points are what OpenVINO's CPU plugin
-fuses into its MatMul and Gather kernels (Convert codes, [Subtract zero point], Multiply scale).
+``zero`` and ``offset`` may be absent (zero). The codes, scales and zero points are what OpenVINO's
+CPU plugin fuses into its MatMul and Gather kernels (Convert codes, [Subtract zero point], Multiply
+scale); an offset adds ``groupsum(x) @ offset.T`` beside the MatMul (ovpool.worker.graph.weights):
+``integer_zero`` makes one where the plugin's int8 kernels need an integer zero point.
 u4/i4 codes are stored packed as OpenVINO expects: element 2i in the low nibble of byte i; u2
 codes four to a byte, element 4i + k in bits 2k, 2k + 1. ovpool.worker.gguf.blocks makes Packed
 weights from GGUF's blocks; the OpenVINO side lives in ovpool.worker.graph.weights.
@@ -26,6 +28,7 @@ class Packed:
     group: int = 0
     scale: np.ndarray | None = None  # [rows, groups] float16 or float32
     zero: np.ndarray | None = None  # [rows, groups] uint8 (u4 zero point) or float32 (exact)
+    offset: np.ndarray | None = None  # [rows, groups] float32: the remainder of a rounded zero point
 
 
 def dequantize(p: Packed) -> np.ndarray:
@@ -40,13 +43,14 @@ def dequantize(p: Packed) -> np.ndarray:
     q = q.reshape(rows, cols // p.group, p.group).astype(np.float32)
     if p.zero is not None:
         q = q - p.zero[..., None]
-    return (q * p.scale.astype(np.float32)[..., None]).reshape(rows, cols)
+    w = q * p.scale.astype(np.float32)[..., None]
+    return (w if p.offset is None else w + p.offset[..., None]).reshape(rows, cols)
 
 
 def permute_rows(p: Packed, order: np.ndarray) -> Packed:
     """``p`` with its rows in ``order`` (a copy of each per-row array)."""
     pick = lambda a: None if a is None else np.ascontiguousarray(a[order])  # noqa: E731
-    return replace(p, codes=pick(p.codes), scale=pick(p.scale), zero=pick(p.zero))
+    return replace(p, codes=pick(p.codes), scale=pick(p.scale), zero=pick(p.zero), offset=pick(p.offset))
 
 
 def concat_rows(parts: list[Packed]) -> Packed | None:
@@ -57,13 +61,14 @@ def concat_rows(parts: list[Packed]) -> Packed | None:
                and (p.scale is None) == (first.scale is None)
                and (p.scale is None or p.scale.dtype == first.scale.dtype)
                and (p.zero is None) == (first.zero is None)
-               and (p.zero is None or p.zero.dtype == first.zero.dtype) for p in parts)
+               and (p.zero is None or p.zero.dtype == first.zero.dtype)
+               and (p.offset is None) == (first.offset is None) for p in parts)
     if not same:
         return None
     cat = lambda arrays: None if arrays[0] is None else np.concatenate(arrays)  # noqa: E731
     rows = sum(p.shape[0] for p in parts)
     return Packed(cat([p.codes for p in parts]), first.element, (rows, first.shape[1]), first.group,
-                  cat([p.scale for p in parts]), cat([p.zero for p in parts]))
+                  cat([p.scale for p in parts]), cat([p.zero for p in parts]), cat([p.offset for p in parts]))
 
 
 def requantize(p: Packed, scheme: str) -> Packed:
@@ -130,3 +135,21 @@ def gatherable(p: Packed) -> Packed:
     if p.element != "u2":
         return p
     return replace(p, codes=pack_nibbles(unpack_crumbs(p.codes)), element="u4")
+
+
+def integer_zero(p: Packed) -> Packed:
+    """``p`` with its float zero point (an exact block minimum: Q4_1, Q4_K, Q5_1, Q5_K) rounded to an
+    integer one, and the remainder kept as ``offset``: scale * (code - round(z)) + scale * (round(z)
+    - z) is the same weight, to float32 rounding. The codes become unsigned (i4 + 8 → u4, i8 + 128
+    → u8), as the CPU plugin's int8 path wants them: it quantizes activations to int8 (dynamic
+    quantization, on VNNI and AMX CPUs at bf16) only for u8/u4 weights with integer zero points,
+    and that path gives each row of a pass the same result whatever the other rows are
+    (ovpool.worker.graph.cpu_class). u2 codes (Q2_K) are left as they are: that path takes no u2."""
+    if p.zero is None or p.zero.dtype == np.uint8 or p.element not in ("i4", "i8"):
+        return p
+    shift = 8 if p.element == "i4" else 128
+    zero = p.zero.astype(np.float64) + shift
+    rounded = np.clip(np.rint(zero), 0, 2 * shift - 1)
+    offset = (p.scale.astype(np.float64) * (rounded - zero)).astype(np.float32)
+    codes = p.codes.view(np.uint8) ^ np.uint8(0x88 if shift == 8 else 0x80)
+    return replace(p, codes=codes, element="u" + p.element[1:], zero=rounded.astype(np.uint8), offset=offset)

@@ -12,6 +12,7 @@ in explicit ``past_key_values.*`` inputs and ``present.*`` outputs, [batch, kv_h
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,8 +26,10 @@ from ovpool.settings import Settings
 from ovpool.worker.gguf.blocks import unpack
 from ovpool.worker.gguf.model import ROPE_FREQS, GGUFModel, HParams
 from ovpool.worker.gguf.quants import dequantize
+from ovpool.worker.graph import cpu_class
 from ovpool.worker.graph import layers as L
 from ovpool.worker.graph import weights as W
+from ovpool.worker.graph.cpu_class import CpuInfo
 
 
 def builder_sources(worker: Path = Path(__file__).parent.parent) -> list[Path]:
@@ -285,36 +288,57 @@ def _cache(ctx: _Context, layer: int, kind: str, new: ov.Output) -> ov.Output:
     return full.output(0)
 
 
-def resolve_auto(settings=None, device: str = "CPU", core: ov.Core | None = None) -> dict:
+def resolve_auto(settings=None, device: str = "CPU", core: ov.Core | None = None,
+                 cpu: CpuInfo | None = None) -> dict:
     """Effective graph settings: ``auto`` replaced by what the device runs by default (its own
     choice of fastest: f32 on AVX2 CPUs, bf16 with AMX/AVX-512 BF16, f16 on GPUs), except where
-    ovpool measured a faster choice (KV cache and 4-bit codes on the CPU)."""
+    ovpool measured a faster choice (KV cache, weight encoding: ovpool.worker.graph.cpu_class, for
+    ``cpu``, by default this host's)."""
     s = Settings.coerce(settings)
     values = s.graph_values()
     core = core or ov.Core()
-    if values["kv_cache_precision"] == "auto" and device_type(device) == "CPU":
+    on_cpu = device_type(device) == "CPU"
+    if values["kv_cache_precision"] == "auto" and on_cpu:
         # The CPU plugin's own default, u8, spends decode time dequantizing: f16 decodes 4-10%
-        # faster on SmolLM2 at a 512-token context (1 and 8 sequences), for twice the KV memory.
+        # faster on SmolLM2 at a 512-token context (1 and 8 sequences), for twice the KV memory;
+        # and u8's per-block scales make a sequence's numbers depend on how its blocks filled.
         values["kv_cache_precision"] = "f16"
     for name, prop in (("inference_precision", "INFERENCE_PRECISION_HINT"),
                        ("kv_cache_precision", "KV_CACHE_PRECISION")):
         if values[name] == "auto":
             values[name] = _type_name(core.get_property(device_type(device), prop))
-    if values["q4_storage"] == "auto":  # see quants.widen: the CPU plugin sets i4 up slowly
-        values["q4_storage"] = "i8" if device_type(device) == "CPU" else "i4"
+    chosen = cpu_class.choose(cpu or CpuInfo.read(core), values["inference_precision"]) if on_cpu \
+        else cpu_class.Defaults("float", "i4", True, True)
+    for name in ("zero_points", "q4_storage"):
+        if values[name] == "auto":
+            values[name] = getattr(chosen, name)
     return values
 
 
-def compile_config(settings=None, device: str = "CPU", core: ov.Core | None = None) -> dict:
-    """OpenVINO compile properties for ``settings`` on ``device``."""
+def compile_config(settings=None, device: str = "CPU", core: ov.Core | None = None,
+                   weight_groups: Iterable[int] = ()) -> dict:
+    """OpenVINO compile properties for ``settings`` on ``device``; ``weight_groups``: the group
+    sizes of the model's integer weights (ovpool.worker.graph.weights.int8_groups)."""
     values = resolve_auto(settings, device, core)
     config = {"INFERENCE_PRECISION_HINT": values["inference_precision"],
               "KV_CACHE_PRECISION": values["kv_cache_precision"]}
-    if values["inference_precision"] == "f32" and device_type(device) == "CPU":
+    if device_type(device) != "CPU":
+        return config
+    if values["inference_precision"] == "f32":
         # f32 promises the reference's numbers: no int8 activations in the compressed MatMuls
         # (the CPU plugin quantizes them where VNNI/AMX exist; on AVX2 this changes nothing).
         config["DYNAMIC_QUANTIZATION_GROUP_SIZE"] = 0
+    elif (group := cpu_class.activation_group(weight_groups)) != 32:
+        config["DYNAMIC_QUANTIZATION_GROUP_SIZE"] = group
     return config
+
+
+def decode_config(config: dict) -> dict:
+    """The decode graph's compile properties, given the dynamic graph's ``config`` (CPU): without
+    element-wise snippets except at f32, so that both graphs compute the same numbers."""
+    if config.get("INFERENCE_PRECISION_HINT") == "f32":
+        return config
+    return {**config, "SNIPPETS_MODE": "DISABLE"}
 
 
 def _type_name(element) -> str:

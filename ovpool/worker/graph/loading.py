@@ -32,6 +32,7 @@ from ovpool.worker.gguf.model import GGUFModel
 from ovpool.worker.graph import builder as graph
 from ovpool.worker.graph import decode as decode_graph
 from ovpool.worker.graph.paged import PagedAttention
+from ovpool.worker.graph.weights import Encoding, int8_groups
 
 log = logging.getLogger("ovpool.worker")
 
@@ -57,7 +58,8 @@ def cache_identity(model: GGUFModel, settings: Settings, device: str,
     identity = GraphIdentity.from_model(
         model, ports=ports, builder_hash=graph.BUILDER_HASH,
         settings=graph_settings, source_identity=settings.source_identity)
-    return identity, graph.compile_config(graph_settings, device, core)
+    groups = int8_groups(model, Encoding.of(Settings.coerce(graph_settings)))
+    return identity, graph.compile_config(graph_settings, device, core, groups)
 
 
 def load_graph(model: GGUFModel, settings: Settings, device: str, core: ov.Core, *,
@@ -110,7 +112,8 @@ def load_paged(model: GGUFModel, settings: Settings, device: str, core: ov.Core,
         with GGUFModel.open(model.path) as again:  # imported from a cache: build it now
             return graph.build_model(again, values, attention)
 
-    return dataclasses.replace(result, decode=decode_graph.DecodeGraph(source, core, device, config))
+    decode = decode_graph.DecodeGraph(source, core, device, graph.decode_config(config))
+    return dataclasses.replace(result, decode=decode)
 
 
 _REIMPORT: dict[str, str | None] = {}

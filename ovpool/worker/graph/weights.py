@@ -18,7 +18,8 @@ from gguf import GGMLQuantizationType as T
 
 from ovpool.worker.gguf.blocks import unpack
 from ovpool.worker.gguf.model import GGUFModel
-from ovpool.worker.gguf.quants import Packed, concat_rows, gatherable, permute_rows, requantize, widen
+from ovpool.worker.gguf.quants import (Packed, concat_rows, gatherable, integer_zero, permute_rows,
+                                       requantize, widen)
 
 _ELEMENT = {"f32": ov.Type.f32, "f16": ov.Type.f16, "bf16": ov.Type.bf16, "i8": ov.Type.i8,
             "u8": ov.Type.u8, "u4": ov.Type.u4, "i4": ov.Type.i4, "u2": ov.Type.u2}
@@ -40,15 +41,16 @@ def constant(array: np.ndarray, element: ov.Type | None = None, shape=None) -> o
 
 @dataclass(frozen=True)
 class Encoding:
-    """How GGUF blocks become constants: the graph settings ``kquant_requant`` and ``q4_storage``
-    (``auto`` here keeps 4-bit codes packed; the engine passes resolved settings)."""
+    """How GGUF blocks become constants: the graph settings ``kquant_requant``, ``q4_storage`` and
+    ``zero_points`` (``auto`` here means i4 and float; the engine passes resolved settings)."""
 
     requant: str = "none"
     q4_storage: str = "i4"
+    zero_points: str = "float"
 
     @classmethod
     def of(cls, settings) -> Encoding:
-        return cls(settings.kquant_requant, settings.q4_storage)
+        return cls(settings.kquant_requant, settings.q4_storage, settings.zero_points)
 
 
 def load(model: GGUFModel, name: str, head_size: int = 0, encoding: Encoding = Encoding()) -> Weight:
@@ -72,7 +74,19 @@ def _packed(model: GGUFModel, name: str, head_size: int, encoding: Encoding) -> 
         packed = requantize(packed, encoding.requant)
     if head_size:
         packed = permute_rows(packed, rope_halves_order(packed.shape[0], head_size))
+    if encoding.zero_points == "integer":
+        packed = integer_zero(packed)
     return widen(packed) if encoding.q4_storage == "i8" else packed
+
+
+def int8_groups(model: GGUFModel, encoding: Encoding = Encoding()) -> set[int]:
+    """The group sizes of ``model``'s integer-coded weights, from the tensor types alone (no weight
+    is read): 16 for Q6_K, Q3_K and Q2_K (Q4_K and Q6_K: unless requantized to 32-weight groups),
+    32 for the other block types (ovpool.worker.gguf.blocks)."""
+    types = {info.ggml_type for info in model.tensors.values()} - {T.F32, T.F16, T.BF16}
+    if encoding.requant != "none":
+        types = {T.Q8_0 if t == T.Q6_K else t for t in types}
+    return {16 if t in (T.Q6_K, T.Q3_K, T.Q2_K) else 32 for t in types}
 
 
 def rope_halves_order(rows: int, head_size: int) -> np.ndarray:
@@ -120,8 +134,11 @@ class Weight:
         x = ops.convert(codes, work)
         if exact_zero:
             x = ops.subtract(x, constant(p.zero[..., None]))
-        elif p.zero is not None:
+        elif p.zero is not None and p.zero.max() < 16:
             zero = constant(_pack_zero(p.zero), ov.Type.u4, (self.rows, groups, 1))
+            x = ops.subtract(x, ops.convert(zero, work))
+        elif p.zero is not None:
+            zero = constant(p.zero[..., None])
             x = ops.subtract(x, ops.convert(zero, work))
         scale = constant(p.scale[..., None])
         same = work == ov.Type(p.scale.dtype).get_type_name()
@@ -131,11 +148,24 @@ class Weight:
 
     def linear(self, x: ov.Output) -> ov.Output:
         """x [..., cols] @ W.T → [..., rows]."""
-        return ops.matmul(x, self.matrix(), False, True).output(0)
+        y = ops.matmul(x, self.matrix(), False, True)
+        if self.packed.offset is None:
+            return y.output(0)
+        # The offsets' share: each group's offset times the sum of x over the group's columns.
+        sums = ops.reduce_sum(self._grouped(x), ops.constant(np.int64(-1)), False)
+        return ops.add(y, ops.matmul(sums, constant(self.packed.offset), False, True)).output(0)
 
     def lookup(self, ids: ov.Output) -> ov.Output:
         """Rows ``ids`` [...] → [..., cols] (the embedding table's lookup)."""
-        return ops.gather(self._gather_table().matrix(), ids, ops.constant(np.int64(0))).output(0)
+        table = self._gather_table()
+        axis = ops.constant(np.int64(0))
+        rows = ops.gather(table.matrix(), ids, axis).output(0)
+        if table.packed.offset is None:
+            return rows
+        offsets = ops.gather(constant(table.packed.offset), ids, axis)
+        offsets = ops.unsqueeze(offsets, ops.constant(np.int64(-1)))
+        whole = ops.concat([ops.shape_of(ids), ops.constant(np.array([self.cols], np.int64))], 0)
+        return ops.reshape(ops.add(table._grouped(rows), offsets), whole, False).output(0)
 
     def _gather_table(self) -> Weight:
         """This weight, or a copy in a form the CPU plugin gathers compressed (quants.gatherable):
@@ -144,6 +174,13 @@ class Weight:
             table = gatherable(self.packed)
             self._table = self if table is self.packed else Weight(table, self.name)
         return self._table
+
+    def _grouped(self, x: ov.Output) -> ov.Output:
+        """x [..., cols] as [..., groups, group]."""
+        rank = x.get_partial_shape().rank.get_length()
+        lead = ops.gather(ops.shape_of(x), ops.constant(np.arange(rank - 1)), ops.constant(np.int64(0)))
+        dims = ops.constant(np.array([self.cols // self.packed.group, self.packed.group], np.int64))
+        return ops.reshape(x, ops.concat([lead, dims], 0), False).output(0)
 
 
 def _pack_zero(zero: np.ndarray) -> np.ndarray:

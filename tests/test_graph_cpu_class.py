@@ -1,0 +1,71 @@
+"""The graph defaults per CPU class, chosen from faked capabilities (no such CPU needed)."""
+
+from __future__ import annotations
+
+import openvino as ov
+import pytest
+
+from ovpool.worker.graph import cpu_class
+from ovpool.worker.graph.builder import compile_config, decode_config, resolve_auto
+from ovpool.worker.graph.cpu_class import CpuInfo, choose
+
+AVX2 = CpuInfo("Intel Core i7-6700", frozenset({"avx2"}), frozenset({"FP32", "INT8"}))
+AVX2_VNNI = CpuInfo("Intel Core i7-12700", frozenset({"avx2", "avx_vnni"}), frozenset({"FP32", "INT8"}))
+AVX512_VNNI = CpuInfo("Intel Xeon Gold 6248", frozenset({"avx2", "avx512f", "avx512_vnni"}),
+                      frozenset({"FP32", "INT8"}))
+AVX512_BF16 = CpuInfo("AMD EPYC", frozenset({"avx2", "avx512f", "avx512_vnni", "avx512_bf16"}),
+                      frozenset({"FP32", "BF16", "INT8"}))
+AMX = CpuInfo("Intel Xeon Platinum 8480+", frozenset({"avx2", "avx512f", "avx512_vnni", "avx512_bf16",
+                                                      "amx_tile", "amx_int8", "amx_bf16"}),
+              frozenset({"FP32", "BF16", "INT8"}))
+
+
+@pytest.mark.parametrize("cpu,name", [(AVX2, "AVX2"), (AVX2_VNNI, "AVX2 VNNI"), (AVX512_VNNI, "AVX-512 VNNI"),
+                                      (AVX512_BF16, "AVX-512 VNNI/BF16"), (AMX, "AMX")])
+def test_each_class_is_named_from_its_flags(cpu, name):
+    assert cpu.class_name == name
+    assert cpu.describe().startswith(f"{cpu.model} [{name}: avx2")
+
+
+@pytest.mark.parametrize("cpu", [AVX512_BF16, AMX])
+def test_int8_classes_at_bf16_take_integer_zero_points_and_no_decode_snippets(cpu):
+    assert choose(cpu, "bf16") == cpu_class.Defaults(zero_points="integer", q4_storage="i4",
+                                                     int8_activations=True, decode_snippets=False)
+
+
+@pytest.mark.parametrize("cpu", [AVX2, AVX2_VNNI, AVX512_VNNI, AVX512_BF16, AMX])
+def test_f32_keeps_the_exact_float_zero_point_on_every_class(cpu):
+    assert choose(cpu, "f32") == cpu_class.Defaults(zero_points="float", q4_storage="i4",
+                                                    int8_activations=False, decode_snippets=True)
+
+
+def test_bf16_without_an_int8_path_keeps_the_float_zero_point():
+    no_vnni = CpuInfo("x", frozenset({"avx2", "avx512f", "avx512_bf16"}), frozenset({"BF16"}))
+    assert choose(no_vnni, "bf16").zero_points == "float"
+
+
+def test_resolved_settings_and_compile_config_follow_the_class():
+    core = ov.Core()
+    bf16 = resolve_auto({"inference_precision": "bf16"}, "CPU", core, cpu=AVX512_BF16)
+    assert (bf16["zero_points"], bf16["q4_storage"]) == ("integer", "i4")
+    exact = resolve_auto({"inference_precision": "f32"}, "CPU", core, cpu=AVX512_BF16)
+    assert exact["zero_points"] == "float"
+    assert resolve_auto({"inference_precision": "bf16", "zero_points": "float"}, "CPU", core,
+                        cpu=AMX)["zero_points"] == "float"  # a setting wins over the class
+    config = compile_config(bf16, "CPU", core, weight_groups={32, 16})
+    assert config["DYNAMIC_QUANTIZATION_GROUP_SIZE"] == 16  # Q6_K's groups take the int8 path too
+    assert "DYNAMIC_QUANTIZATION_GROUP_SIZE" not in compile_config(bf16, "CPU", core, {32})
+    assert decode_config(config)["SNIPPETS_MODE"] == "DISABLE"
+    exact = compile_config({"inference_precision": "f32"}, "CPU", core, {16})
+    assert exact["DYNAMIC_QUANTIZATION_GROUP_SIZE"] == 0 and decode_config(exact) == exact
+
+
+def test_cpuinfo_is_read_from_proc(tmp_path):
+    path = tmp_path / "cpuinfo"
+    path.write_text("processor\t: 0\nmodel name\t: AMD EPYC 9654\n"
+                    "flags\t\t: fpu sse avx2 avx512f avx512_vnni avx512_bf16 sha_ni\n\nprocessor\t: 1\n")
+    cpu = CpuInfo.read(None, path)
+    assert cpu.model == "AMD EPYC 9654" and cpu.flags == {"avx2", "avx512f", "avx512_vnni", "avx512_bf16"}
+    assert CpuInfo.read(None, tmp_path / "missing").flags == frozenset()
+    host = CpuInfo.read(ov.Core())
+    assert "FP32" in host.capabilities
