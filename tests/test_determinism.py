@@ -39,7 +39,7 @@ def batched(engine: Engine, prompts=PROMPTS, params=PARAMS) -> list[list[int]]:
     return [done[str(i)].token_ids for i in range(len(reqs))]
 
 
-@pytest.mark.parametrize("weight_type", ["Q4_1", "Q4_K", "Q6_K", "Q4_0", "Q8_0", "F16"])
+@pytest.mark.parametrize("weight_type", ["Q4_1", "Q4_K", "Q6_K", "Q4_0", "Q5_0", "Q8_0", "F16"])
 def test_tokens_do_not_depend_on_the_decode_graph_or_the_batch(tiny_model, weight_type):
     path = tiny_model("llama", weight_type, False, n_layers=2, n_embd=256, n_ff=768)
     with Engine(path, settings={"decode_graph": "on", "prefill_chunk": 8}) as eng:
@@ -57,7 +57,7 @@ def test_a_preempted_sequence_recomputes_the_same_tokens(tiny_model):
     with Engine(tiny_model("llama", "Q4_K", False, n_layers=2, n_embd=256, n_ff=768)) as eng:
         before = alone(eng)
         batcher = Batcher(eng, PagedRunner(eng.compiled, num_blocks=3), max_running=4,
-                          prefill_chunk=8, max_prompt_tokens=100)
+                          prefill_chunk=8)
         preempted, plan = [], batcher.scheduler.plan
         batcher.scheduler.plan = lambda: preempted.extend((result := plan()).preempted) or result
         reqs = [(str(i), p, sp) for i, (p, sp) in enumerate(zip(PROMPTS, PARAMS, strict=True))]
