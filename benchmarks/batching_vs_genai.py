@@ -21,6 +21,7 @@ from ovpool.sampling_params import SamplingParams
 from ovpool.worker.backend import EngineBackend
 from ovpool.worker.engine import Engine
 from ovpool.worker.gguf.model import resolve_model_path
+from ovpool.worker.graph.cpu_class import CpuInfo
 
 
 def measure(run, n: int, max_tokens: int) -> dict:
@@ -50,9 +51,11 @@ def main() -> None:
     systems["ovpool"](2)  # warm-up
     runs = [{"concurrency": n, "repeat": r, **{k: measure(f, n, mt) for k, f in systems.items()}}
             for r in range(args.repeats) for n in levels]
+    cpu = CpuInfo.read(engine.core).describe()
     if args.json:
-        print(json.dumps(runs, indent=2))
+        print(json.dumps({"cpu": cpu, "runs": runs}, indent=2))
         return
+    print(f"cpu: {cpu}")
     for r in runs:
         o, g = r["ovpool"], r["genai_cb"]
         print(f"N={r['concurrency']:>2}  ovpool {o['tokens_per_s']:6.1f} tok/s {o['cpu_ms_per_token']:5.2f} "

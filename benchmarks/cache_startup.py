@@ -165,7 +165,9 @@ def main() -> None:
         for _ in range(args.repeats):
             for scenario in runs:  # interleaved, so background load hits every scenario alike
                 runs[scenario].append(run(scenario, args, cache_dir))
-    summary = {"populate (compile + export)": populate, **summarize(runs)}
+    from ovpool.worker.graph.cpu_class import CpuInfo  # here: a child's start-up is what is timed
+
+    summary = {"cpu": CpuInfo.read().describe(), "populate (compile + export)": populate, **summarize(runs)}
     if args.json:
         print(json.dumps({"runs": runs, **summary}, indent=2))
     else:
@@ -173,6 +175,7 @@ def main() -> None:
 
 
 def print_table(summary: dict, args: argparse.Namespace) -> None:
+    print(f"cpu: {summary['cpu']}")
     print(f"model={args.model} device={args.device} repeats={args.repeats} evict={args.evict} (medians, s)")
     columns = (("start_to_first_token_s", "start→1st token"), ("load_s", "load"),
                ("warm_up_s", "of it warm-up"), ("first_forward_s", "1st request"),

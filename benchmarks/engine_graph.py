@@ -18,6 +18,7 @@ import openvino as ov
 from ovpool.settings import Settings, parse_assignments
 from ovpool.worker.gguf.model import GGUFModel
 from ovpool.worker.graph.builder import build_model, compile_config
+from ovpool.worker.graph.cpu_class import CpuInfo
 
 
 def feeds(ids: np.ndarray, past: int, stateful: bool) -> dict:
@@ -61,7 +62,9 @@ def main() -> None:
     config = compile_config(settings, "CPU", core) | dict(c.split("=", 1) for c in args.config)
     start = time.perf_counter()
     request = core.compile_model(graph, "CPU", config).create_infer_request()
-    print(f"config {config}\nbuild {built:.2f} s, compile {time.perf_counter() - start:.2f} s")
+    compiled_s = time.perf_counter() - start
+    print(f"cpu: {CpuInfo.read(core).describe()}\nconfig {config}")
+    print(f"build {built:.2f} s, compile {compiled_s:.2f} s")
     for _ in range(args.repeat):
         prefill, tps = run(request, args.prompt, args.decode, model.hparams.vocab_size)
         print(f"prefill {args.prompt} tokens {prefill * 1000:.0f} ms, decode {tps:.1f} tokens/s")

@@ -215,7 +215,16 @@ def summarize(loads: dict[str, list[dict]], paired: dict, peer: str) -> dict:
     rounds = zip(paired["ovpool"]["rounds"], paired[peer]["rounds"], strict=True)
     pairs = [{key: _ratio(o[key], g[key], better) for key, better in metrics if key in o} for o, g in rounds]
     paired_ratios = {key: statistics.median(p[key] for p in pairs) for key in pairs[0]}
-    return {"result": med, "ratio_ovpool_better": ratios, "paired_ratio_median": paired_ratios}
+    return {"cpu": host(), "result": med, "ratio_ovpool_better": ratios, "paired_ratio_median": paired_ratios}
+
+
+def host() -> str:
+    """The CPU model, its class and ISA flags, printed beside the figures."""
+    import openvino as ov
+
+    from ovpool.worker.graph.cpu_class import CpuInfo
+
+    return CpuInfo.read(ov.Core()).describe()
 
 
 def _ratio(ovpool: float, peer: float, better: str) -> float:
@@ -224,6 +233,7 @@ def _ratio(ovpool: float, peer: float, better: str) -> float:
 
 
 def print_table(summary: dict, args: argparse.Namespace) -> None:
+    print(f"cpu: {summary['cpu']}")
     print(f"model={args.model} device={args.device} prompt={args.prompt_tokens} tokens "
           f"new={args.new_tokens} repeats={args.repeats} rounds={args.rounds} "
           "(ratio > 1 means ovpool is better)")

@@ -66,6 +66,8 @@ def _brief(block: dict) -> str:
 def text(results: dict) -> str:
     head = (f"model {results['model']} on {results['device']}, {results['max_tokens']} new tokens per "
             f"request, OpenVINO {results['openvino']}")
+    if results.get("cpu"):
+        head += f"\ncpu: {results['cpu']}"
     return "\n".join([head, *single_lines(results), *sweep_table(results), *other_lines(results)])
 
 
@@ -94,7 +96,8 @@ def plot(results: dict, path: str | Path) -> Path:
     for ax in (left, right):
         # A log axis labels its minor ticks too ("2×10⁰"); only the measured levels are wanted.
         ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
-    fig.suptitle(f"{results['model']}, {results['max_tokens']} new tokens per request, {results['device']}")
+    where = results.get("cpu") or results["device"]
+    fig.suptitle(f"{results['model']}, {results['max_tokens']} new tokens per request, {where}")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

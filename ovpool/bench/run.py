@@ -20,6 +20,7 @@ import openvino as ov
 from ovpool.bench import local, peers, sweep
 from ovpool.worker.engine import Engine
 from ovpool.worker.gguf.model import resolve_model_path
+from ovpool.worker.graph.cpu_class import CpuInfo
 
 SCENARIOS = ("startup", "single", "sweep", "overhead", "agreement")
 _BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
@@ -40,7 +41,8 @@ class Options:
 def run(opts: Options, say: Callable[[str], None] = lambda _: None) -> dict:
     genai = opts.genai and peers.available()
     results: dict = {"model": opts.model, "device": opts.device, "max_tokens": opts.max_tokens,
-                     "openvino": ov.get_version(), "genai": genai}
+                     "openvino": ov.get_version(), "genai": genai,
+                     "cpu": CpuInfo.read(ov.Core()).describe() if opts.device.startswith("CPU") else None}
     path = str(resolve_model_path(opts.model))
     if "startup" in opts.scenarios:
         say("start-up (benchmarks/cache_startup.py)")
