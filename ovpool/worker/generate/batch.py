@@ -49,11 +49,17 @@ class PagedRunner:
 
     def grow(self, num_blocks: int) -> None:
         """Hold ``num_blocks`` blocks; those already there keep their contents."""
+        # Zeroed, as GenAI does: vector kernels multiply the unused tail of a block by zero, and
+        # NaN garbage in fresh memory would survive that (NaN * 0 = NaN). One np.zeros for every
+        # layer: a calloc that large maps zero pages, which take no memory until a block is
+        # written (a worker's 256 MiB of blocks cost what its sequences use, not 256 MiB up front).
+        sizes = {name: num_blocks * int(np.prod(dims)) * kind.size
+                 for name, (kind, dims) in self._layout.items()}
+        memory, start = np.zeros(sum(-(-n // 64) * 64 for n in sizes.values()), np.uint8), 0
+        self._memory = memory  # the tensors share it: kept alive here
         for name, (kind, dims) in self._layout.items():
-            tensor = ov.Tensor(kind, ov.Shape([num_blocks, *dims]))
-            # Zeroed, as GenAI does: vector kernels multiply the unused tail of a block by zero,
-            # and NaN garbage in fresh memory would survive that (NaN * 0 = NaN).
-            tensor.data.fill(0)
+            tensor = ov.Tensor(memory[start:start + sizes[name]], ov.Shape([num_blocks, *dims]), kind)
+            start += -(-sizes[name] // 64) * 64  # 64-byte aligned, as OpenVINO allocates
             if name in self._caches:
                 tensor.data[:self.num_blocks] = self._caches[name].data
             self._caches[name] = tensor

@@ -200,5 +200,7 @@ class Scheduler:
         plan.exhausted.append(seq.id)
 
     def _release(self, seq: _Seq) -> None:
-        self._free.extend(seq.blocks)
+        # Reused first (last in, first out): blocks never written cost no memory (batch.PagedRunner),
+        # so a long-running worker touches only as many as its busiest moment needed.
+        self._free.extendleft(reversed(seq.blocks))
         seq.blocks = []
