@@ -39,7 +39,8 @@ def batched(engine: Engine, prompts=PROMPTS, params=PARAMS) -> list[list[int]]:
     return [done[str(i)].token_ids for i in range(len(reqs))]
 
 
-@pytest.mark.parametrize("weight_type", ["Q4_1", "Q4_K", "Q6_K", "Q4_0", "Q5_0", "Q8_0", "F16"])
+@pytest.mark.parametrize("weight_type", ["Q4_1", "Q4_K", "Q6_K", "Q4_0", "Q5_0", "Q5_1", "Q5_K", "Q3_K",
+                                         "Q2_K", "IQ4_NL", "Q8_0", "F16"])
 def test_tokens_do_not_depend_on_the_decode_graph_or_the_batch(tiny_model, weight_type):
     path = tiny_model("llama", weight_type, False, n_layers=2, n_embd=256, n_ff=768)
     with Engine(path, settings={"decode_graph": "on", "prefill_chunk": 8}) as eng:

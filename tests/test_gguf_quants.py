@@ -11,6 +11,7 @@ from ovpool.worker.gguf.blocks import unpack
 from ovpool.worker.gguf.quants import (
     dequantize,
     gatherable,
+    integer_zero,
     pack_crumbs,
     pack_nibbles,
     permute_rows,
@@ -144,3 +145,14 @@ def test_widened_codes_mean_the_same_weights(qtype, requant, element):
     wide = widen(packed)
     assert wide.element == element and wide.codes.shape == (4, 256)
     np.testing.assert_array_equal(dequantize(wide), dequantize(packed))
+
+
+@pytest.mark.parametrize("qtype,element", [(T.Q4_1, "u4"), (T.Q4_K, "u4"), (T.Q5_1, "u8"), (T.Q5_K, "u8"),
+                                           (T.Q2_K, "u4")])
+def test_integer_zero_points_keep_the_weights_with_their_remainder(qtype, element):
+    packed = unpack(qtype, random_blocks(qtype, 4, 256, seed=5), (4, 256))
+    rounded = integer_zero(packed)
+    assert rounded.element == element and rounded.zero.dtype == np.uint8 and rounded.offset is not None
+    exact = dequantize(packed)
+    np.testing.assert_allclose(dequantize(rounded), exact, atol=1e-6 * np.abs(exact).max())
+    assert integer_zero(unpack(T.Q4_0, random_blocks(T.Q4_0, 2, 64), (2, 64))).offset is None

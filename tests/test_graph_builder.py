@@ -192,7 +192,8 @@ def test_auto_settings_resolve_to_the_device_defaults():
     assert bf16["INFERENCE_PRECISION_HINT"] == "bf16" and "DYNAMIC_QUANTIZATION_GROUP_SIZE" not in bf16
 
 
-@pytest.mark.parametrize("weight_type,tied", [("Q4_1", False), ("Q4_1", True), ("Q4_K", False)])
+@pytest.mark.parametrize("weight_type,tied", [("Q4_1", False), ("Q4_1", True), ("Q4_K", False),
+                                              ("Q5_1", False), ("Q5_K", False), ("Q2_K", True)])
 def test_integer_zero_points_with_their_remainder_match_the_reference(tiny_model, weight_type, tied):
     # The encoding the VNNI/AMX classes run at bf16, here at f32: as exact as the float zero point.
     model, request = compile_graph(tiny_model("llama", weight_type, tied), zero_points="integer")

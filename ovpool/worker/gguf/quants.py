@@ -138,18 +138,20 @@ def gatherable(p: Packed) -> Packed:
 
 
 def integer_zero(p: Packed) -> Packed:
-    """``p`` with its float zero point (an exact block minimum: Q4_1, Q4_K, Q5_1, Q5_K) rounded to an
-    integer one, and the remainder kept as ``offset``: scale * (code - round(z)) + scale * (round(z)
-    - z) is the same weight, to float32 rounding. The codes become unsigned (i4 + 8 → u4, i8 + 128
-    → u8), as the CPU plugin's int8 path wants them: it quantizes activations to int8 (dynamic
-    quantization, on VNNI and AMX CPUs at bf16) only for u8/u4 weights with integer zero points,
-    and that path gives each row of a pass the same result whatever the other rows are
-    (ovpool.worker.graph.cpu_class). u2 codes (Q2_K) are left as they are: that path takes no u2."""
-    if p.zero is None or p.zero.dtype == np.uint8 or p.element not in ("i4", "i8"):
+    """``p`` with its float zero point (an exact block minimum: Q4_1, Q4_K, Q5_1, Q5_K, Q2_K) rounded
+    to an integer one, and the remainder kept as ``offset``: scale * (code - round(z)) + scale *
+    (round(z) - z) is the same weight, to float32 rounding. The codes become unsigned (i4 + 8 → u4,
+    i8 + 128 → u8, u2 → u4), as the CPU plugin's int8 path wants them: it quantizes activations to
+    int8 (dynamic quantization, on VNNI and AMX CPUs at bf16) only for u8/u4 weights with integer
+    zero points, and that path gives each row of a pass the same result whatever the other rows are
+    (ovpool.worker.graph.cpu_class). Q2_K pays for it with twice its code bytes."""
+    if p.zero is None or p.zero.dtype == np.uint8:
         return p
-    shift = 8 if p.element == "i4" else 128
+    if p.element == "u2":
+        p = replace(p, codes=pack_nibbles(unpack_crumbs(p.codes)), element="u4")
+    shift = {"i4": 8, "i8": 128, "u4": 0}[p.element]
     zero = p.zero.astype(np.float64) + shift
-    rounded = np.clip(np.rint(zero), 0, 2 * shift - 1)
+    rounded = np.clip(np.rint(zero), 0, 15 if p.element[1:] == "4" else 255)
     offset = (p.scale.astype(np.float64) * (rounded - zero)).astype(np.float32)
-    codes = p.codes.view(np.uint8) ^ np.uint8(0x88 if shift == 8 else 0x80)
+    codes = p.codes.view(np.uint8) ^ np.uint8({8: 0x88, 128: 0x80, 0: 0}[shift])
     return replace(p, codes=codes, element="u" + p.element[1:], zero=rounded.astype(np.uint8), offset=offset)

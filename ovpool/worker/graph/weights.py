@@ -18,8 +18,15 @@ from gguf import GGMLQuantizationType as T
 
 from ovpool.worker.gguf.blocks import unpack
 from ovpool.worker.gguf.model import GGUFModel
-from ovpool.worker.gguf.quants import (Packed, concat_rows, gatherable, integer_zero, permute_rows,
-                                       requantize, widen)
+from ovpool.worker.gguf.quants import (
+    Packed,
+    concat_rows,
+    gatherable,
+    integer_zero,
+    permute_rows,
+    requantize,
+    widen,
+)
 
 _ELEMENT = {"f32": ov.Type.f32, "f16": ov.Type.f16, "bf16": ov.Type.bf16, "i8": ov.Type.i8,
             "u8": ov.Type.u8, "u4": ov.Type.u4, "i4": ov.Type.i4, "u2": ov.Type.u2}
