@@ -1,6 +1,9 @@
-"""The HTTP API's pure parts: request bodies checked field by field, error mapping, API keys."""
+"""The HTTP API's pure parts: request bodies checked field by field, error mapping, API keys,
+the bind address and serve's command lines for it."""
 
 from __future__ import annotations
+
+import logging
 
 import pytest
 
@@ -8,6 +11,8 @@ from ovpool import errors
 from ovpool.api import errors as api_errors
 from ovpool.api.keys import ApiKeys, parse
 from ovpool.api.schema import parse_chat, parse_completion
+from ovpool.api.server import parse_bind
+from ovpool.serve.spec import PoolSpec
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 
@@ -124,3 +129,24 @@ def test_api_keys_several_bearer_and_open_without_any():
             keys.check(bad)
     ApiKeys().check(None)  # no key configured: open
     assert not ApiKeys(parse([""]))
+
+
+def test_open_api_warns_off_loopback_only(caplog):
+    with caplog.at_level(logging.WARNING, logger="ovpool.api.keys"):
+        for host in ("127.0.0.1", "::1", "localhost"):
+            ApiKeys().warn_if_open(host)
+        ApiKeys(["k"]).warn_if_open("0.0.0.0")
+        assert not caplog.records
+        ApiKeys().warn_if_open("0.0.0.0")
+    assert "without an API key" in caplog.records[0].getMessage()
+
+
+def test_serve_spec_runs_the_api_child_with_the_pool_endpoint():
+    spec = PoolSpec(bind="tcp://0.0.0.0:5555", http="0.0.0.0:8000", served_names=("a", "b"))
+    assert spec.api_argv()[-4:] == ["--broker", "tcp://127.0.0.1:5555", "--bind", "0.0.0.0:8000"]
+    argv = spec.worker_argv("CPU", "CPU")
+    assert argv[argv.index("--served-name") + 1] == "a" and argv.count("--served-name") == 2
+    assert parse_bind("[::1]:8000") == ("::1", 8000) and parse_bind("0.0.0.0:80") == ("0.0.0.0", 80)
+    for bad in ("8000", "host:", ":80", "h:99999"):
+        with pytest.raises(errors.ConfigError, match="HOST:PORT"):
+            parse_bind(bad)

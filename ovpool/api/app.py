@@ -222,9 +222,9 @@ class _SSE:
             now = time.perf_counter()
             previous = self._last.get(index)
             if previous is None:
-                self._metrics.ttft.labels(self._endpoint).observe(now - self._started)
+                self._metrics.first_token(self._endpoint, now - self._started)
             else:
-                self._metrics.itl.labels(self._endpoint).observe(now - previous)
+                self._metrics.next_token(self._endpoint, now - previous)
             self._last[index] = now
             return sse.data(responses.chunk(self.reply, index, item.text, item.logprobs))
         if isinstance(item, Completion):

@@ -13,6 +13,8 @@ from ovpool import errors, timing
 from ovpool.async_client import AsyncStream
 from ovpool.completion import Completion, Delta
 
+_READ_AHEAD = 4  # items per stream between the pool and the HTTP response
+
 
 class ClientGone(Exception):
     """The HTTP client disconnected before its answer was ready."""
@@ -53,21 +55,25 @@ def fail_pending(futures: list[asyncio.Future], exc: Exception) -> None:
 
 class Merged:
     """Several AsyncStreams as one async iterator of ``(choice index, item)``: each Delta as it
-    comes, then the stream's Completion, or the OvpoolError it failed with instead."""
+    comes, then the stream's Completion, or the OvpoolError it failed with instead.
+
+    The queue between them is short, so a slow HTTP reader stops the pumps, which stop taking
+    tokens from their streams, which return no credit to the broker: the pool's flow control
+    reaches the HTTP client instead of tokens piling up here."""
 
     def __init__(self, streams: dict[int, AsyncStream]):
-        self._queue: asyncio.Queue = asyncio.Queue()
+        self._queue: asyncio.Queue = asyncio.Queue(maxsize=_READ_AHEAD * len(streams))
         self._open = len(streams)
         self._tasks = [asyncio.create_task(self._pump(i, s)) for i, s in streams.items()]
 
     async def _pump(self, index: int, stream: AsyncStream) -> None:
-        put = self._queue.put_nowait
+        put = self._queue.put
         try:
             async for delta in stream:
-                put((index, delta))
-            put((index, stream.completion))
+                await put((index, delta))
+            await put((index, stream.completion))
         except errors.OvpoolError as exc:
-            put((index, exc))
+            await put((index, exc))
 
     def __aiter__(self) -> Merged:
         return self
@@ -83,8 +89,10 @@ class Merged:
         return index, item
 
     def client_gone(self) -> None:
-        """The HTTP client left: the next ``__anext__`` raises ClientGone."""
-        self._queue.put_nowait((-1, ClientGone()))
+        """The HTTP client left: the next ``__anext__`` raises ClientGone (a full queue means the
+        stream is about to start, and the HTTP server's own disconnect check takes over)."""
+        with contextlib.suppress(asyncio.QueueFull):
+            self._queue.put_nowait((-1, ClientGone()))
 
     async def aclose(self) -> None:
         """Cancel the streams still running (each sends its CANCEL as it stops)."""
