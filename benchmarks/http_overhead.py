@@ -14,8 +14,8 @@ bytes and parses only the status line and Content-Length, the way wrk would; Zer
 for the round trip's p50/p99. The median round is reported.
 
 With ``--model``: ``--streams`` concurrent streamed chat requests of ``--max-tokens`` tokens (EOS
-ignored) through the HTTP API (the openai SDK's AsyncOpenAI) and through ``ovpool.AsyncClient``,
-alternating, tokens/s over the whole batch.
+ignored) through the HTTP API (a lean raw-HTTP reader) and through ``ovpool.AsyncClient``,
+alternating, tokens/s over the whole batch and the CPU each process spent per token.
 """
 
 from __future__ import annotations
@@ -126,22 +126,31 @@ def _wait_http(http: LeanHttp, timeout: float = 30.0) -> None:
             time.sleep(0.1)
 
 
-async def _sdk_streams(port: int, streams: int, max_tokens: int) -> float:
-    import openai
-
-    sdk = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0)
+async def _http_streams(port: int, streams: int, max_tokens: int) -> float:
+    """Streamed chat through the HTTP API, read by a lean client: raw HTTP/1.1, the SSE bytes
+    kept whole and their token chunks counted at the end (the openai SDK parses every chunk into
+    pydantic objects, ~0.2 ms of CPU here that a client on another host would not take from the
+    worker on this one)."""
 
     async def one(i: int) -> int:
-        out = await sdk.chat.completions.create(
-            model="", messages=[{"role": "user", "content": f"Tell story number {i}."}],
-            max_tokens=max_tokens, temperature=0, stream=True, extra_body={"ignore_eos": True})
-        return len([1 async for chunk in out if chunk.choices and chunk.choices[0].delta.content is not None])
+        body = json.dumps({"model": "", "messages": [{"role": "user", "content": f"Tell story number {i}."}],
+                           "max_tokens": max_tokens, "temperature": 0, "stream": True,
+                           "ignore_eos": True}).encode()
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: "
+                     b"application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+        raw = b""
+        while b"data: [DONE]" not in raw[-64:]:
+            data = await reader.read(65536)
+            if not data:
+                raise RuntimeError(f"the stream ended early: {raw[-300:]!r}")
+            raw += data
+        writer.close()
+        return raw.count(b'"content":')  # one per token chunk; the last chunk's delta is {}
 
     start = time.perf_counter()
     counts = await asyncio.gather(*(one(i) for i in range(streams)))
-    elapsed = time.perf_counter() - start
-    await sdk.close()
-    return sum(counts) / elapsed
+    return sum(counts) / (time.perf_counter() - start)
 
 
 async def _client_streams(endpoint: str, streams: int, max_tokens: int) -> float:
@@ -159,22 +168,31 @@ async def _client_streams(endpoint: str, streams: int, max_tokens: int) -> float
 def model_rounds(args: argparse.Namespace) -> dict:
     endpoint, port = free_endpoint(), int(free_endpoint().rsplit(":", 1)[1])
     with ExitStack() as stack:
-        stack.enter_context(broker(endpoint))
-        stack.enter_context(PoolProcess("worker", "--broker", endpoint, "--model", args.model,
-                                        "--slots", str(args.streams)))
-        stack.enter_context(PoolProcess("api", "--broker", endpoint, "--bind", f"127.0.0.1:{port}"))
+        broker_proc = stack.enter_context(broker(endpoint))
+        worker = stack.enter_context(PoolProcess("worker", "--broker", endpoint, "--model", args.model,
+                                                 "--slots", str(args.streams)))
+        api = stack.enter_context(PoolProcess("api", "--broker", endpoint, "--bind", f"127.0.0.1:{port}"))
         with Client(endpoint) as client:
             wait_for_workers(client, 1, timeout=300)
-        asyncio.run(_sdk_streams(port, args.streams, 8))  # warm: kernels, the paged graph's layouts
+        _wait_http(LeanHttp(port, {"model": "", "prompt": "x", "max_tokens": 1}))
+        asyncio.run(_http_streams(port, args.streams, 8))  # warm: kernels, the paged graph's layouts
         asyncio.run(_client_streams(endpoint, args.streams, 8))
+        pids = [broker_proc.proc.pid, worker.proc.pid, api.proc.pid, -1]
         rounds: dict[str, list[float]] = {"http": [], "zmq": []}
+        # CPU ms per token of the broker, the worker, the API and this process (the client).
+        cpu: dict[str, list[list[float]]] = {"http": [], "zmq": []}
         for r in range(args.rounds):
             for name in (("http", "zmq") if r % 2 == 0 else ("zmq", "http")):
-                run = (_sdk_streams(port, args.streams, args.max_tokens) if name == "http"
+                run = (_http_streams(port, args.streams, args.max_tokens) if name == "http"
                        else _client_streams(endpoint, args.streams, args.max_tokens))
+                before = cpu_seconds(pids)
                 rounds[name].append(round(asyncio.run(run), 1))
+                tokens = args.streams * args.max_tokens
+                cpu[name].append([round((b - a) / tokens * 1e3, 2)
+                                  for a, b in zip(before, cpu_seconds(pids), strict=True)])
     ratio = [h / z for h, z in zip(rounds["http"], rounds["zmq"], strict=True)]
-    return {"tokens_per_s": rounds, "http_over_zmq_paired_median": round(statistics.median(ratio), 3)}
+    return {"tokens_per_s": rounds, "http_over_zmq_paired_median": round(statistics.median(ratio), 3),
+            "cpu_ms_per_token_broker_worker_api_client": cpu}
 
 
 def main() -> None:
