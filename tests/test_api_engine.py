@@ -40,6 +40,7 @@ def engine(smollm2_path):
 
 
 def test_chat_greedy_equals_the_engine_and_counts_its_tokens(served, engine):
+    assert [(m.id, m.workers) for m in served.sdk.models.list().data] == [("smol", 1)]
     out = served.sdk.chat.completions.create(model="smol", messages=MESSAGES, max_tokens=24, temperature=0)
     alone = engine.chat(MESSAGES, max_tokens=24)
     assert out.choices[0].message.content == alone.text
