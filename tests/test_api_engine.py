@@ -5,6 +5,7 @@ where a batched generation equals the same request alone: docs/architecture.md, 
 from __future__ import annotations
 
 import asyncio
+import json
 
 import numpy as np
 import openai
@@ -120,6 +121,16 @@ def test_streamed_completion_logprobs_equal_the_whole_ones(served):
     assert streamed == {key: getattr(whole, key) for key in streamed}
     assert whole.text_offset == list(np.cumsum([0] + [len(t) for t in whole.tokens[:-1]]))
     assert all(len(top) in (2, 3) and whole.tokens[i] in top for i, top in enumerate(whole.top_logprobs))
+
+
+def test_json_schema_response_format_holds(served):
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}},
+              "required": ["city"], "additionalProperties": False}
+    out = served.sdk.chat.completions.create(
+        model="smol", messages=MESSAGES, max_tokens=48, temperature=0,
+        response_format={"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}})
+    assert out.choices[0].finish_reason == "stop"
+    assert set(json.loads(out.choices[0].message.content)) == {"city"}
 
 
 def test_chat_without_a_template_is_a_clear_400(tmp_path, tiny_model):

@@ -86,9 +86,14 @@ def test_bad_values_are_400_naming_the_field(field, value):
 
 
 def test_refused_features_say_what_instead():
-    with pytest.raises(errors.InvalidRequestError, match="structured output"):
-        parse_chat({**CHAT, "response_format": {"type": "json_schema", "json_schema": {}}}, 8)
-    assert parse_chat({**CHAT, "response_format": {"type": "text"}}, 8).choices
+    text = parse_chat({**CHAT, "response_format": {"type": "text"}}, 8)
+    assert "response_format" not in text.choices[0].sampling
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    fmt = parse_chat({**CHAT, "response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "schema": schema}}}, 8).choices[0].sampling["response_format"]
+    assert fmt == {"type": "json_schema", "schema": schema}  # OpenAI's shape, passed on canonical
+    for bad in ({"type": "xml"}, {"type": "regex", "pattern": "("}, "json"):
+        assert bad_param(lambda b: parse_chat(b, 8), {**CHAT, "response_format": bad}) == "response_format"
     assert bad_param(lambda b: parse_chat(b, 8), {**CHAT, "tools": [{"type": "function"}]}) == "tools"
     assert bad_param(parse_completion, {"model": "m", "prompt": [1, 2, 3]}) == "prompt"
     assert bad_param(lambda b: parse_chat(b, 8), {**CHAT, "top_logprobs": 2}) == "top_logprobs"

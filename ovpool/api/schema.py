@@ -10,6 +10,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from ovpool import response_format as formats
 from ovpool.errors import InvalidRequestError
 from ovpool.sampling_params import MAX_LOGPROBS
 
@@ -87,9 +88,11 @@ def _generate(body: dict, chat: bool, prompts: list, max_tokens: int, logprobs: 
     n = _int(body, "n", 1, MAX_CHOICES) or 1
     if n * len(prompts) > MAX_CHOICES:
         raise bad("n", f"n × prompts = {n * len(prompts)} choices; at most {MAX_CHOICES}")
-    _response_format(body.get("response_format"))
     stream = bool(_bool(body, "stream"))
     base = {"max_tokens": max_tokens, **_sampling(body)}
+    fmt = _response_format(body.get("response_format"))
+    if fmt is not None:
+        base["response_format"] = fmt
     if logprobs is not None:
         base["logprobs"] = logprobs
     seed = base.pop("seed", None)
@@ -189,15 +192,13 @@ def _logit_bias(bias: Any) -> dict[int, float]:
     return out
 
 
-def _response_format(fmt: Any) -> None:
-    if fmt is None:
-        return
-    kind = fmt.get("type") if isinstance(fmt, dict) else None
-    if kind == "text":
-        return
-    if kind in ("json_object", "json_schema"):
-        raise bad("response_format", f"{kind} (structured output) is not supported yet; omit it or use text")
-    raise bad("response_format", "must be {\"type\": \"text\"}")
+def _response_format(fmt: Any) -> dict[str, Any] | None:
+    """OpenAI's shapes (text, json_object, json_schema) and ovpool's (regex, grammar), in their
+    canonical form (docs/structured-output.md); a malformed one is a 400 naming the field."""
+    try:
+        return formats.normalize(fmt)
+    except InvalidRequestError as exc:
+        raise InvalidRequestError(str(exc), param="response_format") from exc
 
 
 def _no_tools(body: dict) -> None:
