@@ -41,9 +41,10 @@ class _GGUFTokens:
 
 
 class Vocabulary:
-    """A model's vocabulary for llguidance. Building it reads every token once: SmolLM2's 49,152
-    tokens take ~0.35 s (benchmarks/structured_output.py), so an Engine builds it once, on its
-    first constrained request, and keeps it."""
+    """A model's vocabulary for llguidance. Building it reads every token once and holds the GIL:
+    SmolLM2's 49,152 tokens take 0.33-0.64 s, gemma3-270m's 262,144 2.5-7.9 s (2 busy cores;
+    benchmarks/structured_output.py), so an Engine builds it once, on its first constrained
+    request, and keeps it."""
 
     def __init__(self, tokenizer):
         import llguidance  # here, so that importing this module (the batcher does) costs nothing
