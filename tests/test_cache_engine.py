@@ -82,7 +82,7 @@ def test_engine_cache_only_names_a_changed_setting(tiny_model, tmp_path):
         Engine(model, settings={"kv_cache_precision": "f16"}, cache_dir=tmp_path, cache_only=True)
 
 
-@pytest.mark.parametrize("arch", ["qwen3", "gemma3"])
+@pytest.mark.parametrize("arch", ["qwen3", "gemma3", "phi3"])
 def test_every_architecture_loads_from_the_cache_with_the_same_tokens(tiny_model, tmp_path, arch):
     model = tiny_model(arch, "Q4_K")
     with Engine(model, cache_dir=tmp_path) as engine:

@@ -60,7 +60,7 @@ def test_greedy_batched_equals_alone_with_joins_and_chunked_prefill(engine):
         assert [d.index for d in deltas[rid]] == sorted({d.index for d in deltas[rid]})
 
 
-@pytest.mark.parametrize("arch", ["qwen3", "gemma3"])
+@pytest.mark.parametrize("arch", ["qwen3", "gemma3", "phi3"])
 def test_every_architecture_batched_equals_alone(tiny_model, arch):
     # gemma3's tiny sliding window (5 positions) is shorter than every prompt here but "hello":
     # the paged op's window, in chunked prefill and in decode, against the stateful graph's mask.

@@ -157,3 +157,14 @@ def test_qwen3_needs_its_qk_norms(tmp_path, tiny_model):
     assert GGUFModel.open(tiny_model("qwen3", "F32")).hparams.qk_norm
     with pytest.raises(ModelFormatError, match="tensor blk.0.attn_q_norm.weight is missing"):
         GGUFModel.open(write_model(tmp_path / "m.gguf", "qwen3"))
+
+
+def test_phi3_reads_fused_qkv_and_gate_up_and_refuses_longrope(tmp_path, tiny_model):
+    path = tiny_model("phi3", "F32")
+    h = GGUFModel.open(path).hparams
+    assert h.fused_qkv and h.fused_gate_up and not h.qk_norm
+    tensors = {name: (info.shape) for name, info in GGUFModel.open(path).tensors.items()}
+    assert tensors["blk.0.attn_qkv.weight"] == (64 + 2 * 32, 64) and "blk.0.ffn_gate.weight" not in tensors
+    with pytest.raises(UnsupportedModelError, match="rope_factors_long.weight: LongRoPE is not supported"):
+        GGUFModel.open(write_model(tmp_path / "m.gguf", "phi3",
+                                   tensors={**_tensors("llama"), "rope_factors_long.weight": (8,)}))

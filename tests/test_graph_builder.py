@@ -57,7 +57,7 @@ def test_logits_match_the_numpy_reference(tiny_model, arch, weight_type, tied):
     np.testing.assert_allclose(score(request, ids), expected, atol=2e-4 * np.abs(expected).max())
 
 
-@pytest.mark.parametrize("arch", ["qwen2", "qwen3", "gemma3"])
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3", "gemma3", "phi3"])
 @pytest.mark.parametrize("prompt_len", [1, 5, 16])
 def test_incremental_decoding_equals_rescoring(tiny_model, arch, prompt_len):
     # gemma3's tiny window (5) is shorter than these sequences: its local layers slide.

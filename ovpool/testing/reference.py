@@ -1,5 +1,5 @@
-"""A NumPy float32 forward pass of a llama / qwen2 / qwen3 / gemma3 GGUF model, the yardstick for
-the graph.
+"""A NumPy float32 forward pass of a llama / qwen2 / qwen3 / gemma3 / phi3 GGUF model, the yardstick
+for the graph.
 
 Written independently of the OpenVINO path: weights are dequantized with ``gguf.quants`` and RoPE
 is applied the way llama.cpp does on GGUF's own row layout (adjacent pairs for llama, whose Q/K rows
@@ -75,12 +75,18 @@ class Reference:
     def _attention(self, i, y, pos):
         h, b, n = self.h, f"blk.{i}.", len(pos)
         base = h.rope_base_local if h.local(i) else h.rope_base
-        q = self._linear(y, b + "attn_q").reshape(n, h.n_heads, h.head_dim)
-        k = self._linear(y, b + "attn_k").reshape(n, h.n_kv_heads, h.head_dim)
+        if h.fused_qkv:
+            qkv = self._linear(y, b + "attn_qkv")
+            cuts = np.cumsum([h.n_heads * h.head_dim, h.n_kv_heads * h.head_dim])
+            parts = dict(zip("qkv", np.split(qkv, cuts, axis=-1), strict=True))
+        else:
+            parts = {c: self._linear(y, b + f"attn_{c}") for c in "qkv"}
+        q = parts["q"].reshape(n, h.n_heads, h.head_dim)
+        k = parts["k"].reshape(n, h.n_kv_heads, h.head_dim)
         if h.qk_norm:
             q, k = self._norm(q, b + "attn_q_norm.weight"), self._norm(k, b + "attn_k_norm.weight")
         q, k = self._rope(q, pos, base), self._rope(k, pos, base)
-        v = self._linear(y, b + "attn_v").reshape(n, h.n_kv_heads, h.head_dim)
+        v = parts["v"].reshape(n, h.n_kv_heads, h.head_dim)
         group = h.n_heads // h.n_kv_heads
         k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
         scores = np.einsum("qhd,khd->hqk", q, k) * np.float32(h.scale)
@@ -101,7 +107,10 @@ class Reference:
                             b + "attn_output")
         x = x + self._post_norm(attn, b + "post_attention_norm.weight")
         y = self._norm(x, b + "ffn_norm.weight")
-        gate, up = self._linear(y, b + "ffn_gate"), self._linear(y, b + "ffn_up")
+        if self.h.fused_gate_up:  # phi3: gate then up rows (llama.cpp's ggml_swiglu)
+            gate, up = np.split(self._linear(y, b + "ffn_up"), 2, axis=-1)
+        else:
+            gate, up = self._linear(y, b + "ffn_gate"), self._linear(y, b + "ffn_up")
         if self.h.activation == "gelu_tanh":
             act = 0.5 * gate * (1 + np.tanh(np.sqrt(2 / np.pi) * (gate + 0.044715 * gate ** 3)))
         else:

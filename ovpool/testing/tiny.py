@@ -1,5 +1,5 @@
-"""Tiny GGUF models for tests and benchmarks: llama, qwen2, qwen3 or gemma3, any supported weight
-type, tied or not.
+"""Tiny GGUF models for tests and benchmarks: llama, qwen2, qwen3, gemma3 or phi3, any supported
+weight type, tied or not.
 
 Weights are deterministic by seed and scaled so logits are well-conditioned (a few units of spread:
 not all-equal, not exploding). The metadata carries everything llama.cpp writes for the
@@ -20,12 +20,12 @@ from ovpool.testing.tiny_vocab import KINDS, Vocab, vocab, write_tokenizer
 
 WEIGHT_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K", "Q5_0", "Q5_1", "Q5_K",
                 "Q3_K", "Q2_K", "IQ4_NL", "IQ4_XS")
-ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3")
+ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3", "phi3")
 # llama.cpp's LLAMA_FTYPE values for a file of one weight type (general.file_type).
 # (A K-quant file of one type is llama.cpp's _S variant: Q3_K_S, Q5_K_S.)
 _FILE_TYPE = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q5_1": 9, "Q2_K": 10,
               "Q3_K": 11, "Q4_K": 15, "Q5_K": 16, "Q6_K": 18, "IQ4_NL": 25, "IQ4_XS": 30, "BF16": 32}
-_PRE = {"llama": "default", "qwen2": "qwen2", "qwen3": "qwen2", "gemma3": "default"}
+_PRE = {"llama": "default", "qwen2": "qwen2", "qwen3": "qwen2", "gemma3": "default", "phi3": "default"}
 # gemma3: six layers hold both kinds (five local, one global, as llama.cpp's pattern of 6 has
 # them), and a window shorter than the test prompts, so sliding matters.
 _LAYERS = {"gemma3": 6}
@@ -115,10 +115,12 @@ def tensor_plan(spec: TinySpec) -> list[tuple[str, tuple[int, ...], str]]:
     plan = [("token_embd.weight", (v, e), "embed")]
     for i in range(spec.n_layers):
         b = f"blk.{i}."
-        plan += [(b + "attn_norm.weight", (e,), "norm"),
-                 (b + "attn_q.weight", (e, e), "matmul"),
-                 (b + "attn_k.weight", (kv, e), "matmul"),
-                 (b + "attn_v.weight", (kv, e), "matmul")]
+        plan.append((b + "attn_norm.weight", (e,), "norm"))
+        if spec.arch == "phi3":  # fused Q, K, V rows
+            plan.append((b + "attn_qkv.weight", (e + 2 * kv, e), "matmul"))
+        else:
+            plan += [(b + "attn_q.weight", (e, e), "matmul"), (b + "attn_k.weight", (kv, e), "matmul"),
+                     (b + "attn_v.weight", (kv, e), "matmul")]
         if spec.arch == "qwen2":
             plan += [(b + "attn_q.bias", (e,), "bias"), (b + "attn_k.bias", (kv,), "bias"),
                      (b + "attn_v.bias", (kv,), "bias")]
@@ -129,10 +131,12 @@ def tensor_plan(spec: TinySpec) -> list[tuple[str, tuple[int, ...], str]]:
         if spec.arch == "gemma3":
             plan += [(b + "post_attention_norm.weight", (e,), "norm"),
                      (b + "post_ffw_norm.weight", (e,), "norm")]
-        plan += [(b + "ffn_norm.weight", (e,), "norm"),
-                 (b + "ffn_gate.weight", (ff, e), "matmul"),
-                 (b + "ffn_up.weight", (ff, e), "matmul"),
-                 (b + "ffn_down.weight", (e, ff), "matmul")]
+        plan.append((b + "ffn_norm.weight", (e,), "norm"))
+        if spec.arch == "phi3":  # gate and up rows in one ffn_up
+            plan.append((b + "ffn_up.weight", (2 * ff, e), "matmul"))
+        else:
+            plan += [(b + "ffn_gate.weight", (ff, e), "matmul"), (b + "ffn_up.weight", (ff, e), "matmul")]
+        plan.append((b + "ffn_down.weight", (e, ff), "matmul"))
     plan.append(("output_norm.weight", (e,), "norm"))
     if not spec.tied:
         plan.append(("output.weight", (v, e), "embed"))

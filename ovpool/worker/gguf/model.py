@@ -17,7 +17,7 @@ from ovpool.errors import ModelFormatError, UnsupportedModelError
 from ovpool.models import ALIASES, resolve_model_path
 from ovpool.worker.gguf.file import TensorInfo, read_header
 
-ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3")
+ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3", "phi3")
 WEIGHT_TYPES = frozenset({T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q4_K, T.Q6_K, T.Q5_0, T.Q5_1,
                           T.Q5_K, T.Q3_K, T.Q2_K, T.IQ4_NL, T.IQ4_XS})
 _NORM_TYPES = frozenset({T.F32, T.F16, T.BF16})
@@ -43,6 +43,8 @@ class HParams:
     # before RoPE; gemma3 also scales the embedding, wraps attention and MLP in post-norms, gates
     # the MLP with GELU(tanh) and alternates sliding-window (local) and global layers.
     qk_norm: bool = False
+    fused_qkv: bool = False  # phi3: one attn_qkv matrix, rows Q then K then V
+    fused_gate_up: bool = False  # phi3: ffn_up holds gate then up rows (llama.cpp's ggml_swiglu)
     embed_scale: float = 1.0
     attn_scale: float = 0.0  # softmax scale of q·k; 0: 1/sqrt(head_dim)
     post_norms: bool = False
@@ -144,6 +146,9 @@ def read_hparams(arch: str, metadata: dict[str, Any], tensors: dict[str, TensorI
     if rope_dim > head_dim or rope_dim % 2:
         raise ModelFormatError(f"GGUF key {arch}.rope.dimension_count = {rope_dim} must be even and "
                                f"at most the head size {head_dim}")
+    for name in ("rope_factors_long.weight", "rope_factors_short.weight"):
+        if name in tensors:  # Phi-3.5 / Phi-4-mini (128k context) files
+            raise UnsupportedModelError(f"tensor {name}: LongRoPE is not supported")
     scaling = metadata.get(f"{arch}.rope.scaling.type", "none")
     if scaling != "none":
         raise UnsupportedModelError(f"GGUF key {arch}.rope.scaling.type = {scaling!r}: RoPE scaling "
@@ -157,6 +162,7 @@ def read_hparams(arch: str, metadata: dict[str, Any], tensors: dict[str, TensorI
         rms_eps=f.get("attention.layer_norm_rms_epsilon", float),
         rope_dim=rope_dim, tied_embeddings="output.weight" not in tensors,
         qkv_bias="blk.0.attn_q.bias" in tensors, qk_norm=arch in ("qwen3", "gemma3"),
+        fused_qkv="blk.0.attn_qkv.weight" in tensors, fused_gate_up=arch == "phi3",
         **(_gemma3(f, n_layers, n_embd, n_heads, head_dim) if arch == "gemma3" else {}),
     )
 
@@ -195,10 +201,16 @@ def _expected_shapes(h: HParams, arch: str) -> dict[str, tuple[int, ...]]:
     for i in range(h.n_layers):
         b = f"blk.{i}."
         shapes |= {b + "attn_norm.weight": (h.n_embd,), b + "ffn_norm.weight": (h.n_embd,),
-                   b + "attn_q.weight": (q, h.n_embd), b + "attn_k.weight": (kv, h.n_embd),
-                   b + "attn_v.weight": (kv, h.n_embd), b + "attn_output.weight": (h.n_embd, q),
-                   b + "ffn_gate.weight": (h.n_ff, h.n_embd), b + "ffn_up.weight": (h.n_ff, h.n_embd),
-                   b + "ffn_down.weight": (h.n_embd, h.n_ff)}
+                   b + "attn_output.weight": (h.n_embd, q), b + "ffn_down.weight": (h.n_embd, h.n_ff)}
+        if h.fused_qkv:
+            shapes[b + "attn_qkv.weight"] = (q + 2 * kv, h.n_embd)
+        else:
+            shapes |= {b + "attn_q.weight": (q, h.n_embd), b + "attn_k.weight": (kv, h.n_embd),
+                       b + "attn_v.weight": (kv, h.n_embd)}
+        if h.fused_gate_up:
+            shapes[b + "ffn_up.weight"] = (2 * h.n_ff, h.n_embd)
+        else:
+            shapes |= {b + "ffn_gate.weight": (h.n_ff, h.n_embd), b + "ffn_up.weight": (h.n_ff, h.n_embd)}
         if h.qkv_bias or arch == "qwen2":
             shapes |= {b + "attn_q.bias": (q,), b + "attn_k.bias": (kv,), b + "attn_v.bias": (kv,)}
         if h.qk_norm:

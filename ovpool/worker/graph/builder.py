@@ -1,5 +1,5 @@
-"""The dynamic OpenVINO graph of a GGUF model: llama, qwen2, qwen3, gemma3 (contract 1 of the shared
-contracts).
+"""The dynamic OpenVINO graph of a GGUF model: llama, qwen2, qwen3, gemma3, phi3 (contract 1 of the
+shared contracts).
 
 One graph, with dynamic batch and sequence dimensions, serves prefill and decode. Ports:
 ``input_ids``, ``attention_mask``, ``position_ids`` (i64), ``beam_idx`` (i32, stateful only),
@@ -197,10 +197,15 @@ def _projections(ctx: _Context, names: list[str], x: ov.Output, heads: list[int]
         outs = [W.load(ctx.model, n + ".weight", p, ctx.encoding).linear(x)
                 for n, p in zip(names, permutes, strict=True)]
     else:
-        sizes = [ctx.model.tensors[n + ".weight"].shape[0] for n in names]
         y = stacked.linear(x)
-        outs = [y] if len(names) == 1 else ops.variadic_split(y, const_i64(-1), const_i64(sizes)).outputs()
+        outs = [y] if len(names) == 1 else _split(y, [ctx.model.tensors[n + ".weight"].shape[0]
+                                                      for n in names])
     return [_bias(ctx, n, y, p) for n, y, p in zip(names, outs, permutes, strict=True)]
+
+
+def _split(y: ov.Output, sizes: list[int]) -> list[ov.Output]:
+    """y's last axis cut into pieces of ``sizes``."""
+    return ops.variadic_split(y, const_i64(-1), const_i64(sizes)).outputs()
 
 
 def _bias(ctx: _Context, name: str, y: ov.Output, permute: int) -> ov.Output:
@@ -222,7 +227,10 @@ def _block(ctx: _Context, i: int, x: ov.Output) -> ov.Output:
     (o,) = _projections(ctx, [b + "attn_output"], a, [0])
     x = ops.add(x, _post_norm(ctx, o, b + "post_attention_norm")).output(0)
     n = _norm(ctx, x, b + "ffn_norm")
-    gate, up = _projections(ctx, [b + "ffn_gate", b + "ffn_up"], n, [0, 0])
+    if h.fused_gate_up:  # phi3: gate rows, then up rows, in one matrix
+        gate, up = _split(*_projections(ctx, [b + "ffn_up"], n, [0]), [h.n_ff, h.n_ff])
+    else:
+        gate, up = _projections(ctx, [b + "ffn_gate", b + "ffn_up"], n, [0, 0])
     act = L.gelu_tanh_gated(gate, up) if h.activation == "gelu_tanh" else L.swiglu(gate, up)
     (down,) = _projections(ctx, [b + "ffn_down"], act, [0])
     return ops.add(x, _post_norm(ctx, down, b + "post_ffw_norm")).output(0)
@@ -231,8 +239,12 @@ def _block(ctx: _Context, i: int, x: ov.Output) -> ov.Output:
 def _attention(ctx: _Context, i: int, n: ov.Output) -> ov.Output:
     """Self-attention of layer i on the normed input n: [batch, seq, heads*head_dim]."""
     h, b = ctx.h, f"blk.{i}."
-    q, k, v = _projections(ctx, [b + "attn_q", b + "attn_k", b + "attn_v"], n,
-                           [h.n_heads, h.n_kv_heads, 0])
+    if h.fused_qkv:  # phi3 (rotate-half rows already, like every architecture but llama)
+        q, k, v = _split(*_projections(ctx, [b + "attn_qkv"], n, [0]),
+                         [h.n_heads * h.head_dim, *[h.n_kv_heads * h.head_dim] * 2])
+    else:
+        q, k, v = _projections(ctx, [b + "attn_q", b + "attn_k", b + "attn_v"], n,
+                               [h.n_heads, h.n_kv_heads, 0])
     major = ctx.attention is None  # SDPA wants [batch, heads, seq, head_dim]
     cos, sin = ctx.rope[_layer_base(h, i)]
     q = L.apply_rope(_qk_norm(ctx, L.split_heads(q, h.n_heads, h.head_dim, major), b + "attn_q_norm"),
