@@ -200,17 +200,18 @@ def _expected_shapes(h: HParams, arch: str) -> dict[str, tuple[int, ...]]:
         shapes["output.weight"] = (h.vocab_size, h.n_embd)
     for i in range(h.n_layers):
         b = f"blk.{i}."
-        shapes |= {b + "attn_norm.weight": (h.n_embd,), b + "ffn_norm.weight": (h.n_embd,),
-                   b + "attn_output.weight": (h.n_embd, q), b + "ffn_down.weight": (h.n_embd, h.n_ff)}
+        shapes |= {b + "attn_norm.weight": (h.n_embd,), b + "ffn_norm.weight": (h.n_embd,)}
         if h.fused_qkv:
             shapes[b + "attn_qkv.weight"] = (q + 2 * kv, h.n_embd)
         else:
             shapes |= {b + "attn_q.weight": (q, h.n_embd), b + "attn_k.weight": (kv, h.n_embd),
                        b + "attn_v.weight": (kv, h.n_embd)}
+        shapes[b + "attn_output.weight"] = (h.n_embd, q)
         if h.fused_gate_up:
             shapes[b + "ffn_up.weight"] = (2 * h.n_ff, h.n_embd)
         else:
             shapes |= {b + "ffn_gate.weight": (h.n_ff, h.n_embd), b + "ffn_up.weight": (h.n_ff, h.n_embd)}
+        shapes[b + "ffn_down.weight"] = (h.n_embd, h.n_ff)
         if h.qkv_bias or arch == "qwen2":
             shapes |= {b + "attn_q.bias": (q,), b + "attn_k.bias": (kv,), b + "attn_v.bias": (kv,)}
         if h.qk_norm:
