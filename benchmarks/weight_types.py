@@ -24,6 +24,7 @@ from ovpool.settings import Settings, parse_assignments
 from ovpool.testing.tiny import TinySpec, tensor_plan
 from ovpool.worker.gguf.model import GGUFModel
 from ovpool.worker.graph.builder import build_model, compile_config, resolve_auto
+from ovpool.worker.graph.weights import Encoding, int8_groups
 
 TYPES = "Q4_0,Q8_0,Q5_0,Q5_1,Q4_1,Q4_K,Q5_K,Q6_K,Q3_K,Q2_K,IQ4_NL,IQ4_XS"
 
@@ -63,15 +64,18 @@ def main() -> None:
     core, root = ov.Core(), Path(args.dir)
     settings = resolve_auto(Settings.resolve(parse_assignments(args.set)), "CPU", core)
     root.mkdir(parents=True, exist_ok=True)
-    config = compile_config(settings, "CPU", core) | {"INFERENCE_NUM_THREADS": 1}
-    print(f"settings {settings}\nconfig {config}", flush=True)
+    print(f"settings {settings}", flush=True)
     requests, sizes = {}, {}
     for name in args.types.split(","):
         path = root / f"{name}-{args.layers}x{args.embd}x{args.ff}.gguf"
         if not path.exists():
             _spec(args, name).write(path)
-        graph = build_model(GGUFModel.open(path), settings)
+        model = GGUFModel.open(path)
+        graph = build_model(model, settings)
         sizes[name] = weight_bytes(graph)
+        # As the engine compiles it: activation groups of 16 where weights have 16-weight groups.
+        groups = int8_groups(model, Encoding.of(Settings.coerce(settings)))
+        config = compile_config(settings, "CPU", core, groups) | {"INFERENCE_NUM_THREADS": 1}
         requests[name] = core.compile_model(graph, "CPU", config).create_infer_request()
     n_weights = sum(int(np.prod(shape)) for _, shape, kind in tensor_plan(_spec(args, "F32"))
                     if kind in ("embed", "matmul"))

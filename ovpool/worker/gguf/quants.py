@@ -131,7 +131,8 @@ def widen(p: Packed) -> Packed:
 def gatherable(p: Packed) -> Packed:
     """``p`` with u2 codes held as u4 (the same values): the CPU plugin gathers rows of compressed
     8- and 4-bit tables but folds a u2 table into f32 at compile (a 262k-row vocabulary: 4 bytes a
-    weight). Other encodings are returned as they are."""
+    weight), and its int8 path reads no u2 (see integer_zero). Other encodings are returned as
+    they are."""
     if p.element != "u2":
         return p
     return replace(p, codes=pack_nibbles(unpack_crumbs(p.codes)), element="u4")
@@ -147,8 +148,7 @@ def integer_zero(p: Packed) -> Packed:
     (ovpool.worker.graph.cpu_class). Q2_K pays for it with twice its code bytes."""
     if p.zero is None or p.zero.dtype == np.uint8:
         return p
-    if p.element == "u2":
-        p = replace(p, codes=pack_nibbles(unpack_crumbs(p.codes)), element="u4")
+    p = gatherable(p)  # u2 → u4: the int8 path takes no u2 (the crumb form fails to compile there)
     shift = {"i4": 8, "i8": 128, "u4": 0}[p.element]
     zero = p.zero.astype(np.float64) + shift
     rounded = np.clip(np.rint(zero), 0, 15 if p.element[1:] == "4" else 255)
