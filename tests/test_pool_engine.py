@@ -64,5 +64,8 @@ def test_smollm2_through_the_pool(smollm2_path):
             Client(endpoint, model="smollm2") as client:
         wait_for_workers(client, 1, timeout=180)
         got = client.chat(prompt, max_tokens=12)
-    assert got.token_ids == expected.token_ids and "Paris" in got.text
+    # The pool answers exactly as the engine alone, at the host's default precision (bf16 on
+    # AVX-512 BF16 hosts, where "Paris" is not this 135M model's greedy answer to this prompt with
+    # int8 activations: its quality is tested at f32 in test_worker_engine).
+    assert got.token_ids == expected.token_ids and got.text == expected.text
     assert got.usage == expected.usage and got.timings["total_s"] > 0

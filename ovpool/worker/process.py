@@ -9,6 +9,12 @@ letting its send queue overflow (libzmq would drop, or block the heartbeats). A 
 silent for the heartbeat expiry is presumed gone: the worker drops its sessions (the broker has
 re-dispatched them), reconnects with a doubling backoff and registers again. Stopping (SIGTERM
 in the CLI) hands unfinished requests back with DISCONNECT before the socket closes.
+
+The backend's idle work (a worker's warm-up: compiling the decode graph, setting kernels up, about
+2 s on SmolLM2 and far more on a loaded host) runs on a thread of its own while the loop goes on
+heartbeating: run inline, it kept the loop from heartbeating for longer than the expiry, and the
+broker declared a freshly registered worker lost (seen in the pool tests at load ~15 on 2 cores).
+Requests that arrive meanwhile wait until it ends, since the backend is not thread-safe.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import os
 import socket as _socket
 import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import zmq
 
@@ -69,14 +76,18 @@ class Worker:
         self._credit = WORKER_WINDOW
         self._backoff = timing.RECONNECT_MIN_S
         self._broker_expires = 0.0
+        self._idle_pool = ThreadPoolExecutor(1, thread_name_prefix="worker-idle")
+        self._idle_work: Future | None = None
+        self._deferred: dict[str, Request] = {}  # arrived while the idle work runs
 
     def __enter__(self) -> Worker:
         self._connect()
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self._idle_pool.shutdown(wait=True)  # the backend is closed after us: let its warm-up end
         if self._socket is not None:
-            self._send(Disconnect(sorted(self._active)))
+            self._send(Disconnect(sorted([*self._active, *self._deferred])))
             self._drop_sessions()
             self._socket.close(linger=int(timing.HEARTBEAT_INTERVAL_S * 1000))
             self._socket = None
@@ -100,12 +111,14 @@ class Worker:
                  self.ready.slots, self.broker)
         next_heartbeat = 0.0
         while not stop.is_set():
-            if not self._active and not self._socket.poll(0):
-                self.backend.idle()
-            stepping = self._active and self._credit > 0
+            warming = self._warming()
+            if not warming and not self._active and not self._socket.poll(0):
+                self._idle_work = self._idle_pool.submit(self.backend.idle)
+                warming = True
+            stepping = not warming and self._active and self._credit > 0
             if self._socket.poll(0 if stepping else timing.POLL_INTERVAL_S * 1000):
                 self._receive()
-            if self._active and self._credit > 0:
+            if not self._warming() and self._active and self._credit > 0:
                 self._step()
             now = time.monotonic()
             if now >= next_heartbeat:
@@ -113,6 +126,19 @@ class Worker:
                 next_heartbeat = now + timing.HEARTBEAT_INTERVAL_S
             if now >= self._broker_expires:
                 self._reconnect()
+
+    def _warming(self) -> bool:
+        """Whether the backend's idle work still runs; once it has ended, start what waited for it
+        (and raise what it raised, as the inline call did)."""
+        if self._idle_work is not None:
+            if not self._idle_work.done():
+                return True
+            work, self._idle_work = self._idle_work, None
+            work.result()
+        for msg in list(self._deferred.values()):
+            del self._deferred[msg.request_id]
+            self._start(msg)
+        return False
 
     def _receive(self) -> None:
         while True:
@@ -129,10 +155,12 @@ class Worker:
 
     def _handle(self, msg: Message) -> None:
         if isinstance(msg, Request):
-            self._start(msg)
+            self._deferred[msg.request_id] = msg
+            self._warming()  # starts it at once unless the idle work runs
         elif isinstance(msg, Credit):
             self._credit += msg.tokens
         elif isinstance(msg, Cancel):
+            self._deferred.pop(msg.request_id, None)
             if self._active.pop(msg.request_id, None) is not None:
                 self.backend.cancel(msg.request_id)
         elif isinstance(msg, Disconnect):  # the broker does not know us (it restarted): start over
@@ -172,6 +200,7 @@ class Worker:
         self._connect()
 
     def _drop_sessions(self) -> None:
+        self._deferred.clear()  # the broker re-dispatches them
         for rid in self._active:
             self.backend.cancel(rid)
         self._active.clear()
