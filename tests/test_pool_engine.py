@@ -66,6 +66,6 @@ def test_smollm2_through_the_pool(smollm2_path):
         got = client.chat(prompt, max_tokens=12)
     # The pool answers exactly as the engine alone, at the host's default precision (bf16 on
     # AVX-512 BF16 hosts, where "Paris" is not this 135M model's greedy answer to this prompt with
-    # int8 activations: its quality is tested at f32 in test_worker_engine).
+    # int8 activations; test_worker_engine checks it completes "The capital of France is" with Paris).
     assert got.token_ids == expected.token_ids and got.text == expected.text
     assert got.usage == expected.usage and got.timings["total_s"] > 0
