@@ -2,10 +2,12 @@
 
 No broker: this isolates the batched forward passes. Besides wall-clock tokens/s it reports CPU
 time per generated token (all threads of the process), which other jobs on a shared machine
-disturb far less than wall time.
+disturb far less than wall time. ``--sampling temperature=0.8,top_p=0.9`` adds ovpool with those
+sampling parameters to the alternation (seeded per request), to weigh sampling against greedy;
+``--no-genai`` leaves GenAI out.
 
     .venv/bin/python benchmarks/batching_vs_genai.py [--model smollm2] [--levels 1,8,16]
-        [--max-tokens 64] [--repeats 2] [--json]
+        [--max-tokens 64] [--repeats 2] [--sampling K=V,...] [--no-genai] [--json]
 """
 
 from __future__ import annotations
@@ -37,18 +39,28 @@ def main() -> None:
     p.add_argument("--levels", default="1,8,16")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--sampling", default="", help="e.g. temperature=0.8,top_p=0.9")
+    p.add_argument("--no-genai", action="store_true")
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
     mt, levels = args.max_tokens, [int(x) for x in args.levels.split(",")]
-    genai = BatchedPipeline(str(resolve_model_path(args.model)))
     engine = Engine(args.model)
     backend = EngineBackend(engine, slots=max(levels))
     backend.wait_batching()
-    params = SamplingParams(max_tokens=mt, ignore_eos=True)
-    systems = {"ovpool": lambda n: run_all(backend, {str(i): (PROMPTS[i % len(PROMPTS)], params)
-                                                     for i in range(n)}),
-               "genai_cb": lambda n: genai.level(n, mt)}
-    systems["ovpool"](2)  # warm-up
+
+    def ovpool(**sampling):
+        return lambda n: run_all(backend, {str(i): (PROMPTS[i % len(PROMPTS)], SamplingParams(
+            max_tokens=mt, ignore_eos=True, seed=i, **sampling)) for i in range(n)})
+
+    systems = {"ovpool": ovpool()}
+    if args.sampling:
+        systems["ovpool_sampled"] = ovpool(**{k: float(v) if "." in v else int(v) for k, v in
+                                              (kv.split("=") for kv in args.sampling.split(","))})
+    if not args.no_genai:
+        genai = BatchedPipeline(str(resolve_model_path(args.model)))
+        systems["genai_cb"] = lambda n: genai.level(n, mt)
+    for run in systems.values():
+        run(2)  # warm-up
     runs = [{"concurrency": n, "repeat": r, **{k: measure(f, n, mt) for k, f in systems.items()}}
             for r in range(args.repeats) for n in levels]
     cpu = CpuInfo.read(engine.core).describe()
@@ -57,10 +69,23 @@ def main() -> None:
         return
     print(f"cpu: {cpu}")
     for r in runs:
-        o, g = r["ovpool"], r["genai_cb"]
-        print(f"N={r['concurrency']:>2}  ovpool {o['tokens_per_s']:6.1f} tok/s {o['cpu_ms_per_token']:5.2f} "
-              f"cpu-ms/token | GenAI CB {g['tokens_per_s']:6.1f} tok/s {g['cpu_ms_per_token']:5.2f} "
-              f"cpu-ms/token | GenAI/ovpool CPU {g['cpu_ms_per_token'] / o['cpu_ms_per_token']:.2f}")
+        print(_line(r))
+
+
+def _line(r: dict) -> str:
+    o = r["ovpool"]
+    line = f"N={r['concurrency']:>2}  ovpool {o['tokens_per_s']:6.1f} tok/s {o['cpu_ms_per_token']:5.2f} " \
+        "cpu-ms/token"
+    if "ovpool_sampled" in r:
+        s = r["ovpool_sampled"]
+        line += (f" | sampled {s['tokens_per_s']:6.1f} tok/s {s['cpu_ms_per_token']:5.2f} cpu-ms/token"
+                 f" | sampled/greedy {s['tokens_per_s'] / o['tokens_per_s']:.3f} tok/s,"
+                 f" {o['cpu_ms_per_token'] / s['cpu_ms_per_token']:.3f} CPU")
+    if "genai_cb" in r:
+        g = r["genai_cb"]
+        line += (f" | GenAI CB {g['tokens_per_s']:6.1f} tok/s {g['cpu_ms_per_token']:5.2f} cpu-ms/token"
+                 f" | GenAI/ovpool CPU {g['cpu_ms_per_token'] / o['cpu_ms_per_token']:.2f}")
+    return line
 
 
 if __name__ == "__main__":

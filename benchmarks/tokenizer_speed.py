@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from ovpool.sampling_params import SamplingParams
+from ovpool.worker.generate.logprobs import Logprobs
 from ovpool.worker.generate.sampler import Sampler
 from ovpool.worker.gguf.model import GGUFModel
 from ovpool.worker.text.tokenizer import Tokenizer
@@ -56,9 +57,20 @@ def main() -> None:
     for label, params in [("greedy", SamplingParams()),
                           ("temperature 0.8", SamplingParams(temperature=0.8, seed=0)),
                           ("temperature 0.8, top_p 0.9", SamplingParams(temperature=0.8, top_p=0.9, seed=0)),
-                          ("temperature 0.8, top_k 40", SamplingParams(temperature=0.8, top_k=40, seed=0))]:
-        sampler = Sampler(params)
-        per, _ = timed(lambda s=sampler: [s.choose(logits) for _ in range(100)], args.repeats)
+                          ("temperature 0.8, top_k 40", SamplingParams(temperature=0.8, top_k=40, seed=0)),
+                          ("temperature 0.8, min_p 0.05",
+                           SamplingParams(temperature=0.8, min_p=0.05, seed=0)),
+                          ("top_p 0.9, penalties", SamplingParams(
+                              temperature=0.8, top_p=0.9, repetition_penalty=1.1, presence_penalty=0.5,
+                              seed=0)),
+                          ("greedy, logprobs 5", SamplingParams(logprobs=5))]:
+        sampler, gen_logprobs = Sampler(params, ids[:200]), Logprobs(tok, params.logprobs or 0)
+
+        def one(s=sampler, lp=gen_logprobs if params.logprobs is not None else None):
+            token = s.choose(logits)
+            return lp.of(logits, token) if lp else token
+
+        per, _ = timed(lambda f=one: [f() for _ in range(100)], args.repeats)
         rows.append((f"sample one token: {label}", f"{per / 100 * 1e3:.3f} ms"))
     width = max(len(r[0]) for r in rows)
     for label, value in rows:

@@ -98,7 +98,8 @@ def penalized_reference(x, p: SamplingParams, prompt, output):
 
 def distribution_reference(x, p: SamplingParams):
     """Temperature, top-k, top-p (of what top-k kept), min-p at float32: the whole vocabulary
-    sorted by probability, ties by the lower id (a stable sort of the ids)."""
+    sorted by probability, ties by the lower id (a stable sort of the ids); the kept ids in id
+    order with their probabilities."""
     scaled = x.astype(np.float32) / np.float32(p.temperature)
     weights = np.exp(scaled - scaled.max())
     order = np.argsort(-weights, kind="stable")
@@ -109,7 +110,8 @@ def distribution_reference(x, p: SamplingParams):
         total = mass[-1] if n < len(x) else weights.sum()
         n = min(n, int(np.searchsorted(mass, np.float32(p.top_p) * total)) + 1)
     n = min(n, int(np.count_nonzero(w[:n] >= np.float32(p.min_p)))) if p.min_p > 0 else n
-    return order[:n], w[:n] / w[:n].sum(dtype=np.float64)
+    kept = np.sort(order[:n])  # in id order, as Sampler.distribution gives them
+    return kept, weights[kept] / weights[kept].sum(dtype=np.float64)
 
 
 FILTERS = [{}, {"top_k": 40}, {"top_p": 0.9}, {"top_p": 0.5}, {"top_p": 0.999}, {"min_p": 0.05},

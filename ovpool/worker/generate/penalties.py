@@ -29,8 +29,10 @@ class Penalties:
         self._repetition = np.float32(params.repetition_penalty)
         self._presence = np.float32(params.presence_penalty)
         self._frequency = np.float32(params.frequency_penalty)
-        # Insertion-ordered sets: every token seen (prompt and output), and the output's counts.
-        self._seen = dict.fromkeys(prompt_ids) if params.repetition_penalty != 1.0 else None
+        # Every token seen (prompt and output) as an array, rebuilt only when one joins; the
+        # output's counts (a few hundred distinct tokens at most: rebuilt every step).
+        self._seen = set(prompt_ids) if params.repetition_penalty != 1.0 else None
+        self._seen_ids = np.array(sorted(self._seen or ()), np.int64)
         self._counts: dict[int, int] | None = \
             {} if params.presence_penalty != 0.0 or params.frequency_penalty != 0.0 else None
         self._x: np.ndarray | None = None
@@ -44,10 +46,9 @@ class Penalties:
         np.copyto(x, logits)
         if len(self._bias_ids):
             x[self._bias_ids] += self._bias
-        if self._seen:
-            ids = np.fromiter(self._seen, np.int64, len(self._seen))
-            v = x[ids]
-            x[ids] = np.where(v > 0, v / self._repetition, v * self._repetition)
+        if len(self._seen_ids):
+            v = x[self._seen_ids]
+            x[self._seen_ids] = np.where(v > 0, v / self._repetition, v * self._repetition)
         if self._counts:
             ids = np.fromiter(self._counts, np.int64, len(self._counts))
             counts = np.fromiter(self._counts.values(), np.float32, len(self._counts))
@@ -55,7 +56,8 @@ class Penalties:
         return x
 
     def accept(self, token: int) -> None:
-        if self._seen is not None:
-            self._seen[token] = None
+        if self._seen is not None and token not in self._seen:
+            self._seen.add(token)
+            self._seen_ids = np.append(self._seen_ids, token)
         if self._counts is not None:
             self._counts[token] = self._counts.get(token, 0) + 1
