@@ -37,11 +37,15 @@ class Logprobs:
 
     def _top_ids(self, x: np.ndarray, best: np.float32) -> np.ndarray:
         """The ``top`` most probable ids, most probable first, ties by the lower id."""
+        top = self._top
         ids = np.flatnonzero(x >= best - _WINDOW)
-        if len(ids) < self._top:
-            ids = np.flatnonzero(x >= np.partition(x, -self._top)[-self._top])
+        if len(ids) < top:
+            ids = np.flatnonzero(x >= np.partition(x, -top)[-top])
             ids = ids[x[ids] > -np.inf]  # a token a response_format forbids is no alternative
-        return ids[np.argsort(-x[ids], kind="stable")[:self._top]]
+        elif len(ids) > top:  # a flat row holds thousands: keep those at least the top-th (ties too)
+            values = x[ids]
+            ids = ids[values >= np.partition(values, len(ids) - top)[len(ids) - top]]
+        return ids[np.argsort(-x[ids], kind="stable")[:top]]
 
     def _logprob(self, x: np.ndarray, best: np.float32, log_total: np.float32, token: int) -> Logprob:
         text = self._tokenizer.piece(token, skip_special=False).decode("utf-8", errors="replace")

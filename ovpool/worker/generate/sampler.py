@@ -114,15 +114,17 @@ _WINDOWS = ((9.2, 1.02e-4), (18.4, 1.02e-8), (np.inf, 0.0))
 
 
 def _window(scaled: np.ndarray, top: np.float32, window: float, k: int) -> np.ndarray:
-    """The ids within ``window`` of the best scaled logit (all of them for an infinite one), but
-    with top-k, if fewer than k, exactly those at least the k-th best (ties included)."""
+    """The ids within ``window`` of the best scaled logit (all of them for an infinite one); with
+    top-k, exactly those at least the k-th best (ties included)."""
     if window == np.inf:
         return np.arange(len(scaled))
     ids = np.flatnonzero(scaled >= top - window)
-    if len(ids) >= k:
+    if not k or len(ids) == k:
         return ids
-    # A peaked row: a partition, O(vocab), rather than sorting what a wider window holds.
-    return np.flatnonzero(scaled >= np.partition(scaled, len(scaled) - k)[len(scaled) - k])
+    if len(ids) < k:  # a peaked row: one partition, O(vocab), rather than a wider window
+        return np.flatnonzero(scaled >= np.partition(scaled, len(scaled) - k)[len(scaled) - k])
+    values = scaled[ids]  # a flat row holds thousands: sort only the k best
+    return ids[values >= np.partition(values, len(ids) - k)[len(ids) - k]]
 
 
 def _kept(ranked: np.ndarray, k: int, top_p: float, min_p: float, total: np.float32 | None,
