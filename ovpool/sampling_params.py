@@ -72,7 +72,7 @@ class SamplingParams:
             value = d[name]
             # Exact types: a bool is not an int here. NaN fails every range check.
             if type(value) not in types or not ok(value):
-                raise InvalidRequestError(f"sampling: {name} {why} (got {value!r})"[:300])
+                raise InvalidRequestError(f"sampling: {name} {why} (got {value!r})"[:300], param=name)
         d["response_format"] = formats.normalize(d["response_format"])
 
     @property
@@ -93,7 +93,8 @@ class SamplingParams:
         unknown = set(d) - _FIELDS
         if unknown:
             raise InvalidRequestError(
-                f"sampling: unknown parameter(s) {sorted(unknown)}; valid: {sorted(_FIELDS)}")
+                f"sampling: unknown parameter(s) {sorted(unknown)}; valid: {sorted(_FIELDS)}",
+                param=min(unknown))
         return cls(**d)
 
 
@@ -113,8 +114,8 @@ def _logit_bias(raw: Any) -> tuple[tuple[int, float], ...]:
     except (TypeError, ValueError):
         raise InvalidRequestError(
             "sampling: logit_bias must map token ids (integers >= 0, or their decimal strings) to "
-            f"finite numbers (clipped to [-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}]); got {raw!r}"[:300]
-        ) from None
+            f"finite numbers (clipped to [-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}]); got {raw!r}"[:300],
+            param="logit_bias") from None
     return tuple(sorted(out.items()))
 
 

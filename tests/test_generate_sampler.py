@@ -11,8 +11,9 @@ from hypothesis import strategies as st
 
 from ovpool.errors import InvalidRequestError
 from ovpool.sampling_params import SamplingParams
+from ovpool.worker.generate.limits import check_logit_bias
 from ovpool.worker.generate.logprobs import Logprobs
-from ovpool.worker.generate.penalties import Penalties, check_vocab
+from ovpool.worker.generate.penalties import Penalties
 from ovpool.worker.generate.sampler import Sampler, StopMatcher
 
 RNG = np.random.default_rng(1234)
@@ -187,9 +188,9 @@ def test_penalties_break_a_greedy_loop():
 
 
 def test_logit_bias_outside_the_vocabulary_is_rejected():
-    check_vocab(SamplingParams(logit_bias={VOCAB - 1: 1}), VOCAB)
+    check_logit_bias(SamplingParams(logit_bias={VOCAB - 1: 1}).logit_bias, VOCAB)
     with pytest.raises(InvalidRequestError, match=f"logit_bias.*{VOCAB}"):
-        check_vocab(SamplingParams(logit_bias={VOCAB: 1}), VOCAB)
+        check_logit_bias(SamplingParams(logit_bias={VOCAB: 1}).logit_bias, VOCAB)
 
 
 class Pieces:

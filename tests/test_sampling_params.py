@@ -32,8 +32,9 @@ from ovpool.sampling_params import SamplingParams
     ("stop", 5, "stop"),
 ])
 def test_bad_values_name_the_field_and_its_range(field, value, words):
-    with pytest.raises(errors.InvalidRequestError, match=words):
+    with pytest.raises(errors.InvalidRequestError, match=words) as raised:
         SamplingParams(**{field: value})
+    assert raised.value.param == field
     with pytest.raises(errors.InvalidRequestError, match=field):
         sampling_from_wire({field: value})
 

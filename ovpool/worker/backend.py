@@ -21,7 +21,7 @@ from ovpool.completion import Completion, Delta, Logprob, TokenLogprobs, Usage
 from ovpool.errors import InferenceError, InvalidRequestError, OvpoolError
 from ovpool.sampling_params import SamplingParams
 from ovpool.worker.events import Event, Failed, Finished, Token
-from ovpool.worker.generate.limits import check_prompt_length
+from ovpool.worker.generate.limits import check_logit_bias, check_prompt_length
 
 if TYPE_CHECKING:  # OpenVINO underneath: not imported for NullBackend users
     from ovpool.worker.engine import Engine
@@ -88,6 +88,7 @@ class NullBackend:
         text = prompt if isinstance(prompt, str) else "\n".join(m["content"] for m in prompt)
         n = len(text.split())  # a word is a "token" here
         check_prompt_length(n, self.max_prompt_tokens)
+        check_logit_bias(params.logit_bias, self.vocab_size)
         self._sessions[request_id] = _NullSession(n, params, text)
 
     def cancel(self, request_id: str) -> None:

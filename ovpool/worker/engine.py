@@ -26,8 +26,7 @@ from ovpool.settings import Settings
 from ovpool.worker.generate.batch import PagedSession
 from ovpool.worker.generate.constraint import Vocabulary
 from ovpool.worker.generate.generation import Generation
-from ovpool.worker.generate.limits import check_max_tokens, check_prompt
-from ovpool.worker.generate.penalties import check_vocab
+from ovpool.worker.generate.limits import check_logit_bias, check_max_tokens, check_prompt
 from ovpool.worker.generate.session import Session, warm_up
 from ovpool.worker.gguf.model import GGUFModel
 from ovpool.worker.graph import builder as graph
@@ -164,7 +163,7 @@ class Engine:
         check_max_tokens(params.max_tokens, self.settings.max_new_tokens)
         ids = self.prompt_ids(prompt)
         self._check(ids, new_tokens=1)
-        check_vocab(params, self.hparams.vocab_size)
+        check_logit_bias(params.logit_bias, self.hparams.vocab_size)
         return ids
 
     def generation(self, prompt: Prompt, params: SamplingParams | None = None,

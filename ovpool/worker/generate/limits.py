@@ -34,3 +34,11 @@ def check_prompt(ids: Sequence[int], *, vocab_size: int, context_length: int, ma
     if len(ids) + new_tokens > context_length:
         raise InvalidRequestError(f"the prompt has {len(ids)} tokens; with {new_tokens} new token(s) "
                                   f"that exceeds the model's context of {context_length}; shorten it")
+
+
+def check_logit_bias(logit_bias: Sequence[tuple[int, float]], vocab_size: int) -> None:
+    """Reject a logit_bias (SamplingParams') naming a token the model does not have."""
+    bad = [t for t, _ in logit_bias if t >= vocab_size]
+    if bad:
+        raise InvalidRequestError(f"sampling: logit_bias names token id(s) {bad[:5]} outside the "
+                                  f"vocabulary [0, {vocab_size})", param="logit_bias")

@@ -7,16 +7,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ovpool.errors import InvalidRequestError
 from ovpool.sampling_params import SamplingParams
-
-
-def check_vocab(params: SamplingParams, vocab_size: int) -> None:
-    """Reject a logit_bias naming a token the model does not have."""
-    bad = [t for t, _ in params.logit_bias if t >= vocab_size]
-    if bad:
-        raise InvalidRequestError(f"sampling: logit_bias names token id(s) {bad[:5]} outside the "
-                                  f"vocabulary [0, {vocab_size})")
 
 
 class Penalties:
