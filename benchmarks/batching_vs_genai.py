@@ -3,7 +3,9 @@
 No broker: this isolates the batched forward passes. Besides wall-clock tokens/s it reports CPU
 time per generated token (all threads of the process), which other jobs on a shared machine
 disturb far less than wall time. ``--sampling temperature=0.8,top_p=0.9`` adds ovpool with those
-sampling parameters to the alternation (seeded per request), to weigh sampling against greedy;
+sampling parameters to the alternation (seeded per request), to weigh sampling against greedy,
+with each ovpool run's main-thread CPU time outside the forward passes per token (sampling,
+detokenizing, scheduling: what sampling adds to, measurable under load where wall time is not);
 ``--no-genai`` leaves GenAI out.
 
     .venv/bin/python benchmarks/batching_vs_genai.py [--model smollm2] [--levels 1,8,16]
@@ -26,11 +28,40 @@ from ovpool.worker.gguf.model import resolve_model_path
 from ovpool.worker.graph.cpu_class import CpuInfo
 
 
-def measure(run, n: int, max_tokens: int) -> dict:
+def measure(run, n: int, max_tokens: int, host: HostTime | None = None) -> dict:
     wall, cpu = time.perf_counter(), time.process_time()
+    before = host.outside_s if host else 0.0
     run(n)
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-    return {"tokens_per_s": n * max_tokens / wall, "cpu_ms_per_token": cpu / (n * max_tokens) * 1e3}
+    tokens = n * max_tokens
+    out = {"tokens_per_s": tokens / wall, "cpu_ms_per_token": cpu / tokens * 1e3}
+    if host:
+        out["host_us_per_token"] = (host.outside_s - before) / tokens * 1e6
+    return out
+
+
+class HostTime:
+    """Main-thread CPU seconds a batcher spends in its steps outside the forward pass."""
+
+    def __init__(self, batcher):
+        self.outside_s = 0.0
+        step, forward = batcher.step, batcher.runner.forward
+
+        def timed_forward(*args, **kwargs):
+            start = time.thread_time()
+            try:
+                return forward(*args, **kwargs)
+            finally:
+                self.outside_s -= time.thread_time() - start
+
+        def timed_step():
+            start = time.thread_time()
+            try:
+                return step()
+            finally:
+                self.outside_s += time.thread_time() - start
+
+        batcher.step, batcher.runner.forward = timed_step, timed_forward
 
 
 def main() -> None:
@@ -61,7 +92,9 @@ def main() -> None:
         systems["genai_cb"] = lambda n: genai.level(n, mt)
     for run in systems.values():
         run(2)  # warm-up
-    runs = [{"concurrency": n, "repeat": r, **{k: measure(f, n, mt) for k, f in systems.items()}}
+    host = HostTime(backend.runs) if args.sampling else None
+    runs = [{"concurrency": n, "repeat": r, **{k: measure(f, n, mt, host if k.startswith("ovpool") else None)
+                                               for k, f in systems.items()}}
             for r in range(args.repeats) for n in levels]
     cpu = CpuInfo.read(engine.core).describe()
     if args.json:
@@ -80,7 +113,8 @@ def _line(r: dict) -> str:
         s = r["ovpool_sampled"]
         line += (f" | sampled {s['tokens_per_s']:6.1f} tok/s {s['cpu_ms_per_token']:5.2f} cpu-ms/token"
                  f" | sampled/greedy {s['tokens_per_s'] / o['tokens_per_s']:.3f} tok/s,"
-                 f" {o['cpu_ms_per_token'] / s['cpu_ms_per_token']:.3f} CPU")
+                 f" {o['cpu_ms_per_token'] / s['cpu_ms_per_token']:.3f} CPU | outside the forward pass"
+                 f" {o['host_us_per_token']:.0f} / {s['host_us_per_token']:.0f} us/token")
     if "genai_cb" in r:
         g = r["genai_cb"]
         line += (f" | GenAI CB {g['tokens_per_s']:6.1f} tok/s {g['cpu_ms_per_token']:5.2f} cpu-ms/token"
