@@ -41,8 +41,9 @@ class Sampler:
         if self.greedy:
             token = int(np.argmax(x))
         else:
-            ids, weights = self._weights(x)
-            token = self._draw(weights) if ids is None else int(ids[self._draw(weights)])
+            ids, weights, ranked = self._weights(x)
+            token = self._draw(weights) if ranked is None else \
+                _by_rank(ids, weights, ranked, self._draw(ranked))
         if self._penalties is not None:
             self._penalties.accept(token)
         return token
@@ -53,19 +54,19 @@ class Sampler:
         x = logits if self._penalties is None else self._penalties.apply(logits)
         if self.greedy:
             return np.array([np.argmax(x)]), np.ones(1)
-        ids, weights = self._weights(x)
+        ids, weights, _ = self._weights(x)
         ids = np.arange(len(weights)) if ids is None else ids
         return ids, weights / weights.sum(dtype=np.float64)
 
-    def _weights(self, x: np.ndarray) -> tuple[np.ndarray | None, np.ndarray]:
-        """(ids in id order, their unnormalized probabilities exp(x / T - max)) after the
-        filters; ids None: the whole vocabulary's."""
+    def _weights(self, x: np.ndarray) -> tuple[np.ndarray | None, np.ndarray, np.ndarray | None]:
+        """(ids in id order, their unnormalized probabilities exp(x / T - max), the same sorted
+        descending) after the filters; ids None: the whole vocabulary's; ranked None: no filter."""
         scaled, work = self._buffers(len(x))
         np.divide(x, np.float32(self.params.temperature), out=scaled)
         top = scaled.max()
         if self._filtered:
             return self._candidates(scaled, top, work)
-        return None, np.exp(np.subtract(scaled, top, out=work), out=work)
+        return None, np.exp(np.subtract(scaled, top, out=work), out=work), None
 
     def _buffers(self, vocab: int) -> tuple[np.ndarray, np.ndarray]:
         """Two float32 [vocab] arrays of this sequence's, reused every step: a fresh 196 KiB array
@@ -75,9 +76,9 @@ class Sampler:
             self._scratch = np.empty((2, vocab), np.float32)
         return self._scratch[0], self._scratch[1]
 
-    def _candidates(self, scaled: np.ndarray, top: np.float32,
-                    work: np.ndarray) -> tuple[np.ndarray | None, np.ndarray]:
-        """The ids that survive top-k, top-p and min-p and their weights; None: all do."""
+    def _candidates(self, scaled: np.ndarray, top: np.float32, work: np.ndarray) -> tuple:
+        """The ids that survive top-k, top-p and min-p (None: all do), their weights, and the
+        weights sorted descending."""
         p, vocab = self.params, len(scaled)
         k = p.top_k if p.top_k < vocab else 0
         # The nucleus of the whole vocabulary needs its whole mass; after top-k, only the k's.
@@ -91,7 +92,8 @@ class Sampler:
             ranked = np.sort(weights)[::-1]
             n = _kept(ranked, k, p.top_p, p.min_p, total, floor)
             if n is not None:
-                return (None, weights) if n == vocab else _prefix(ids, weights, ranked[n - 1], n)
+                return (None, weights, ranked) if n == vocab else \
+                    (*_prefix(ids, weights, ranked[n - 1], n), ranked[:n])
         raise AssertionError("the whole vocabulary always decides")
 
     def _draw(self, weights: np.ndarray) -> int:
@@ -144,6 +146,16 @@ def _kept(ranked: np.ndarray, k: int, top_p: float, min_p: float, total: np.floa
     if min_p > 0:
         n = min(n, int(np.count_nonzero(ranked[:n] >= np.float32(min_p))))
     return n
+
+
+def _by_rank(ids: np.ndarray | None, weights: np.ndarray, ranked: np.ndarray, rank: int) -> int:
+    """The id of the ``rank``-th most probable kept token (ties by the lower id). Draws go down
+    the ranking, not up the ids: a token's place in the CDF then moves only with the tokens more
+    probable than it, so logits a rounding apart (bf16 batched vs alone) rarely change a draw."""
+    value = ranked[rank]
+    among_equal = rank - int(np.count_nonzero(ranked[:rank] > value))
+    index = int(np.flatnonzero(weights == value)[among_equal])
+    return index if ids is None else int(ids[index])
 
 
 def _prefix(ids: np.ndarray, weights: np.ndarray, cut: np.float32, n: int) -> tuple[np.ndarray, np.ndarray]:
