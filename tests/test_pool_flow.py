@@ -300,6 +300,7 @@ def test_d7_a_reused_request_id_is_refused_not_rerouted(endpoint):
     with broker(endpoint), null_worker(endpoint, slots=2, token_delay=0.002), Client(endpoint) as client:
         wait_for_workers(client, 1)
         mine = client.submit("mine", max_tokens=300, seed=1)
+        client.status()  # one round trip on mine's connection: the broker has taken mine's SUBMIT
         context = zmq.Context()
         thief = dealer(context, endpoint, Settings.coerce(None))
         try:
