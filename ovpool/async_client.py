@@ -19,8 +19,7 @@ import zmq.asyncio
 from zmq.utils.monitor import recv_monitor_message
 
 from ovpool import errors, timing
-from ovpool.auth import HANDSHAKE_EVENTS, HandshakeWatch
-from ovpool.client import ClientBase, dealer, safe_decode
+from ovpool.client import ClientBase, safe_decode
 from ovpool.completion import Completion, Delta
 from ovpool.pending import STREAM_WINDOW, FutureSink, StreamSink, credits, unwrap
 from ovpool.protocol import Cancel, Credit, Message, Status, Submit, encode
@@ -55,10 +54,7 @@ class AsyncClient(ClientBase):
     def __init__(self, broker: str | None = None, *, model: str = "", timeout: float | None = None,
                  settings: Settings | dict | None = None):
         super().__init__(broker, model, timeout, settings)
-        self._context = zmq.asyncio.Context()
-        self._socket = dealer(self._context, self.broker, self.settings)
-        self._monitor = self._socket.get_monitor_socket(HANDSHAKE_EVENTS)
-        self._handshake = HandshakeWatch(self.broker)
+        self._open(zmq.asyncio.Context())
         self._tasks: list[asyncio.Task] = []
 
     async def __aenter__(self) -> AsyncClient:
@@ -161,8 +157,5 @@ class AsyncClient(ClientBase):
             await asyncio.sleep(timing.POLL_INTERVAL_S)
 
     async def _watch(self) -> None:
-        """A refused handshake fails the requests now instead of after CLIENT_UNAVAILABLE_S."""
         while True:
-            refused = self._handshake.on_event(await recv_monitor_message(self._monitor))
-            if refused is not None:
-                self._pending.fail_all(refused)
+            self._on_monitor(await recv_monitor_message(self._monitor), time.monotonic())

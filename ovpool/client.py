@@ -28,7 +28,7 @@ import zmq
 import zmq.asyncio
 from zmq.utils.monitor import recv_monitor_message
 
-from ovpool import errors, timing
+from ovpool import endpoint, errors, timing
 from ovpool.auth import HANDSHAKE_EVENTS, HandshakeWatch, secure_peer
 from ovpool.completion import Completion, Delta
 from ovpool.pending import (
@@ -55,6 +55,8 @@ from ovpool.protocol import (
 from ovpool.settings import Settings
 
 _READ_BATCH = 256  # messages read between the loop's other duties (~2 ms of decoding)
+# Socket-monitor events a client follows: the handshake's outcome, and TCP connects and drops.
+LINK_EVENTS = HANDSHAKE_EVENTS | int(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
 
 
 def dealer(context: zmq.Context, broker: str, settings: Settings) -> zmq.Socket:
@@ -63,8 +65,14 @@ def dealer(context: zmq.Context, broker: str, settings: Settings) -> zmq.Socket:
     # No libzmq limits: what the broker sends is bounded by the credit this client granted, and a
     # DEALER at its high-water mark would block or refuse (a lost CANCEL or PING).
     sock.sndhwm = sock.rcvhwm = 0
-    secure_peer(sock, settings)
-    sock.connect(broker)
+    try:
+        secure_peer(sock, settings)
+        sock.connect(broker)
+    except BaseException as exc:
+        sock.close()
+        if isinstance(exc, zmq.ZMQError):
+            raise endpoint.translate(exc, "connect to the broker at", broker) from exc
+        raise
     return sock
 
 
@@ -79,10 +87,37 @@ class ClientBase:
     def __init__(self, broker: str | None, model: str, timeout: float | None,
                  settings: Settings | dict | None):
         self.settings = Settings.coerce(settings)
-        self.broker = broker or self.settings.broker
+        self.broker = endpoint.check(broker or self.settings.broker)
         self.model = model
         self.timeout = timeout
-        self._pending = PendingRequests(time.monotonic())
+        s = self.settings
+        self._pending = PendingRequests(time.monotonic(), broker=self.broker,
+                                        connect_timeout_s=s.connect_timeout_s,
+                                        curve=bool(s.curve_secret_key or s.curve_server_key))
+        self._handshake = HandshakeWatch(self.broker)
+
+    def _open(self, context: zmq.Context) -> None:
+        """The context, the DEALER connected to the broker and its monitor socket."""
+        self._context = context
+        try:
+            self._socket = dealer(context, self.broker, self.settings)
+        except BaseException:
+            context.term()
+            raise
+        self._monitor = self._socket.get_monitor_socket(LINK_EVENTS)
+
+    def _on_monitor(self, event: dict, now: float) -> None:
+        """A socket-monitor event: the connection's state, and a refused handshake, which fails
+        the requests now (libzmq does not retry it) instead of after connect_timeout_s."""
+        kind = event["event"]
+        if kind == zmq.EVENT_CONNECTED:
+            self._pending.link(False, now, tcp=True)
+        elif kind == zmq.EVENT_DISCONNECTED:
+            self._pending.link(False, now)
+        else:
+            self._pending.link(kind == zmq.EVENT_HANDSHAKE_SUCCEEDED, now)
+            if self._handshake.on_event(event) is not None:
+                self._pending.fail_all(self._handshake.refused)
 
     def _submit_msg(self, prompt: str | list, model: str | None, timeout: float | None,
                     sampling: dict[str, Any], window: int = 0) -> Submit:
@@ -97,10 +132,7 @@ class Client(ClientBase):
     def __init__(self, broker: str | None = None, *, model: str = "", timeout: float | None = None,
                  settings: Settings | dict | None = None):
         super().__init__(broker, model, timeout, settings)
-        self._context = zmq.Context()
-        self._socket = dealer(self._context, self.broker, self.settings)
-        self._monitor = self._socket.get_monitor_socket(HANDSHAKE_EVENTS)
-        self._handshake = HandshakeWatch(self.broker)
+        self._open(zmq.Context())
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._wake_r, self._wake_w = os.pipe()
         self._woken = False
@@ -238,9 +270,7 @@ class Client(ClientBase):
                 self._run_commands(now)
             more = self._socket in ready and self._receive(now)
             if self._monitor in ready:
-                self._handshake.on_event(recv_monitor_message(self._monitor))
-            if self._handshake.refused is not None:  # fail now, not after CLIENT_UNAVAILABLE_S
-                self._pending.fail_all(self._handshake.refused)
+                self._on_monitor(recv_monitor_message(self._monitor), now)
             if now >= next_tick:
                 next_tick = now + timing.POLL_INTERVAL_S
                 self._send(self._pending.tick(now))

@@ -5,8 +5,10 @@ tokens, and refused here if over the broker's message limit), routes each reply 
 sink, forwards every PARTIAL once (by ``seq``) and treats a jump in ``seq``, or a FINAL that counts
 more PARTIALs than arrived, as StreamGapError (never as text: every stream ends with all its
 tokens and FINAL, or with an error), resends what a restarted broker has forgotten (PING lists
-outstanding ids, PONG names the unknown ones) and fails requests on their local deadline or when
-the broker stays silent.
+outstanding ids, PONG names the unknown ones) and fails requests on their local deadline, when no
+connection to the broker comes within connect_timeout_s (none at all, or a dropped one that does
+not come back: a broker restarted within it gets them resent), when the broker says it shut down
+(SHUTDOWN), or when a connected broker stays silent.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from ovpool.protocol import (
     Partial,
     Ping,
     Pong,
+    Shutdown,
     StatusReply,
     Submit,
     encode,
@@ -169,29 +172,54 @@ class _Pending:
 
 
 class PendingRequests:
-    def __init__(self, now: float, unavailable_s: float | None = None):
+    """``broker`` names the endpoint in errors; ``connect_timeout_s`` is how long a request waits
+    for a connection to it (setting connect_timeout_s); ``curve``: CURVE keys are in use, so a
+    handshake that never completes may be a key mismatch (said only then)."""
+
+    def __init__(self, now: float, unavailable_s: float | None = None, *, broker: str = "",
+                 connect_timeout_s: float = 2.0, curve: bool = False):
         self._unavailable_s = unavailable_s
+        self._broker = broker or "the configured endpoint"
+        self._connect_timeout_s = connect_timeout_s
+        self._curve = curve
         self._pending: dict[str, _Pending] = {}
         self._status_waiters: deque[Any] = deque()
         self._last_heard = now
         self._next_ping = now
+        self._waiting_since = now  # since when something is outstanding
+        # The connection, from the socket monitor: up once a handshake succeeded, down since when.
+        self._up, self._was_up, self._tcp, self._down_since = False, False, False, now
 
     def __len__(self) -> int:
         return len(self._pending)
 
+    def link(self, up: bool, now: float, tcp: bool = False) -> None:
+        """The socket monitor's news: the handshake succeeded (``up``), the connection dropped, or
+        (``tcp``) a TCP connection opened whose handshake has not completed yet."""
+        if up:
+            self._up = self._was_up = True
+        elif tcp:
+            self._tcp = True
+        elif self._up:  # only a drop restarts the clock: a peer that keeps closing on us must not
+            self._up, self._down_since = False, now
+
     def add(self, submit: Submit, sink: Sink, now: float) -> None:
-        if not self._pending:
-            self._last_heard = now  # the silence clock runs only while something is outstanding
-            self._next_ping = now
-        # The broker answers timeouts itself; the local deadline covers a broker that cannot.
-        grace = timing.HEARTBEAT_EXPIRY_S
+        self._start_waiting(now)
+        # The broker answers timeouts itself (naming where the request was); the local deadline,
+        # a moment later, covers a broker that cannot, and cancels the request there.
+        grace = timing.HEARTBEAT_INTERVAL_S / 2
         deadline = now + submit.timeout_s + grace if submit.timeout_s > 0 else float("inf")
         self._pending[submit.request_id] = _Pending(submit, sink, deadline)
 
     def add_status_waiter(self, waiter: Any, now: float) -> None:
-        if not self._pending and not self._status_waiters:
-            self._last_heard = now
+        self._start_waiting(now)
         self._status_waiters.append(waiter)
+
+    def _start_waiting(self, now: float) -> None:
+        if not self._pending and not self._status_waiters:
+            self._last_heard = now  # the silence clocks run only while something is outstanding
+            self._next_ping = now
+            self._waiting_since = now
 
     def ids(self) -> list[str]:
         """The requests still outstanding."""
@@ -226,6 +254,10 @@ class PendingRequests:
             return [self._resend(self._pending[r]) for r in msg.unknown if r in self._pending]
         elif isinstance(msg, StatusReply) and self._status_waiters:
             self._status_waiters.popleft().done(msg.status)
+        elif isinstance(msg, Shutdown):
+            self.fail_all(errors.BrokerUnavailableError(
+                f"the broker at {self._broker} shut down before answering"
+                f"{f' ({msg.reason})' if msg.reason else ''}; start it again and resend"))
         return []
 
     def _gap(self, p: _Pending, what: str) -> list[Message]:
@@ -252,22 +284,43 @@ class PendingRequests:
             self._status_waiters.popleft().fail(exc)
 
     def tick(self, now: float) -> list[Message]:
-        """Local deadlines, broker silence, and the periodic PING while anything is outstanding."""
+        """Local deadlines, the connection, broker silence, and the periodic PING while anything is
+        outstanding."""
         if not self._pending and not self._status_waiters:
             return []
         unavailable_s = self._unavailable_s or timing.CLIENT_UNAVAILABLE_S
+        if not self._up and now - max(self._down_since, self._waiting_since) >= self._connect_timeout_s:
+            self.fail_all(self._unreachable())
+            return []
         if now - self._last_heard >= unavailable_s:
             self.fail_all(errors.BrokerUnavailableError(
-                f"no reply from the broker for {unavailable_s:.1f}s; is it running, and do the"
-                " CURVE keys match?"))
+                f"the broker at {self._broker} is connected but has not answered for"
+                f" {unavailable_s:.1f} s: it is stopped or far behind"))
             return []
+        out: list[Message] = []
         for rid in [r for r, p in self._pending.items() if now >= p.deadline]:
             self._pending.pop(rid).sink.fail(errors.RequestTimeoutError(
                 f"request {rid} reached its timeout without an answer from the broker"))
+            out.append(Cancel(rid))
         if self._pending and now >= self._next_ping:
             self._next_ping = now + timing.HEARTBEAT_INTERVAL_S
-            return [Ping(self.ids())]
-        return []
+            out.append(Ping(self.ids()))
+        return out
+
+    def _unreachable(self) -> errors.BrokerUnavailableError:
+        """Why no connection came within connect_timeout_s, as far as this side can tell."""
+        b, t = self._broker, self._connect_timeout_s
+        if self._was_up:
+            what = f"lost the connection to the broker at {b} and it did not come back in {t:g} s"
+        elif self._tcp:
+            what = f"{b} accepts connections but no ovpool handshake completed in {t:g} s"
+        else:
+            what = f"cannot reach the broker at {b}: no connection in {t:g} s"
+        hint = "; is `ovpool serve` (or `ovpool broker`) running there?"
+        if self._curve:
+            hint += (" With CURVE, curve_server_key must hold that broker's public key and its"
+                     " curve_allowed_keys this client's")
+        return errors.BrokerUnavailableError(f"{what}{hint} (setting connect_timeout_s)")
 
     def fail_all(self, exc: errors.OvpoolError) -> None:
         """Fail every pending request and status call with ``exc`` (the client is closing or refused)."""

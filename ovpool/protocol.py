@@ -7,7 +7,7 @@ map's keys are its field names. ``encode`` and ``decode`` are the only places th
 Who sends what::
 
     client → broker   SUBMIT, CANCEL, CREDIT, STATUS, PING, SUPERVISED (from ``ovpool serve``)
-    broker → client   PARTIAL, FINAL, ERROR, STATUS_REPLY, PONG
+    broker → client   PARTIAL, FINAL, ERROR, STATUS_REPLY, PONG, SHUTDOWN
     worker → broker   READY, HEARTBEAT, PARTIAL, FINAL, ERROR, DISCONNECT
     broker → worker   REQUEST, CANCEL, CREDIT, HEARTBEAT, DISCONNECT
 
@@ -155,6 +155,15 @@ class StatusReply:
 
 
 @dataclass(frozen=True)
+class Shutdown:
+    """Broker → every client it heard from lately, as it stops (SIGTERM/SIGINT): what they wait
+    for will not come, so they fail it now instead of waiting out their timeouts."""
+
+    command: ClassVar[int] = 0x14
+    reason: str = ""
+
+
+@dataclass(frozen=True)
 class Ready:
     """A worker registers: what it serves, how many sessions at once, and how it loaded its model
     (``load``: see ``load_to_wire``; {} without a model)."""
@@ -195,7 +204,7 @@ class Request:
 
 
 Message = (Submit | Cancel | Credit | Status | Ping | Pong | Supervised | Partial | Final | Error
-           | StatusReply | Ready | Heartbeat | Disconnect | Request)
+           | StatusReply | Shutdown | Ready | Heartbeat | Disconnect | Request)
 
 _BY_COMMAND: dict[int, type] = {cls.command: cls for cls in Message.__args__}
 _COMMAND_BYTES: dict[type, bytes] = {cls: bytes([cls.command]) for cls in _BY_COMMAND.values()}

@@ -74,6 +74,9 @@ _SETTINGS = [
     # Where and how to run.
     Setting("device", str, "CPU", "OpenVINO device: CPU, GPU, GPU.1, ..."),
     Setting("broker", str, "tcp://127.0.0.1:5555", "broker endpoint for clients and workers"),
+    Setting("connect_timeout_s", float, 2.0, "client: how long a request waits for a connection to "
+            "the broker (none yet, or a dropped one: a broker restarted within it gets the request "
+            "again) before it fails with BrokerUnavailableError", minimum=0.01),
     Setting("cache_dir", str, "", "compiled-model cache directory (empty: no cache)"),
     Setting("cache_only", bool, False, "import from the cache or fail; never compile or read weights"),
     Setting("source_identity", str, "metadata", "how a GGUF is identified in the cache fingerprint",

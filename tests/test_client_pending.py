@@ -7,7 +7,17 @@ import pytest
 from ovpool import errors, timing
 from ovpool.completion import Completion, Usage
 from ovpool.pending import PendingRequests, make_submit
-from ovpool.protocol import MAX_MESSAGE_BYTES, Cancel, Error, Final, Partial, Ping, Pong, StatusReply
+from ovpool.protocol import (
+    MAX_MESSAGE_BYTES,
+    Cancel,
+    Error,
+    Final,
+    Partial,
+    Ping,
+    Pong,
+    Shutdown,
+    StatusReply,
+)
 
 
 class Recorder:
@@ -71,12 +81,65 @@ def test_remote_errors_come_back_as_their_class():
 
 def test_local_deadline_and_broker_silence_fail_requests():
     p, timed, other = PendingRequests(0.0, unavailable_s=100.0), Recorder(), Recorder()
-    p.add(make_submit("a", "m", 1.0, {}), timed, 0.0)
+    p.link(True, 0.0)
+    timed_submit = make_submit("a", "m", 1.0, {})
+    p.add(timed_submit, timed, 0.0)
     p.add(make_submit("b", "m", None, {}), other, 0.0)
-    p.tick(1.0 + timing.HEARTBEAT_EXPIRY_S)
+    assert Cancel(timed_submit.request_id) in p.tick(1.0 + timing.HEARTBEAT_INTERVAL_S)  # freed there
     assert isinstance(timed.error, errors.RequestTimeoutError) and other.error is None
     p.tick(100.0)
     assert isinstance(other.error, errors.BrokerUnavailableError)
+    assert "connected but has not answered for 100.0 s" in str(other.error)
+
+
+def _waiting(p: PendingRequests) -> Recorder:
+    rec = Recorder()
+    p.add(make_submit("a", "m", None, {}), rec, 0.0)
+    return rec
+
+
+def test_no_connection_within_connect_timeout_names_the_endpoint_and_no_curve_unless_used():
+    p = PendingRequests(0.0, broker="tcp://10.0.0.9:5555", connect_timeout_s=2.0)
+    rec = _waiting(p)
+    p.tick(1.9)
+    assert rec.error is None
+    p.tick(2.0)
+    assert isinstance(rec.error, errors.BrokerUnavailableError)
+    assert str(rec.error).startswith("cannot reach the broker at tcp://10.0.0.9:5555: no connection in 2 s")
+    assert "CURVE" not in str(rec.error) and "connect_timeout_s" in str(rec.error)
+    curved = PendingRequests(0.0, broker="tcp://h:1", curve=True)
+    curved.link(False, 0.5, tcp=True)  # TCP accepted, the CURVE handshake never answered
+    rec = _waiting(curved)
+    curved.tick(2.0)
+    assert "accepts connections but no ovpool handshake completed" in str(rec.error)
+    assert "curve_server_key must hold that broker's public key" in str(rec.error)
+
+
+def test_a_dropped_connection_that_comes_back_in_time_keeps_the_requests():
+    p = PendingRequests(0.0, broker="ipc:///tmp/b", connect_timeout_s=2.0)
+    p.link(True, 0.0)
+    rec = _waiting(p)
+    p.link(False, 10.0)  # the broker crashed ...
+    p.tick(11.5)
+    p.link(True, 11.5)  # ... and a new one came up at the same address: PING/PONG resend
+    p.tick(20.0)
+    assert rec.error is None
+    p.link(False, 21.0)
+    p.tick(23.0)
+    assert "lost the connection to the broker at ipc:///tmp/b and it did not come back in 2 s" \
+        in str(rec.error)
+
+
+def test_a_broker_that_shuts_down_fails_what_waits_at_once():
+    p = PendingRequests(0.0, broker="tcp://127.0.0.1:5555")
+    p.link(True, 0.0)
+    rec, status = _waiting(p), Recorder()
+    p.add_status_waiter(status, 0.0)
+    p.on_message(Shutdown("stopped by a signal"), 0.1)
+    assert isinstance(rec.error, errors.BrokerUnavailableError) and len(p) == 0
+    assert str(rec.error) == ("the broker at tcp://127.0.0.1:5555 shut down before answering"
+                              " (stopped by a signal); start it again and resend")
+    assert isinstance(status.error, errors.BrokerUnavailableError)
 
 
 def test_status_replies_go_to_waiters_in_order():

@@ -73,7 +73,10 @@ def test_killed_worker_loses_no_accepted_request_and_no_token_index(endpoint):
 
 
 def test_broker_restart_mid_run_completes_or_fails_clearly(endpoint, tmp_path):
-    with null_worker(endpoint, slots=4, token_delay=0.02), Client(endpoint) as client:
+    # The client waits connect_timeout_s for the dropped connection to come back: long enough here
+    # for a new broker process to start on a loaded host (the 2 s default fails the requests).
+    with null_worker(endpoint, slots=4, token_delay=0.02), \
+            Client(endpoint, settings={"connect_timeout_s": 60}) as client:
         with broker(endpoint) as first:
             wait_for_workers(client, 1)
             futures = [client.submit(f"r{i}", max_tokens=30, seed=i) for i in range(6)]  # no model named

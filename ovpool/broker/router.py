@@ -36,6 +36,7 @@ from ovpool.protocol import (
     Ping,
     Pong,
     Ready,
+    Shutdown,
     Status,
     StatusReply,
     Submit,
@@ -143,9 +144,15 @@ class Router:
             "supervised": self.supervised.entries(),
         }
 
-    def shutdown(self) -> Output:
-        """Tell every worker to register again (with the next broker on this address)."""
-        return [(w.identity, Disconnect()) for w in self.workers.values()]
+    def shutdown(self, now: float) -> Output:
+        """Tell every worker to register again (with the next broker on this address), and every
+        client heard from lately, or with requests here, that it shut down (they fail at once)."""
+        out: Output = [(w.identity, Disconnect()) for w in self.workers.values()]
+        recent = now - timing.CLIENT_UNAVAILABLE_S
+        clients = {c for c, t in self._clients_heard.items() if t >= recent}
+        clients.update(j.client for j in self.jobs.values())
+        out.extend((c, Shutdown("stopped by a signal")) for c in sorted(clients))
+        return out
 
     # -- client messages ------------------------------------------------------------------------
 

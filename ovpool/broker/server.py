@@ -13,10 +13,10 @@ import time
 
 import zmq
 
-from ovpool import timing
+from ovpool import endpoint, timing
 from ovpool.auth import ServerSecurity
 from ovpool.broker.router import Output, Router
-from ovpool.errors import ConfigError, ProtocolError
+from ovpool.errors import ProtocolError
 from ovpool.metrics import BrokerMetrics, BrokerObserver, MetricsServer
 from ovpool.protocol import MAX_MESSAGE_BYTES, Message, decode, encode, recv_frames, send_frames
 from ovpool.settings import Settings
@@ -30,7 +30,7 @@ class Broker:
     """``with Broker("tcp://127.0.0.1:5555") as b: b.serve(stop_event)``."""
 
     def __init__(self, bind: str, settings: Settings | dict | None = None):
-        self.bind = bind
+        self.bind = endpoint.check(bind, "broker bind address")
         self.settings = Settings.coerce(settings)
         self.endpoint = bind
         self._context = zmq.Context()
@@ -62,7 +62,7 @@ class Broker:
                 self._metrics_server.__enter__()
         except zmq.ZMQError as exc:
             self.__exit__(None, None, None)
-            raise ConfigError(f"broker cannot bind {self.bind}: {exc}") from exc
+            raise endpoint.translate(exc, "bind the broker to", self.bind) from exc
         except BaseException:
             self.__exit__(None, None, None)
             raise
@@ -74,8 +74,8 @@ class Broker:
         if self._metrics_server is not None:
             self._metrics_server.__exit__()
         if self._socket is not None:
-            self._send(self.router.shutdown())
-            self._socket.close(linger=int(timing.POLL_INTERVAL_S * 1000))  # let the DISCONNECTs out
+            self._send(self.router.shutdown(time.monotonic()))
+            self._socket.close(linger=int(timing.POLL_INTERVAL_S * 1000))  # let DISCONNECT/SHUTDOWN out
             self._socket = None
         self._security.__exit__()
         self._context.term()

@@ -6,6 +6,7 @@ from typing import Any
 
 import click
 
+from ovpool import endpoint
 from ovpool.cli.common import resolve_settings, stop_on_signals
 from ovpool.cli.pool import broker_option, secret_option, server_key_option
 
@@ -26,6 +27,7 @@ def api_command(broker: str | None, bind: str, api_keys: tuple[str, ...], **curv
     from ovpool.api.server import run
 
     settings = resolve_settings(broker=broker, **curve)
+    endpoint.check(settings.broker)  # now, not at the first request
     config = Config(settings.broker, settings, keys.ApiKeys(keys.parse(api_keys)), settings.max_new_tokens)
     with stop_on_signals() as stop:
         run(config, bind, stop)

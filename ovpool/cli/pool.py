@@ -9,6 +9,7 @@ from typing import Any
 
 import click
 
+from ovpool import endpoint
 from ovpool.cli.common import (
     emit_json,
     resolve_settings,
@@ -68,6 +69,7 @@ def worker_command(broker: str | None, model: str, backend: str, name: str | Non
                    served_names: tuple[str, ...], assignments: tuple[str, ...], **flags: Any) -> None:
     """Run a worker process serving one model on one device."""
     settings = resolve_settings(assignments, broker=broker, **flags)
+    endpoint.check(settings.broker)  # now, not after the model has loaded
     early = None
     if backend == "engine":
         from ovpool.cache import prefetch

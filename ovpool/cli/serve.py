@@ -12,6 +12,7 @@ from typing import Any
 
 import click
 
+from ovpool import endpoint
 from ovpool.cli.common import resolve_settings, settings_options, stop_on_signals
 from ovpool.errors import BrokerUnavailableError
 from ovpool.serve import state
@@ -33,6 +34,10 @@ def _available_devices() -> list[str]:
 
 def _spec(devices: str | None, workers: int | None, bind: str, remote: str | None, http: str | None,
           settings: Any, **fields: Any) -> PoolSpec:
+    if remote:
+        endpoint.check(remote, "--broker endpoint")
+    else:
+        endpoint.check(bind, "--bind address")
     auto = devices is not None and devices.strip().lower() == "auto"
     listed = parse_devices(devices, workers, _available_devices() if auto else None)
     if http:

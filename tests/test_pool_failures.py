@@ -1,0 +1,109 @@
+"""The bad day, as a user meets it: a mistyped endpoint, no broker, a broker that shuts down.
+
+Every case drives real processes (or the CLI) and checks that the message names what is wrong
+and what to do, with no traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+
+import pytest
+from serve_helpers import serve
+
+from ovpool import errors
+from ovpool.client import Client
+from ovpool.testing.pool import broker, fast_heartbeats, free_endpoint, null_worker, wait_for_workers
+
+pytestmark = pytest.mark.slow  # processes
+
+
+def _ovpool(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ovpool", *args], capture_output=True, text=True,
+                          timeout=60, env={**os.environ, **(env or {})})
+
+
+@pytest.mark.parametrize("argv, named", [
+    (["complete", "hi", "--broker", "foo"], "broker endpoint 'foo'"),
+    (["status", "--broker", "foo"], "broker endpoint 'foo'"),
+    # A model that does not exist either: the endpoint is refused first, before any loading.
+    (["worker", "--broker", "foo", "--model", "/nonexistent/model.gguf"], "broker endpoint 'foo'"),
+    (["serve", "--bind", "foo", "--no-http"], "--bind address 'foo'"),
+    (["serve", "--broker", "tcp://host", "--no-http"], "--broker endpoint 'tcp://host'"),
+    (["broker", "--bind", "tcp://127.0.0.1:99999"], "port 99999 is outside 0..65535"),
+    (["api", "--broker", "http://127.0.0.1:5555"], "scheme 'http' is not tcp or ipc"),
+])
+def test_a_bad_endpoint_is_one_line_naming_it_and_the_accepted_forms(argv, named):
+    result = _ovpool(*argv)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.startswith("error: ") and named in result.stderr
+    assert "use tcp://HOST:PORT (e.g. tcp://127.0.0.1:5555) or ipc://PATH" in result.stderr
+
+
+def test_the_library_refuses_a_bad_endpoint_before_connecting():
+    with pytest.raises(errors.ConfigError, match="broker endpoint 'localhost:5555' is not valid"):
+        Client("localhost:5555")
+
+
+def test_no_broker_fails_within_the_connect_timeout_naming_the_endpoint():
+    endpoint = free_endpoint()  # nothing listens there
+    result = _ovpool("complete", "hi", "--broker", endpoint, "--timeout", "30")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert f"cannot reach the broker at {endpoint}: no connection in 2 s" in result.stderr
+    assert "is `ovpool serve` (or `ovpool broker`) running there?" in result.stderr
+    assert "CURVE" not in result.stderr  # no keys in use: not a key problem
+    with Client(endpoint, settings={"connect_timeout_s": 0.3}) as client, \
+            pytest.raises(errors.BrokerUnavailableError, match="no connection in 0.3 s"):
+        client.status()
+
+
+def _stream_until_error(client: Client, stop) -> list:
+    """Stream a long request, call ``stop()`` once tokens flow; what the reader got, in order."""
+    got, started = [], threading.Event()
+
+    def read():
+        try:
+            for delta in client.stream("long", max_tokens=2000):
+                got.append(delta)
+                started.set()
+        except errors.OvpoolError as exc:
+            got.append(exc)
+        started.set()
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    assert started.wait(30)
+    stop()
+    reader.join(30)  # a bound against a hang only; the old client waited out 30 s of silence
+    assert not reader.is_alive()
+    assert len(got) > 1  # tokens came, then the error: nothing after it
+    return got
+
+
+def _shut_down(endpoint: str) -> str:
+    return (f"the broker at {endpoint} shut down before answering (stopped by a signal); start it"
+            " again and resend")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_broker_that_shuts_down_ends_its_streams_with_that_error(sig):
+    endpoint = free_endpoint()
+    with fast_heartbeats(0.2), broker(endpoint) as b, \
+            null_worker(endpoint, slots=2, token_delay=0.05), Client(endpoint) as client:
+        wait_for_workers(client, 1)
+        got = _stream_until_error(client, lambda: b.proc.send_signal(sig))
+    assert isinstance(got[-1], errors.BrokerUnavailableError) and str(got[-1]) == _shut_down(endpoint)
+
+
+def test_ctrl_c_to_serve_mid_stream_tells_the_client_at_once(tmp_path):
+    with serve(tmp_path, "--workers", "1", "--backend", "null", "--token-delay", "0.05") as served:
+        served.wait_states("ready")
+        with Client(served.endpoint) as client:
+            got = _stream_until_error(client, lambda: served.proc.send_signal(signal.SIGINT))
+        assert served.proc.wait(30) == 0
+    assert isinstance(got[-1], errors.BrokerUnavailableError)
+    assert str(got[-1]) == _shut_down(served.endpoint)
