@@ -59,16 +59,23 @@ _READ_BATCH = 256  # messages read between the loop's other duties (~2 ms of dec
 LINK_EVENTS = HANDSHAKE_EVENTS | int(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
 
 
-def dealer(context: zmq.Context, broker: str, settings: Settings) -> zmq.Socket:
+def dealer(context: zmq.Context, broker: str, settings: Settings, events: int = 0) -> zmq.Socket:
+    """A DEALER connected to ``broker``; with ``events``, its monitor socket (``get_monitor_socket``)
+    is attached before it connects, since a monitor attached later misses what already happened
+    (a loopback handshake can complete first: the client then never learned it was connected)."""
     sock = context.socket(zmq.DEALER)
     sock.linger = 0
     # No libzmq limits: what the broker sends is bounded by the credit this client granted, and a
     # DEALER at its high-water mark would block or refuse (a lost CANCEL or PING).
     sock.sndhwm = sock.rcvhwm = 0
+    monitor = sock.get_monitor_socket(events) if events else None
     try:
         secure_peer(sock, settings)
         sock.connect(broker)
     except BaseException as exc:
+        if monitor is not None:
+            sock.disable_monitor()
+            monitor.close()
         sock.close()
         if isinstance(exc, zmq.ZMQError):
             raise endpoint.translate(exc, "connect to the broker at", broker) from exc
@@ -100,11 +107,11 @@ class ClientBase:
         """The context, the DEALER connected to the broker and its monitor socket."""
         self._context = context
         try:
-            self._socket = dealer(context, self.broker, self.settings)
+            self._socket = dealer(context, self.broker, self.settings, LINK_EVENTS)
         except BaseException:
             context.term()
             raise
-        self._monitor = self._socket.get_monitor_socket(LINK_EVENTS)
+        self._monitor = self._socket.get_monitor_socket()  # the one attached before connecting
 
     def _on_monitor(self, event: dict, now: float) -> None:
         """A socket-monitor event: the connection's state, and a refused handshake, which fails
