@@ -39,6 +39,10 @@ are translated once, where they enter ovpool, with ``raise ... from exc``.
 
 from __future__ import annotations
 
+# The exit status of a process stopped by an error that a restart cannot change (``permanent``):
+# ``ovpool serve`` reports such a worker failing at once instead of retrying it like a crash.
+EXIT_PERMANENT = 3
+
 
 class OvpoolError(Exception):
     """Base of every ovpool error. ``str(err)`` is the message a user reads."""
@@ -175,6 +179,14 @@ class StreamGapError(RequestError):
 
 class BrokerUnavailableError(RequestError):
     code = "request.broker_unavailable"
+
+
+def permanent(exc: BaseException) -> bool:
+    """Whether ``exc`` fails the same way on every start: a bad setting, a model file that is
+    missing, malformed or unsupported, a cache-only miss. Not a compile that OpenVINO failed
+    (ModelLoadError: memory, a device), a cache lock held elsewhere, or anything at run time."""
+    return isinstance(exc, (ConfigError, ModelFormatError, UnsupportedModelError, ModelNotFoundError,
+                            CacheMissError, CacheUnsupportedError))
 
 
 def _all_subclasses(cls: type) -> list[type]:

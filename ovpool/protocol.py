@@ -8,7 +8,7 @@ Who sends what::
 
     client → broker   SUBMIT, CANCEL, CREDIT, STATUS, PING, SUPERVISED (from ``ovpool serve``)
     broker → client   PARTIAL, FINAL, ERROR, STATUS_REPLY, PONG, SHUTDOWN
-    worker → broker   READY, HEARTBEAT, PARTIAL, FINAL, ERROR, DISCONNECT
+    worker → broker   READY, HEARTBEAT, PARTIAL, FINAL, ERROR, DISCONNECT, LOAD_FAILED
     broker → worker   REQUEST, CANCEL, CREDIT, HEARTBEAT, DISCONNECT
 
 Flow control (docs/protocol.md): every sender of PARTIALs holds credit granted by its receiver, so
@@ -192,6 +192,22 @@ class Disconnect:
 
 
 @dataclass(frozen=True)
+class LoadFailed:
+    """A worker could not load its model and will not register (no reply): ``models`` are the names
+    it was to serve, ``code``/``message`` its error (errors.py). The broker names it in STATUS
+    (``failed``) and in the error of a request for those models."""
+
+    command: ClassVar[int] = 0x24
+    worker_id: str
+    models: list
+    device: str
+    host: str
+    pid: int
+    code: str
+    message: str
+
+
+@dataclass(frozen=True)
 class Request:
     """The broker hands a request to a worker; ``params`` are validated SamplingParams."""
 
@@ -204,7 +220,7 @@ class Request:
 
 
 Message = (Submit | Cancel | Credit | Status | Ping | Pong | Supervised | Partial | Final | Error
-           | StatusReply | Shutdown | Ready | Heartbeat | Disconnect | Request)
+           | StatusReply | Shutdown | Ready | Heartbeat | Disconnect | LoadFailed | Request)
 
 _BY_COMMAND: dict[int, type] = {cls.command: cls for cls in Message.__args__}
 _COMMAND_BYTES: dict[type, bytes] = {cls: bytes([cls.command]) for cls in _BY_COMMAND.values()}

@@ -118,3 +118,17 @@ def serve(tmp_path: Path, *args: str, env: dict[str, str] | None = None,
         yield Served(proc, state_file, f"tcp://127.0.0.1:{port}", log, http_port)
     finally:
         terminate(proc, grace_s=15)
+
+
+def unsupported_model(path: Path) -> Path:
+    """A well-formed GGUF of an architecture ovpool does not handle."""
+    import gguf
+    import numpy as np
+
+    writer = gguf.GGUFWriter(str(path), "mamba")
+    writer.add_tensor("token_embd.weight", np.zeros((4, 4), np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path

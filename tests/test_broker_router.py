@@ -14,11 +14,13 @@ from ovpool.protocol import (
     Error,
     Final,
     Heartbeat,
+    LoadFailed,
     Partial,
     Ping,
     Pong,
     Ready,
     Request,
+    Shutdown,
     Status,
     StatusReply,
     Submit,
@@ -286,3 +288,32 @@ def test_a_workers_replies_return_it_credit_each_quarter_window(router):
     credits = [m for i in range(WORKER_WINDOW // 4)
                for _, m in router.handle(w, Partial("r", i, i, "x", i), LATE) if isinstance(m, Credit)]
     assert credits == [Credit("", WORKER_WINDOW // 4)]
+
+
+def _load_failed(worker_id="CPU@h:9", models=("smollm2",)):
+    return LoadFailed(worker_id, list(models), "CPU", "h", 9, errors.UnsupportedModelError.code,
+                      "architecture 'mamba' (general.architecture) is not supported")
+
+
+def test_a_load_failure_fails_what_waits_for_its_model_and_names_the_worker():
+    r = Router(now=0.0)
+    assert r.handle(C1, submit("a", model=""), 0.1) == []  # waits for a model during the grace
+    (peer, err), = of(r.handle(b"w-dealer", _load_failed(), 0.5), Error)
+    assert peer == C1 and err.code == errors.ModelNotFoundError.code
+    assert err.message == ("no worker serves any model yet: worker CPU@h:9 failed: architecture"
+                           " 'mamba' (general.architecture) is not supported")
+    (_, err), = r.handle(C2, submit("b", model="smollm2"), 0.6)  # at once, grace or not
+    assert err.message.startswith("no worker serves model 'smollm2': worker CPU@h:9 failed")
+    assert [f["id"] for f in r.status(0.7)["failed"]] == ["CPU@h:9"]
+    r.handle(W1, Ready("CPU@h:10", ["smollm2"], "CPU", 2, "h", 10), 1.0)  # fixed and restarted
+    assert r.status(1.0)["failed"] == []
+    assert of(r.handle(C1, submit("c", model="smollm2"), 1.1), Request)
+
+
+def test_shutdown_tells_the_workers_to_register_again_and_the_clients_it_is_gone(router):
+    router.handle(C1, submit("a"), LATE)
+    router.handle(C2, Ping([]), LATE)
+    out = router.shutdown(LATE + 1)
+    assert of(out, Disconnect) == [(W1, Disconnect())]
+    bye = Shutdown("stopped by a signal")
+    assert of(out, Shutdown) == [(C1, bye), (C2, bye)]

@@ -13,7 +13,7 @@ import sys
 import threading
 
 import pytest
-from serve_helpers import serve
+from serve_helpers import serve, unsupported_model
 
 from ovpool import errors
 from ovpool.client import Client
@@ -107,3 +107,19 @@ def test_ctrl_c_to_serve_mid_stream_tells_the_client_at_once(tmp_path):
         assert served.proc.wait(30) == 0
     assert isinstance(got[-1], errors.BrokerUnavailableError)
     assert str(got[-1]) == _shut_down(served.endpoint)
+
+
+def test_a_worker_that_cannot_load_its_model_tells_the_broker_and_exits_3(tmp_path):
+    endpoint, model = free_endpoint(), unsupported_model(tmp_path / "mamba.gguf")
+    with broker(endpoint), Client(endpoint) as client:
+        wait_for_workers(client, 0)
+        result = _ovpool("worker", "--broker", endpoint, "--model", str(model), "--name", "w1")
+        assert result.returncode == errors.EXIT_PERMANENT and "Traceback" not in result.stderr
+        why = "architecture 'mamba' (general.architecture) is not supported"
+        assert result.stderr.startswith(f"error: {why}")
+        (failed,) = client.status()["failed"]
+        assert failed["id"].startswith("w1@") and failed["code"] == "model.unsupported"
+        with pytest.raises(errors.ModelNotFoundError) as refused:  # during the broker's grace, too
+            client.complete("hi", model=str(model))
+    assert str(refused.value).startswith(f"no worker serves model {str(model)!r}: worker {failed['id']}"
+                                         f" failed: {why}")

@@ -15,11 +15,13 @@ from ovpool.protocol import (
     Error,
     Final,
     Heartbeat,
+    LoadFailed,
     Partial,
     Ping,
     Pong,
     Ready,
     Request,
+    Shutdown,
     Status,
     StatusReply,
     Submit,
@@ -43,6 +45,8 @@ EXAMPLES = [
     Ready("w", ["m"], "CPU", 4, "host", 123, {"outcome": "hit", "seconds": 0.4, "entry": "f-p"}),
     Supervised("host", 7, [{"name": "GPU.1", "state": "failing", "reason": "cache MISS", "pid": None}]),
     Request("r1", "m", {"max_tokens": 3}, prompt="hi"),
+    Shutdown("stopped by a signal"), Shutdown(),
+    LoadFailed("CPU@h:9", ["smollm2"], "CPU", "h", 9, "model.unsupported", "architecture 'x' ..."),
 ]
 
 

@@ -13,9 +13,9 @@ import sys
 import time
 
 import pytest
-from serve_helpers import alive, descendants, free_port, scrape, serve, wait_for
+from serve_helpers import alive, descendants, free_port, scrape, serve, unsupported_model, wait_for
 
-from ovpool import timing
+from ovpool import errors, timing
 from ovpool.client import Client
 
 pytestmark = pytest.mark.slow
@@ -56,25 +56,35 @@ def test_killed_worker_is_restarted(tmp_path):
             assert {w["pid"] for w in workers} == {after["CPU#0"]["pid"], after["CPU#1"]["pid"]}
 
 
-def test_worker_failing_at_start_is_given_up_and_reported(tmp_path):
-    with serve(tmp_path, "--model", str(tmp_path / "missing.gguf"), "--workers", "1") as served:
-        workers = served.wait_states("failing", timeout=90)
-        failing = workers["CPU"]
-        assert failing["restarts"] == 4 and failing["last_exit"] == 2
-        assert "5 failed starts" in failing["reason"] and "missing.gguf" in failing["reason"]
-        # Given up means left alone: no new start while serve keeps running.
-        time.sleep(1.0)
-        assert served.workers()["CPU"]["restarts"] == 4
-        assert served.proc.poll() is None
-        # It never registered, yet `ovpool status` names it and says why (serve reports it).
+def test_a_model_that_cannot_load_is_not_retried_and_its_error_reaches_status_and_clients(tmp_path):
+    model = unsupported_model(tmp_path / "mamba.gguf")
+    why = "architecture 'mamba' (general.architecture) is not supported"
+    with serve(tmp_path, "--model", str(model), "--workers", "1") as served:
+        failing = served.wait_states("failing", timeout=90)["CPU"]
+        assert failing["restarts"] == 0 and failing["last_exit"] == errors.EXIT_PERMANENT
+        assert why in failing["reason"] and "not retried" in failing["reason"]
+        time.sleep(1.0)  # a permanent error is left alone: no new start while serve keeps running
+        assert served.workers()["CPU"]["restarts"] == 0 and served.proc.poll() is None
         with Client(served.endpoint) as client:
-            assert client.status()["workers"] == []
-            reported = client.status()["supervised"]
-        assert [(s["name"], s["state"]) for s in reported] == [("CPU", "failing")]
-        assert reported[0]["reason"] == failing["reason"]
+            status = client.status()
+            # At once, not after the broker's start-up grace, and saying why.
+            with pytest.raises(errors.ModelNotFoundError) as refused:
+                client.complete("hi")
+        assert status["workers"] == [] and [s["state"] for s in status["supervised"]] == ["failing"]
+        (failed,) = status["failed"]
+        assert failed["id"].startswith("CPU@") and failed["models"] == [str(model)]
+        assert str(refused.value) == f"no worker serves any model yet: worker {failed['id']} failed: {why}" \
+            + "; supported: llama, qwen2, qwen3, gemma3, phi3"
         table = subprocess.run([sys.executable, "-m", "ovpool", "status", "--broker", served.endpoint],
                                capture_output=True, text=True, timeout=60)
-        assert "CPU: failing: gave up after 5 failed starts" in table.stdout, table.stdout
+        assert f"{failed['id']}: cannot load {model}: {why}" in table.stdout, table.stdout
+        assert "CPU: failing: error: " in table.stdout
+
+
+def test_a_missing_model_file_is_reported_failing_without_retries(tmp_path):
+    with serve(tmp_path, "--model", str(tmp_path / "missing.gguf"), "--workers", "1") as served:
+        failing = served.wait_states("failing", timeout=90)["CPU"]
+    assert failing["restarts"] == 0 and "missing.gguf" in failing["reason"]
 
 
 def test_broker_that_cannot_bind_stops_serve_with_its_error(tmp_path):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from ovpool.errors import EXIT_PERMANENT
 from ovpool.serve.supervisor import RestartPolicy, Supervisor, WorkerPhase
 
 POLICY = RestartPolicy(backoff_min_s=1.0, backoff_max_s=8.0, stable_after_s=60.0, give_up_after=5)
@@ -67,6 +68,21 @@ def test_gives_up_after_k_fast_failures_and_reports_the_reason():
     assert view["w0"]["state"] == "failing"
     assert "cache MISS" in view["w0"]["reason"] and "5 failed starts" in view["w0"]["reason"]
     assert view["w1"]["state"] == "starting"
+
+
+def test_a_permanent_error_at_start_is_failing_at_once_but_a_crash_is_retried():
+    sup = _sup("w0", "w1")
+    _run(sup, "w0", 0.0)
+    reason = "error: architecture 'gemma9' is not supported"
+    assert sup.exited("w0", EXIT_PERMANENT, 0.5, reason=reason) is WorkerPhase.FAILING
+    assert sup.due(10_000.0) == ["w1"]  # never restarted
+    view = sup.describe("w0")
+    assert view["reason"].startswith(reason) and "not retried" in view["reason"]
+    _run(sup, "w1", 0.0, pid=200)  # the same status from a worker that was ready: a crash
+    sup.ready("w1")
+    assert sup.exited("w1", EXIT_PERMANENT, 500.0) is WorkerPhase.BACKOFF
+    _run(sup, "w1", 501.0, pid=201)
+    assert sup.exited("w1", -9, 501.5) is WorkerPhase.BACKOFF  # killed at start: retried as before
 
 
 def test_a_stable_run_resets_the_fast_failure_count():

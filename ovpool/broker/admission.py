@@ -4,7 +4,8 @@ RequestError naming what is wrong (the Router answers it as ERROR).
 A SUBMIT is refused if its id is not 1..128 characters, it has both or neither of prompt and
 messages, its chat messages are not role/content strings, its sampling parameters are invalid or
 ask for more than ``max_new_tokens``, it names a model no worker serves (after the start-up grace
-a restarted broker gives workers to register again), or its model's queue is full.
+a restarted broker gives workers to register again, or at once when a worker that was to serve it
+reported that it cannot load it: LOAD_FAILED), or its model's queue is full.
 """
 
 from __future__ import annotations
@@ -13,15 +14,17 @@ import secrets
 
 from ovpool import errors, timing
 from ovpool.broker.placement import Placement
-from ovpool.broker.state import Job
+from ovpool.broker.state import Job, LoadFailures
 from ovpool.protocol import Request, Submit, sampling_from_wire
 
 _MAX_ID_LEN = 128
 
 
 class Admission:
-    def __init__(self, placement: Placement, *, started: float, queue_limit: int, max_new_tokens: int):
+    def __init__(self, placement: Placement, failures: LoadFailures, *, started: float, queue_limit: int,
+                 max_new_tokens: int):
         self.placement = placement
+        self.failures = failures
         self.started = started
         self.queue_limit = queue_limit
         self.max_new_tokens = max_new_tokens
@@ -57,6 +60,8 @@ class Admission:
         if resolved is not None:  # the common cases, without building the served list per request
             return resolved
         served = self.placement.served()
+        if (model or not served) and self.failures.explain(model):
+            raise self.not_served(model)  # a worker that cannot load it: no use waiting for it
         starting = now < self.started + timing.BROKER_GRACE_S
         if not model:
             if not served and starting:
@@ -64,5 +69,13 @@ class Admission:
             raise errors.InvalidRequestError(
                 f"name a model: this broker serves {served or 'none yet'}")
         if not starting:
-            raise errors.ModelNotFoundError(f"no worker serves model {model!r}; served: {served}")
+            raise self.not_served(model)
         return model
+
+    def not_served(self, model: str) -> errors.ModelNotFoundError:
+        """The error for a request for ``model`` ("": any) that no worker serves, with the load
+        failures of workers that were to serve it."""
+        failed = self.failures.explain(model)
+        what = f"model {model!r}" if model else "any model yet"
+        return errors.ModelNotFoundError(f"no worker serves {what}: {failed}" if failed else
+                                         f"no worker serves {what}; served: {self.placement.served()}")

@@ -20,7 +20,7 @@ from __future__ import annotations
 from ovpool import errors, timing
 from ovpool.broker.admission import Admission
 from ovpool.broker.placement import Placement
-from ovpool.broker.state import Counters, Job, Output, RegisteredWorker, SupervisedHosts
+from ovpool.broker.state import Counters, Job, LoadFailures, Output, RegisteredWorker, SupervisedHosts
 from ovpool.broker.streams import Streams
 from ovpool.protocol import (
     MAX_MESSAGE_BYTES,
@@ -31,6 +31,7 @@ from ovpool.protocol import (
     Error,
     Final,
     Heartbeat,
+    LoadFailed,
     Message,
     Partial,
     Ping,
@@ -63,7 +64,8 @@ class Router:
         self.workers = self.placement.workers  # read-only views: Placement changes them
         self.jobs = self.placement.jobs
         self.queues = self.placement.queues
-        self.admission = Admission(self.placement, started=now, queue_limit=queue_limit,
+        self.failures = LoadFailures()
+        self.admission = Admission(self.placement, self.failures, started=now, queue_limit=queue_limit,
                                    max_new_tokens=max_new_tokens)
         self._told_to_register: set[bytes] = set()
         self._clients_heard: dict[bytes, float] = {}
@@ -74,7 +76,8 @@ class Router:
                           Ping: self._on_ping, Supervised: self._on_supervised,
                           Ready: self._on_ready, Partial: self._on_partial,
                           Final: self._on_end, Error: self._on_end,
-                          Disconnect: self._on_disconnect, Heartbeat: _ignore}
+                          Disconnect: self._on_disconnect, LoadFailed: self._on_load_failed,
+                          Heartbeat: _ignore}
 
     # -- inputs ---------------------------------------------------------------------------------
 
@@ -142,6 +145,7 @@ class Router:
             "counters": self.counters.as_dict(),
             "streams": {"open": len(self.streams), "held": self.streams.held()},
             "supervised": self.supervised.entries(),
+            "failed": self.failures.entries(now),
         }
 
     def shutdown(self, now: float) -> Output:
@@ -151,6 +155,7 @@ class Router:
         recent = now - timing.CLIENT_UNAVAILABLE_S
         clients = {c for c, t in self._clients_heard.items() if t >= recent}
         clients.update(j.client for j in self.jobs.values())
+        clients.difference_update(self.workers)  # a worker's READY came before it was one
         out.extend((c, Shutdown("stopped by a signal")) for c in sorted(clients))
         return out
 
@@ -214,6 +219,7 @@ class Router:
             self.counters.malformed += 1
             return
         self._told_to_register.discard(peer)
+        self.failures.registered(msg)
         self.placement.add_worker(RegisteredWorker(peer, msg, expires=now + timing.HEARTBEAT_EXPIRY_S), out)
 
     def _on_partial(self, peer: bytes, msg: Partial, now: float, out: Output) -> None:
@@ -245,6 +251,17 @@ class Router:
         worker = self.workers.get(peer)
         if worker is not None:
             self._drop_worker(worker, now, out, lost=False)
+
+    def _on_load_failed(self, peer: bytes, msg: LoadFailed, now: float, out: Output) -> None:
+        """A worker that could not load its model: what waits for its models (or for any, unnamed)
+        with no other worker serving them fails now, saying why."""
+        self.failures.record(msg, now)
+        for model in [*msg.models, ""]:
+            if self.placement.serves(model):
+                continue
+            for rid in list(self.queues.get(model, ())):
+                self.counters.failed += 1
+                self._fail(self.jobs[rid], self.admission.not_served(model), out)
 
     # -- endings --------------------------------------------------------------------------------
 

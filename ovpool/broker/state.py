@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from ovpool import timing
-from ovpool.protocol import Message, Ready, Request, Supervised
+from ovpool.protocol import LoadFailed, Message, Ready, Request, Supervised
 
 Output = list[tuple[bytes, Message]]  # what the routing core asks the server to send, in order
 
@@ -93,3 +93,34 @@ class SupervisedHosts:
     def entries(self) -> list[dict]:
         """Every supervised worker of every host, as ``{"host": ..., **entry}``."""
         return [{**w, "host": host} for host, (_, msg) in sorted(self._hosts.items()) for w in msg.workers]
+
+
+def _worker_name(worker_id: str) -> str:
+    """``name@host:pid`` -> ``name``: one record per named worker of a host, whatever its pid."""
+    return worker_id.rsplit("@", 1)[0]
+
+
+class LoadFailures:
+    """The latest LOAD_FAILED per (host, worker name); forgotten when that worker registers."""
+
+    def __init__(self) -> None:
+        self._failed: dict[tuple[str, str], tuple[float, LoadFailed]] = {}
+
+    def record(self, msg: LoadFailed, now: float) -> None:
+        key = (msg.host, _worker_name(msg.worker_id))
+        if key not in self._failed and len(self._failed) >= _MAX_HOSTS:
+            del self._failed[min(self._failed, key=lambda k: self._failed[k][0])]
+        self._failed[key] = (now, msg)
+
+    def registered(self, msg: Ready) -> None:
+        self._failed.pop((msg.host, _worker_name(msg.worker_id)), None)
+
+    def explain(self, model: str) -> str:
+        """"worker X failed: why; ..." for the failures of ``model`` ("" : of any model), else ""."""
+        found = [m for _, m in self._failed.values() if not model or model in m.models]
+        return "; ".join(f"worker {m.worker_id} failed: {m.message}" for m in found)
+
+    def entries(self, now: float) -> list[dict]:
+        return [{"id": m.worker_id, "models": list(m.models), "device": m.device, "host": m.host,
+                 "pid": m.pid, "code": m.code, "message": m.message, "age_s": round(now - t, 3)}
+                for t, m in self._failed.values()]

@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from ovpool import endpoint
+from ovpool import endpoint, errors
 from ovpool.cli.common import (
     emit_json,
     resolve_settings,
@@ -67,9 +67,21 @@ def broker_command(bind: str, queue_limit: int | None, metrics_port: int | None,
 @settings_options
 def worker_command(broker: str | None, model: str, backend: str, name: str | None, token_delay: float,
                    served_names: tuple[str, ...], assignments: tuple[str, ...], **flags: Any) -> None:
-    """Run a worker process serving one model on one device."""
+    """Run a worker process serving one model on one device (exit status 3: an error a restart
+    cannot change, such as a model it cannot load; `ovpool serve` does not retry it)."""
     settings = resolve_settings(assignments, broker=broker, **flags)
     endpoint.check(settings.broker)  # now, not after the model has loaded
+    try:
+        _run_worker(settings, model, backend, name, token_delay, served_names)
+    except errors.OvpoolError as exc:
+        if not errors.permanent(exc):
+            raise
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(errors.EXIT_PERMANENT)
+
+
+def _run_worker(settings: Any, model: str, backend: str, name: str | None, token_delay: float,
+                served_names: tuple[str, ...]) -> None:
     early = None
     if backend == "engine":
         from ovpool.cache import prefetch
@@ -77,7 +89,8 @@ def worker_command(broker: str | None, model: str, backend: str, name: str | Non
         early = prefetch.start(model, settings=settings)  # a likely hit imports while the rest does
     from ovpool.worker.process import Worker
 
-    with _backend(backend, model, settings, token_delay, early, list(served_names)) as (be, load_report), \
+    names = list(served_names)
+    with _backend(backend, model, settings, token_delay, early, names, name) as (be, load_report), \
             stop_on_signals() as stop, \
             Worker(settings.broker, be, settings=settings, device=settings.device, name=name,
                    load_report=load_report) as worker:
@@ -85,19 +98,27 @@ def worker_command(broker: str | None, model: str, backend: str, name: str | Non
 
 
 @contextlib.contextmanager
-def _backend(kind: str, model: str, settings: Any, token_delay: float,
-             early: Any = None, names: list[str] | None = None) -> Iterator[tuple[Any, dict]]:
+def _backend(kind: str, model: str, settings: Any, token_delay: float, early: Any = None,
+             names: list[str] | None = None, name: str | None = None) -> Iterator[tuple[Any, dict]]:
     """(backend, the Engine's load report: {} for the null backend); ``early``: the Engine's
-    import begun by prefetch.start; ``names``: --served-name."""
+    import begun by prefetch.start; ``names``: --served-name; ``name``: --name. A model that
+    cannot load for good is reported to the broker (LOAD_FAILED) before the error is raised."""
     from ovpool.worker.backend import EngineBackend, NullBackend
 
     if kind == "null":
         yield NullBackend(names or [model], settings.slots, token_delay, settings.max_prompt_tokens), {}
         return
     from ovpool.worker.engine import Engine
+    from ovpool.worker.process import report_load_failure
 
-    with Engine(model, device=settings.device, settings=settings, cache_dir=settings.cache_dir or None,
-                cache_only=settings.cache_only, early=early) as engine:
+    try:
+        engine = Engine(model, device=settings.device, settings=settings,
+                        cache_dir=settings.cache_dir or None, cache_only=settings.cache_only, early=early)
+    except errors.OvpoolError as exc:
+        if errors.permanent(exc):
+            report_load_failure(settings, [*(names or []), model], settings.device, name, exc)
+        raise
+    with engine:
         yield EngineBackend(engine, settings.slots, aliases=[model], names=names), engine.load_report
 
 
@@ -159,6 +180,8 @@ def status_command(broker: str | None, as_json: bool, **curve: Any) -> None:
         if s.get("state") not in ("ready", "stopped"):  # not registered (yet): say why
             click.secho(f"  {s.get('host')} {s.get('name')}: {s.get('state')}: {s.get('reason') or ''}",
                         fg="red" if s.get("state") == "failing" else "yellow")
+    for f in status.get("failed", []):  # LOAD_FAILED: workers that could not load their model
+        click.secho(f"  {f['id']}: cannot load {', '.join(f['models'])}: {f['message']}", fg="red")
     click.echo("  " + "  ".join(f"{k}={v}" for k, v in status["counters"].items()))
 
 

@@ -10,8 +10,10 @@ A worker's life::
     starting ──ready──► ready
        │                  │
        └──exit──► backoff ◄┘ (restart at t + delay)     backoff ──due──► starting
-                     │
-                     └── GIVE_UP_AFTER fast failures in a row ──► failing (never restarted)
+          │          │
+          │          └── GIVE_UP_AFTER fast failures in a row ──► failing (never restarted)
+          └── exit status errors.EXIT_PERMANENT before ready ───► failing (a bad model file,
+              an unsupported architecture: the next start would fail the same way)
 
 A run is a *fast failure* when it exits before it was ready or within ``stable_after_s`` of its
 start; the delay doubles with each fast failure in a row, capped, and a stable run resets it.
@@ -23,6 +25,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from ovpool import timing
+from ovpool.errors import EXIT_PERMANENT
 
 
 class WorkerPhase(str, Enum):
@@ -104,7 +107,10 @@ class Supervisor:
         w.reason = reason or f"exited with status {code}"
         fast = not w.ready or now - w.started_at < self.policy.stable_after_s
         w.fast_failures = w.fast_failures + 1 if fast else 0
-        if w.fast_failures >= self.policy.give_up_after:
+        if code == EXIT_PERMANENT and not w.ready:
+            w.state = WorkerPhase.FAILING
+            w.reason = f"{w.reason} (not retried: a restart cannot change it; fix it and restart serve)"
+        elif w.fast_failures >= self.policy.give_up_after:
             w.state = WorkerPhase.FAILING
             w.reason = f"gave up after {w.fast_failures} failed starts in a row; last: {w.reason}"
         else:

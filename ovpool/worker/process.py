@@ -39,6 +39,7 @@ from ovpool.protocol import (
     Error,
     Final,
     Heartbeat,
+    LoadFailed,
     Message,
     Partial,
     Ready,
@@ -55,6 +56,35 @@ from ovpool.settings import Settings
 from ovpool.worker.backend import Backend, Failed, Finished, Token
 
 log = logging.getLogger(__name__)
+# How long a LOAD_FAILED waits for the broker: the one `ovpool serve` starts beside this worker may
+# take seconds to bind on a loaded host, and a worker that fails fast (a bad file: ~0.1 s) is there
+# first. Only a worker that cannot load its model waits this, and only without a broker.
+_REPORT_LINGER_S = 5.0
+
+
+def worker_id(name: str) -> str:
+    """How the broker and ``ovpool status`` name this process's worker: ``name@host:pid``."""
+    return f"{name}@{_socket.gethostname()}:{os.getpid()}"
+
+
+def report_load_failure(settings: Settings, models: list[str], device: str, name: str | None,
+                        exc: OvpoolError) -> None:
+    """Tell the broker (settings.broker) that this worker cannot load ``models`` and why (LOAD_FAILED),
+    so `ovpool status` and the clients waiting for them say so. Best effort: a broker that does not
+    take it within _REPORT_LINGER_S (not started yet, gone) is not waited for longer."""
+    msg = LoadFailed(worker_id(name or models[0]), models, device, _socket.gethostname(), os.getpid(),
+                     exc.code, str(exc))
+    context = zmq.Context()
+    try:
+        sock = context.socket(zmq.DEALER)
+        secure_peer(sock, settings)
+        sock.connect(settings.broker)
+        send_frames(sock, encode(msg), zmq.NOBLOCK)  # queued until the connection is up
+        sock.close(linger=int(_REPORT_LINGER_S * 1000))
+    except (zmq.ZMQError, OvpoolError) as err:
+        log.warning("could not tell the broker that the model failed to load: %s", err)
+    finally:
+        context.term()
 
 
 class Worker:
@@ -67,7 +97,7 @@ class Worker:
         self.backend = backend
         self.settings = Settings.coerce(settings)
         host, pid = _socket.gethostname(), os.getpid()
-        self.ready = Ready(worker_id=f"{name or backend.models[0]}@{host}:{pid}", models=backend.models,
+        self.ready = Ready(worker_id=worker_id(name or backend.models[0]), models=backend.models,
                            device=device, slots=backend.slots, host=host, pid=pid,
                            load=load_to_wire(load_report))
         self._context = zmq.Context()
