@@ -1,8 +1,9 @@
 """A toy graph for cache tests: a few ops with a dynamic Parameter and constant weights.
 
 Used in-process by the tests and as a child process (``python tests/cache_toy.py CACHE_DIR
-MODEL_FILE [--cache-only] [--set k=v] [--lock-timeout S]``) that loads through ``load_compiled``, runs
-one inference and prints ``RESULT <outcome> <entry> <digest of the output>`` on stdout.
+MODEL_FILE [--cache-only] [--set k=v] [--lock-timeout S] [--ir]``) that loads through ``load_compiled``
+(``--ir``: through ``ovpool.cache.ir.load_ir``, then compiles), runs one inference and prints
+``RESULT <outcome> <entry> <digest of the output>`` on stdout.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import openvino as ov
 from openvino import opset13 as ops
 
 from ovpool.cache.fingerprint import GraphIdentity
+from ovpool.cache.ir import load_ir
 from ovpool.cache.loader import load_compiled
 
 VOCAB, DIM = 64, 32
@@ -70,6 +72,22 @@ def digest(logits: np.ndarray) -> str:
     return hashlib.sha256(np.ascontiguousarray(logits).tobytes()).hexdigest()[:16]
 
 
+def read_ir(xml: bytes, weights: ov.Tensor) -> ov.Model:
+    return ov.Core().read_model(xml.decode(), weights)
+
+
+def load(args: argparse.Namespace, settings: dict) -> tuple[str, str | None, ov.CompiledModel, object]:
+    """(outcome, entry, compiled model, the owner of the blob's mapping it may run on)."""
+    common = {"identity": identity(args.model_file, settings), "device": "CPU", "config": {},
+              "build": build, "cache_dir": args.cache_dir, "cache_only": args.cache_only,
+              "lock_timeout_s": args.lock_timeout}
+    if args.ir:
+        result = load_ir(ov.Core(), read=read_ir, **common)
+        return result.outcome, result.entry, ov.Core().compile_model(result.model, "CPU"), result.weights
+    result = load_compiled(ov.Core(), **common)
+    return result.outcome, result.entry, result.compiled, result.blob
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("cache_dir")
@@ -77,13 +95,11 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--cache-only", action="store_true")
     ap.add_argument("--set", action="append", default=[])
     ap.add_argument("--lock-timeout", type=float, default=-1)
+    ap.add_argument("--ir", action="store_true")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(message)s")
-    settings = dict(item.split("=", 1) for item in args.set)
-    result = load_compiled(ov.Core(), identity=identity(args.model_file, settings), device="CPU",
-                           config={}, build=build, cache_dir=args.cache_dir, cache_only=args.cache_only,
-                           lock_timeout_s=args.lock_timeout)
-    print("RESULT", result.outcome, result.entry, digest(run(result.compiled)), flush=True)
+    outcome, entry, compiled, _owner = load(args, dict(item.split("=", 1) for item in args.set))
+    print("RESULT", outcome, entry, digest(run(compiled)), flush=True)
     return 0
 
 

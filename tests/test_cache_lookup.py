@@ -4,8 +4,6 @@ Manifests and blobs are written by hand; only the last test imports anything wit
 
 from __future__ import annotations
 
-import io
-
 import openvino as ov
 import pytest
 
@@ -45,7 +43,7 @@ def entry(look: Lookup, ports=PORTS, openvino="2026.4", size=16, suffix="a") -> 
 def commit(store: CacheStore, look: Lookup, *entries: Entry, parts=None) -> None:
     store.commit(Manifest(look.family, dict(parts or PARTS), ["model.gguf"], {e.id: e for e in entries}))
     for e in entries:
-        store.write_blob(e.blob, io.BytesIO(b"x" * e.size))
+        store.write_blob(e.blob, [b"x" * e.size])
 
 
 def test_an_empty_cache_says_it_has_no_entries(store):

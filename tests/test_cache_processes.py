@@ -54,30 +54,36 @@ def test_eight_processes_on_a_cold_cache_export_once(tiny_model, tmp_path):
     assert len(texts) == 1 and texts.pop().strip()
 
 
-def start_paused(cache_dir: Path, model_file: Path, phase: str) -> subprocess.Popen:
+def start_paused(cache_dir: Path, model_file: Path, phase: str, *flags: str) -> subprocess.Popen:
     """A toy exporter stopped at ``phase`` by the test hook (it waits there until killed)."""
-    proc = subprocess.Popen([*TOY, str(cache_dir), str(model_file)], stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, PAUSE_ENV: phase})
+    proc = subprocess.Popen([*TOY, str(cache_dir), str(model_file), *flags], stderr=subprocess.PIPE,
+                            text=True, env={**os.environ, PAUSE_ENV: phase})
     for line in proc.stderr:
         if line.strip() == f"OVPOOL_CACHE_TEST_PAUSED {phase}":
             return proc
     raise AssertionError(f"the exporter never reached {phase} (exit {proc.wait()})")
 
 
-LEFTOVERS = {"blob-write": ("tmp", 1, 0), "blob-renamed": ("blobs", 0, 1), "manifest-write": ("both", 1, 1)}
+# (temp files, blobs) a writer SIGKILLed at each phase leaves; an IR export also leaves the XML and
+# weights OpenVINO serialized into tmp/ before they were packed into the blob.
+LEFTOVERS = {"blob-write": (1, 0), "blob-renamed": (0, 1), "manifest-write": (1, 1)}
+KINDS = {"compiled": ((), 0), "ir": (("--ir",), 2)}
 
 
+@pytest.mark.parametrize("kind", list(KINDS))
 @pytest.mark.parametrize("phase", list(LEFTOVERS))
-def test_sigkill_during_export_leaves_no_hit_and_gc_cleans_up(tmp_path, model_file, phase):
+def test_sigkill_during_export_leaves_no_hit_and_gc_cleans_up(tmp_path, model_file, phase, kind):
     cache = CacheStore(tmp_path / "cache")
-    proc = start_paused(cache.root, model_file, phase)
+    flags, serialized = KINDS[kind]
+    proc = start_paused(cache.root, model_file, phase, *flags)
     proc.kill()
     proc.wait()
-    _, temps, blobs = LEFTOVERS[phase]
+    temps, blobs = LEFTOVERS[phase]
+    temps += serialized
     assert (len(files(cache.tmp_dir)), len(files(cache.blobs_dir))) == (temps, blobs)
     assert files(cache.manifests_dir) == []
 
-    cache_only = subprocess.run([*TOY, str(cache.root), str(model_file), "--cache-only"],
+    cache_only = subprocess.run([*TOY, str(cache.root), str(model_file), "--cache-only", *flags],
                                 capture_output=True, text=True, timeout=120)
     assert cache_only.returncode != 0 and "CacheMissError" in cache_only.stderr
 
@@ -85,9 +91,12 @@ def test_sigkill_during_export_leaves_no_hit_and_gc_cleans_up(tmp_path, model_fi
     assert (len(report["temp"]), len(report["blobs"])) == (temps, blobs)
     assert files(cache.tmp_dir) == [] and files(cache.blobs_dir) == []
 
-    again = subprocess.run([*TOY, str(cache.root), str(model_file)], capture_output=True, text=True,
-                           timeout=120, check=True)
+    again = subprocess.run([*TOY, str(cache.root), str(model_file), *flags], capture_output=True,
+                           text=True, timeout=120, check=True)
     assert again.stdout.split()[1] == "wrote"
+    hit = subprocess.run([*TOY, str(cache.root), str(model_file), "--cache-only", *flags],
+                         capture_output=True, text=True, timeout=120, check=True)
+    assert hit.stdout.split()[1] == "hit" and hit.stdout.split()[3] == again.stdout.split()[3]
 
 
 def test_gc_spares_a_live_writers_temp_and_an_exporting_family(tmp_path, model_file):

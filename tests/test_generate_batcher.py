@@ -194,18 +194,62 @@ def test_smollm2_eight_batched_requests_equal_each_alone(smollm2_path):
             assert done[rid].token_ids == eng.chat(messages, **params.to_dict()).token_ids
 
 
-def test_cache_only_worker_still_serves_when_the_paged_graph_cannot_come_from_the_cache(tiny_model, tmp_path):
+def batched_passes(backend) -> list[int]:
+    """Records the number of sequences in each forward pass of ``backend``'s Batcher."""
+    runner, sizes = backend.runs.runner, []
+    forward = runner.forward
+
+    def counted(chunks, *args, **kwargs):
+        sizes.append(len(chunks))
+        return forward(chunks, *args, **kwargs)
+
+    runner.forward = counted
+    return sizes
+
+
+def test_cache_only_worker_batches_from_the_cached_ir(tiny_model, tmp_path):
+    from ovpool.worker.graph.loading import reimport_problem
+
+    model = tiny_model(arch="llama", weight_type="Q8_0")
+    with Engine(model, settings=F32, cache_dir=tmp_path) as eng:  # populates every entry
+        assert EngineBackend(eng, slots=3).wait_batching()
+        broken = reimport_problem(eng.core, eng.device)
+        assert eng.load_report["paged"]["outcome"] == ("ir-wrote" if broken else "wrote")
+    with Engine(model, settings=F32, cache_dir=tmp_path, cache_only=True) as eng:
+        backend = EngineBackend(eng, slots=3)
+        assert backend.wait_batching() and isinstance(backend.runs, Batcher)
+        assert eng.load_report["paged"]["outcome"] == ("ir-hit" if broken else "hit")
+        assert eng.load_report["batching"].startswith("on")
+        assert ("not cache-only" in eng.load_report["batching"]) is bool(broken)
+        sizes = batched_passes(backend)
+        params = SamplingParams(max_tokens=6, ignore_eos=True)
+        reqs = [(str(i), PROMPTS[i], params) for i in (0, 2, 3)]
+        done, _, failed = drain(backend, {0: reqs})
+        assert not failed and max(sizes) == 3  # the three ran in one forward pass
+        for rid, prompt, _ in reqs:
+            assert done[rid].token_ids == alone(eng, prompt, params).token_ids
+
+
+def test_cache_only_worker_without_the_batching_graph_says_so_and_serves(tiny_model, tmp_path):
+    from ovpool.cache.maintenance import entries, remove
+    from ovpool.cache.store import CacheStore
     from ovpool.worker.backend import Interleaved
     from ovpool.worker.graph.loading import reimport_problem
 
     model = tiny_model(arch="llama", weight_type="Q8_0")
-    with Engine(model, settings=F32, cache_dir=tmp_path) as eng:  # populates the engine's own entry
+    with Engine(model, settings=F32, cache_dir=tmp_path) as eng:
         assert EngineBackend(eng, slots=2).wait_batching()
+        if not reimport_problem(eng.core, eng.device):
+            pytest.skip("this OpenVINO imports compiled paged graphs: no IR entry to lack")
+    store = CacheStore(tmp_path)
+    [ir] = [e.id for m, e in entries(store) if "cached form" in m.parts]
+    remove(store, ir)
     with Engine(model, settings=F32, cache_dir=tmp_path, cache_only=True) as eng:
         backend = EngineBackend(eng, slots=2)
-        broken = reimport_problem(eng.core, eng.device)
-        assert backend.wait_batching() is not broken
-        assert isinstance(backend.runs, Interleaved if broken else Batcher)
+        plan = eng.load_report["batching"]
+        assert plan.startswith("off: ") and "start once without cache-only" in plan
+        assert not backend.wait_batching() and isinstance(backend.runs, Interleaved)
+        assert "no IR of the batching (paged) graph" in eng.load_report["batching"]
         params = SamplingParams(max_tokens=6, ignore_eos=True)
         done, _, failed = drain(backend, {0: [("a", PROMPTS[0], params), ("b", PROMPTS[2], params)]})
         assert not failed

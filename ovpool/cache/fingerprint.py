@@ -8,8 +8,8 @@ inside a family. Named parts let a miss say exactly what differs from the neares
 Parts, in order: source identity of each GGUF (st_dev, st_ino, size, mtime_ns, ctime_ns, or with
 ``source_identity=content`` the sha256 of its bytes), a hash of its tensor descriptors, the
 architecture, every hparam, the graph builder's source hash, every effective graph setting, the
-compile config, the OpenVINO version, and the device type and architecture (not its index: GPU.0
-and GPU.1 share blobs).
+compile config, the OpenVINO version, the device type and architecture (not its index: GPU.0
+and GPU.1 share blobs), and for an entry that is not a compiled model, its form (``cached form``).
 """
 
 from __future__ import annotations
@@ -134,11 +134,13 @@ class Fingerprint:
 
 
 def fingerprint(identity: GraphIdentity, device: DeviceKey, config: Mapping[str, Any], *,
-                ov_version: str, content_hash: Callable[[str], str] | None = None) -> Fingerprint:
+                ov_version: str, content_hash: Callable[[str], str] | None = None,
+                form: str | None = None) -> Fingerprint:
     """Parts of ``identity`` on ``device`` compiled with ``config``.
 
     ``content_hash(path)`` gives a file's sha256 for ``source_identity=content``; only file stats and
-    the given descriptors are used otherwise.
+    the given descriptors are used otherwise. ``form``: what the entry keeps when not the compiled
+    model (a part of its own, so such entries are a family apart: ovpool.cache.ir).
     """
     parts: dict[str, str] = {}
     for i, (path, descriptors) in enumerate(identity.sources):
@@ -158,6 +160,8 @@ def fingerprint(identity: GraphIdentity, device: DeviceKey, config: Mapping[str,
     parts["openvino"] = ov_version
     parts["device type"] = device.type
     parts["device architecture"] = device.architecture
+    if form is not None:
+        parts["cached form"] = form
     return Fingerprint(parts, tuple(p for p, _ in identity.sources))
 
 

@@ -19,10 +19,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import openvino as ov
 
@@ -30,6 +30,7 @@ from ovpool.cache import prefetch
 from ovpool.cache.fingerprint import GraphIdentity, ports_key
 from ovpool.cache.lookup import Lookup
 from ovpool.cache.manifest import Entry, Manifest, is_static
+from ovpool.cache.store import stream_chunks
 from ovpool.devices import device_type
 from ovpool.errors import (
     CacheCorruptError,
@@ -46,6 +47,13 @@ _STATIC_ONLY_DEVICES = ("NPU",)
 COMPILE_CONFIG = {"CACHE_MODE": "OPTIMIZE_SPEED"}
 
 
+class Mapped(Protocol):
+    """What holds a cache blob's memory map for a compiled model (prefetch.BlobImport,
+    ovpool.cache.ir.MappedWeights)."""
+
+    def close(self) -> None: ...
+
+
 @dataclass(frozen=True)
 class LoadResult:
     """A compiled graph and how it came; a context manager: a hit's compiled model runs on the
@@ -57,7 +65,7 @@ class LoadResult:
     entry: str | None
     seconds: float
     decode: Any = None  # a paged graph's ovpool.worker.graph.decode.DecodeGraph
-    blob: prefetch.BlobImport | None = None  # a hit's import, owner of the blob's memory map
+    blob: Mapped | None = None  # a hit's import (prefetch.BlobImport), owner of the blob's memory map
 
     def close(self) -> None:
         if self.blob is not None:
@@ -144,19 +152,30 @@ def _try_hit(lookup: Lookup, core, device, config, cache_only, early=None,
     return None, reason
 
 
-def _compile_and_export(lookup: Lookup, core, device, config, build,
-                        hint) -> tuple[ov.CompiledModel, str, str | None, prefetch.BlobImport | None]:
-    """(compiled, outcome, entry id, the blob's import if it was a hit after all)."""
+@contextlib.contextmanager
+def exporting(lookup: Lookup, instead: str = "compiling without exporting") -> Iterator[bool]:
+    """Hold the family lock for an export: True, or False (logged: ``instead``) where the cache
+    cannot be written (read-only, permissions) or the lock stays held past its timeout."""
     with contextlib.ExitStack() as stack:
         try:
             lookup.store.prepare()
             stack.enter_context(lookup.store.lock(lookup.family))
         except OSError as exc:
-            log.warning("model cache: %s is not writable (%s); compiling without exporting",
-                        lookup.store.root, exc)
-            return compile_model(core, build(), device, config), "compiled", None, None
+            log.warning("model cache: %s is not writable (%s); %s", lookup.store.root, exc, instead)
+            held = False
         except CacheLockedError as exc:
-            log.warning("model cache: %s; compiling without exporting", exc)
+            log.warning("model cache: %s; %s", exc, instead)
+            held = False
+        else:
+            held = True
+        yield held
+
+
+def _compile_and_export(lookup: Lookup, core, device, config, build,
+                        hint) -> tuple[ov.CompiledModel, str, str | None, prefetch.BlobImport | None]:
+    """(compiled, outcome, entry id, the blob's import if it was a hit after all)."""
+    with exporting(lookup) as held:
+        if not held:
             return compile_model(core, build(), device, config), "compiled", None, None
         # Look again: the process that held the lock before us may have exported this graph.
         hit, entry = _try_hit(lookup, core, device, config, cache_only=False, hint=hint)
@@ -164,7 +183,8 @@ def _compile_and_export(lookup: Lookup, core, device, config, build,
             return hit[0], "hit", entry, hit[1]
         compiled = compile_model(core, build(), device, config)
         try:
-            entry = _export(lookup, compiled)
+            with compiled.export_model() as stream:
+                entry = export_entry(lookup, stream_chunks(stream))
         except OSError as exc:
             log.warning("model cache: export failed (%s); going on with the compiled model", exc)
             return compiled, "compiled", None, None
@@ -173,12 +193,13 @@ def _compile_and_export(lookup: Lookup, core, device, config, build,
         return compiled, "wrote", entry.id, None
 
 
-def _export(lookup: Lookup, compiled: ov.CompiledModel) -> Entry:
+def export_entry(lookup: Lookup, chunks: Iterable[bytes]) -> Entry:
+    """Write ``chunks`` as the blob of ``lookup``'s entry, then the manifest naming it (last: an
+    export interrupted anywhere is no entry). The caller holds the family lock."""
     store, fp = lookup.store, lookup.fp
     entry_id = f"{lookup.family}-{ports_key(lookup.ports)}"
     blob = f"{entry_id}.blob"
-    with compiled.export_model() as stream:
-        size, checksum = store.write_blob(blob, stream)
+    size, checksum = store.write_blob(blob, chunks)
     try:
         try:
             manifest = store.manifest(lookup.family)

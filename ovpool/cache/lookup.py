@@ -43,13 +43,13 @@ class Lookup:
 
     @classmethod
     def create(cls, core: ov.Core, cache_dir: str | Path, identity: GraphIdentity, device: str,
-               config: Mapping[str, Any], lock_timeout_s: float = -1) -> Lookup:
+               config: Mapping[str, Any], lock_timeout_s: float = -1, form: str | None = None) -> Lookup:
         """The lookup for ``identity`` compiled for ``device`` with ``config``; its locks wait at most
-        ``lock_timeout_s`` (< 0: for ever)."""
+        ``lock_timeout_s`` (< 0: for ever); ``form``: see fingerprint."""
         store = CacheStore(cache_dir, lock_timeout_s)
         content = ContentHashes(store) if identity.source_identity == "content" else None
         fp = fingerprint(identity, DeviceKey.probe(core, device), config, ov_version=openvino_version(),
-                         content_hash=content)
+                         content_hash=content, form=form)
         return cls(store, fp, identity.ports)
 
     def find(self, repair: bool = True) -> tuple[Entry | None, str]:

@@ -20,7 +20,7 @@ from ovpool.cache.manifest import Entry, Manifest
 from ovpool.cache.store import CacheStore, crc32_of
 from ovpool.errors import CacheCorruptError, CacheError, CacheLockedError, CacheMissError
 
-_TEMP_NAME = re.compile(r"^.+\.(?P<pid>\d+)\.[0-9a-f]+\.partial$")
+_TEMP_NAME = re.compile(r"^.+\.(?P<pid>\d+)\.[0-9a-f]+\.partial(\.xml|\.bin)?$")
 
 
 def entries(store: CacheStore) -> Iterator[tuple[Manifest, Entry]]:
@@ -143,7 +143,7 @@ def _writing(store: CacheStore) -> Iterator[None]:
 
 def _dead_temps(store: CacheStore) -> list[str]:
     removed = []
-    for path in store.tmp_dir.glob("*.partial") if store.tmp_dir.is_dir() else []:
+    for path in store.tmp_dir.glob("*.partial*") if store.tmp_dir.is_dir() else []:
         match = _TEMP_NAME.match(path.name)
         if match and not _alive(int(match["pid"])):
             store.remove(path)

@@ -9,7 +9,7 @@
       locks/<family>.holder     who took the lock last (pid, host, time): what a waiter logs
       hits/<entry>.hits         one byte appended per hit: its size is the entry's hit count
       hints/<key>.json          the blob an engine's request last used (see ovpool.cache.prefetch)
-      tmp/<name>.<pid>.<random>.partial   while writing; gc removes those of dead processes
+      tmp/<name>.<pid>.<random>.partial[.xml|.bin]   while writing; gc removes those of dead processes
       sources.json              content hashes of GGUF files by file identity (source_identity=content)
       probes.json               device capabilities probed once per OpenVINO version (worker/graph/loading.py)
 
@@ -215,22 +215,26 @@ class CacheStore:
 
     # Writing (callers hold the family lock) ----------------------------------------------------
 
-    def write_blob(self, name: str, stream: BinaryIO) -> tuple[int, str]:
-        """Write ``stream`` (an exported model) to ``blobs/<name>`` crash-safely, in chunks so no
-        second in-memory copy is made; returns (size, checksum)."""
+    def write_blob(self, name: str, chunks: Iterable[bytes]) -> tuple[int, str]:
+        """Write ``chunks`` (an exported model: see ``stream_chunks``; a cached IR) to
+        ``blobs/<name>`` crash-safely, so no second in-memory copy is made; returns (size, checksum)."""
         crc, size = 0, 0
 
-        def chunks() -> Iterator[bytes]:
+        def counted() -> Iterator[bytes]:
             nonlocal crc, size
-            stream.seek(0)
-            while block := stream.read(CHUNK_BYTES):
+            for block in chunks:
                 crc, size = zlib.crc32(block, crc), size + len(block)
                 yield block
 
-        self._atomic_write(self.blob_path(name), chunks(), "blob-write")
+        self._atomic_write(self.blob_path(name), counted(), "blob-write")
         self.remove(self.hits_path(name))  # a new blob: the hits of one dropped before are not its own
         test_pause("blob-renamed")
         return size, f"crc32:{crc:08x}"
+
+    def temp_path(self, name: str, suffix: str = "") -> Path:
+        """A fresh ``tmp/`` path for ``name`` (gc removes it once its process is dead); ``suffix``
+        for writers that insist on one (OpenVINO's serializer: ``.xml``)."""
+        return self.tmp_dir / f"{name}.{os.getpid()}.{secrets.token_hex(4)}.partial{suffix}"
 
     def commit(self, manifest: Manifest) -> None:
         """Replace the family's manifest in one rename: the moment its entries become hits."""
@@ -271,7 +275,7 @@ class CacheStore:
             self.remove(path)
 
     def _atomic_write(self, final: Path, chunks: Iterable[bytes], phase: str) -> None:
-        tmp = self.tmp_dir / f"{final.name}.{os.getpid()}.{secrets.token_hex(4)}.partial"
+        tmp = self.temp_path(final.name)
         try:
             with open(tmp, "wb") as f:
                 for chunk in chunks:
@@ -284,6 +288,13 @@ class CacheStore:
             self.remove(tmp)
             raise
         _fsync_dir(final.parent)
+
+
+def stream_chunks(stream: BinaryIO) -> Iterator[bytes]:
+    """A file-like object's bytes from its start, CHUNK_BYTES at a time."""
+    stream.seek(0)
+    while block := stream.read(CHUNK_BYTES):
+        yield block
 
 
 def _stopped(pid: int) -> bool:

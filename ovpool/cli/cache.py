@@ -156,15 +156,19 @@ def explain_command(model: str, device: str | None, assignments: tuple[str, ...]
 
     from ovpool.cache.lookup import Lookup
     from ovpool.worker.gguf.model import GGUFModel
-    from ovpool.worker.graph.loading import cache_identity, choose_attention
+    from ovpool.worker.graph.loading import batching_plan, cache_identity, choose_attention
     from ovpool.worker.graph.paged import PagedAttention
 
     settings, core = resolve_settings(assignments, device=device), ov.Core()
     attention = choose_attention(settings, settings.device, core, store.root)
     hook = PagedAttention() if attention == "paged" else None
-    identity, config = cache_identity(GGUFModel.open(model), settings.replace(attention=attention),
-                                      settings.device, core, hook)
+    gguf = GGUFModel.open(model)
+    identity, config = cache_identity(gguf, settings.replace(attention=attention), settings.device,
+                                      core, hook)
     info = maintenance.explain(Lookup.create(core, store.root, identity, settings.device, config))
+    info["batching"] = {mode: batching_plan(gguf, settings, settings.device, core, cache_dir=store.root,
+                                            cache_only=mode == "cache-only")
+                        for mode in ("default", "cache-only")}
     if as_json:
         emit_json(info)
         return
@@ -172,6 +176,8 @@ def explain_command(model: str, device: str | None, assignments: tuple[str, ...]
     for k, v in info["fingerprint"].items():
         click.echo(f"  {k}: {v}")
     click.echo(f"HIT {info['hit']}" if info["hit"] else f"MISS: {info['reason']}")
+    click.echo(f"continuous batching: {info['batching']['default']}")
+    click.echo(f"continuous batching in cache-only mode: {info['batching']['cache-only']}")
 
 
 def register(group: click.Group) -> None:

@@ -176,6 +176,9 @@ def status_command(broker: str | None, as_json: bool, **curve: Any) -> None:
     for w in status["workers"]:
         click.echo(f"  {w['id']:<40} {w['device']:<8} {w['active']}/{w['slots']} slots  "
                    f"{_load_text(w.get('load') or {}):<14} models: {', '.join(w['models'])}")
+        if batching := (w.get("load") or {}).get("batching"):
+            click.secho(f"    continuous batching {batching}",
+                        fg="yellow" if batching.startswith("off") else None)
     for s in status.get("supervised", []):
         if s.get("state") not in ("ready", "stopped"):  # not registered (yet): say why
             click.secho(f"  {s.get('host')} {s.get('name')}: {s.get('state')}: {s.get('reason') or ''}",

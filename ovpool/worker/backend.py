@@ -135,10 +135,11 @@ class EngineBackend:
 
     With ``batching=paged`` (the default) each ``step()`` is ONE forward pass over all of them
     (ovpool.worker.generate.batcher: continuous batching). The paged graph loads in a background thread
-    (OpenVINO cannot take it from the cache yet, see docs/architecture.md), so the worker serves
-    from its first second: until it is ready, and with ``batching=interleaved`` or when it cannot
-    load (cache-only mode), each generation runs its own pass on its own InferRequest; requests
-    started that way finish that way.
+    (OpenVINO 2026.4 cannot import it compiled: it is compiled from the cache's IR, see
+    ovpool.cache.ir), so the worker serves from its first second: until it is ready, and with
+    ``batching=interleaved`` or when it cannot load (cache-only mode without that IR), each
+    generation runs its own pass on its own InferRequest; requests started that way finish that
+    way. ``engine.load_report["batching"]`` says which, in words.
     """
 
     def __init__(self, engine: Engine, slots: int = 8, aliases: list[str] | None = None,
@@ -149,6 +150,7 @@ class EngineBackend:
         self.slots = slots
         self._interleaved = Interleaved(engine)
         self._batcher: Batcher | None = None
+        engine.load_report["batching"] = engine.batching_plan()  # what READY tells `ovpool status`
         self._loading = _load_batcher(engine, slots)
 
     @property
@@ -163,8 +165,9 @@ class EngineBackend:
             loading, self._loading = self._loading, None
             try:
                 self._batcher = loading.result()
-            except Exception as exc:  # the worker keeps serving without batching; say why
-                log.error("continuous batching is off: %s; running each sequence on its own", exc)
+            except Exception as exc:  # the worker keeps serving without batching; say why, once
+                self.engine.load_report["batching"] = f"off: {exc}"
+                log.warning("continuous batching is off: %s; each request runs on its own", exc)
 
     def wait_batching(self, timeout: float | None = None) -> bool:
         """Wait for the paged graph; whether new requests are now batched."""

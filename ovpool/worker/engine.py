@@ -104,6 +104,14 @@ class Engine:
                                      "seconds": result.seconds}
         return result
 
+    def batching_plan(self) -> str:
+        """Whether a worker of this engine batches, and how it gets its batching graph, in one
+        plain line (``ovpool status``; ovpool.worker.graph.loading.batching_plan)."""
+        if self.attention == "paged" and self.settings.batching == "paged":
+            return "on (the engine's own graph)"
+        return loading.batching_plan(self.model, self.settings, self.device, self.core,
+                                     cache_dir=self.cache_dir, cache_only=self.cache_only)
+
     def warm_up(self) -> None:
         """Set the device's kernels up now (once; seconds in ``load_report``), not in a request
         (see session.warm_up). Worth it before requests arrive; a process that generates once

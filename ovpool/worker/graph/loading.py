@@ -7,7 +7,9 @@ kernel skips the masked half of a causal prefill, which SDPA computes (SmolLM2, 
 ~100 ms of attention instead of ~370 ms). ``attention=auto`` therefore picks it, except where
 it would make a cache useless: OpenVINO 2026.4's CPU plugin cannot re-import an exported paged
 graph (``reimport_problem``), so with a cache directory on such a device auto means the stateful
-graph, which imports from the cache in a fraction of a compile.
+graph, which imports from the cache in a fraction of a compile. The worker's batching graph is
+the paged one all the same: there the cache keeps its IR (ovpool.cache.ir), so a start, cache-only
+ones included, reads that instead of the GGUF and compiles it in the background.
 """
 
 from __future__ import annotations
@@ -16,22 +18,26 @@ import contextlib
 import dataclasses
 import json
 import logging
+import time
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import openvino as ov
 import openvino.opset13 as ops
 
 from ovpool.cache.fingerprint import GraphIdentity
-from ovpool.cache.loader import LoadResult, load_compiled
+from ovpool.cache.ir import ir_lookup, load_ir
+from ovpool.cache.loader import LoadResult, compile_model, load_compiled
 from ovpool.cache.prefetch import BlobImport
 from ovpool.cache.store import CacheStore
-from ovpool.errors import CacheUnsupportedError
+from ovpool.devices import device_type
+from ovpool.errors import CacheError
 from ovpool.settings import Settings
 from ovpool.worker.gguf.model import GGUFModel
 from ovpool.worker.graph import builder as graph
 from ovpool.worker.graph import decode as decode_graph
-from ovpool.worker.graph.paged import PagedAttention
+from ovpool.worker.graph.paged import PagedAttention, read_ir
 from ovpool.worker.graph.weights import Encoding, int8_groups
 
 log = logging.getLogger("ovpool.worker")
@@ -82,25 +88,25 @@ def load_paged(model: GGUFModel, settings: Settings, device: str, core: ov.Core,
                cache_dir: str | Path | None, cache_only: bool, hint: str | None = None,
                early: BlobImport | None = None) -> LoadResult:
     """The paged graph of ``model``: its ports differ from the stateful graph's, so it has its own
-    exact cache entry, used once the device can re-import it."""
+    exact cache entry; where the device cannot import it (``reimport_problem``), its IR is cached
+    instead and compiled at each start (``_compiled_from_ir``)."""
     attention = PagedAttention()
     settings = settings.replace(attention="paged")  # whatever the single-stream graph uses
     identity, config = cache_identity(model, settings, device, core, attention)
     values = dict(identity.settings)
-    if cache_dir and (why := reimport_problem(core, device, cache_dir)):
-        if cache_only:
-            raise CacheUnsupportedError(f"cache-only mode cannot load the paged graph: {why}")
-        log.info("model cache: not used for the paged graph: %s", why)
-        cache_dir = None
     built: list[ov.Model] = []
 
     def build() -> ov.Model:
         built.append(graph.build_model(model, values, attention))
         return built[-1]
 
-    result = load_compiled(core, identity=identity, device=device, config=config, build=build,
-                           cache_dir=cache_dir, cache_only=cache_only, hint=hint, early=early,
-                           lock_timeout_s=settings.cache_lock_timeout_s)
+    if cache_dir and reimport_problem(core, device, cache_dir):
+        result = _compiled_from_ir(core, identity, device, config, build, built, cache_dir=cache_dir,
+                                   cache_only=cache_only, lock_timeout_s=settings.cache_lock_timeout_s)
+    else:
+        result = load_compiled(core, identity=identity, device=device, config=config, build=build,
+                               cache_dir=cache_dir, cache_only=cache_only, hint=hint, early=early,
+                               lock_timeout_s=settings.cache_lock_timeout_s)
     if not decode_graph.wanted(settings.decode_graph, device, model.path):
         return result
 
@@ -116,21 +122,68 @@ def load_paged(model: GGUFModel, settings: Settings, device: str, core: ov.Core,
     return dataclasses.replace(result, decode=decode)
 
 
+def _compiled_from_ir(core: ov.Core, identity: GraphIdentity, device: str, config: dict, build,
+                      built: list[ov.Model], **cache: Any) -> LoadResult:
+    """The paged graph compiled from the cache's IR of it (outcome ``ir-hit``), or built from the
+    GGUF with its IR exported for the next start (``ir-wrote``; ``compiled`` if it could not be);
+    cache-only mode without that IR raises CacheMissError (ovpool.cache.ir)."""
+    start = time.perf_counter()
+    ir = load_ir(core, identity=identity, device=device, config=config, build=build, read=read_ir, **cache)
+    if ir.outcome == "hit":
+        built.append(ir.model)  # the decode graph's source, as a built one would be
+    try:
+        compiled = compile_model(core, ir.model, device, config)
+    except BaseException:
+        if ir.weights is not None:
+            ir.weights.close()
+        raise
+    outcome = {"hit": "ir-hit", "wrote": "ir-wrote"}.get(ir.outcome, "compiled")
+    log.info("batching graph compiled in %.1f s (%s: the cache keeps its IR, not its compiled form)",
+             time.perf_counter() - start, reimport_problem(core, device))
+    return LoadResult(compiled, outcome, ir.entry, time.perf_counter() - start, blob=ir.weights)
+
+
+def batching_plan(model: GGUFModel, settings: Settings, device: str, core: ov.Core, *,
+                  cache_dir: str | Path | None, cache_only: bool) -> str:
+    """Whether a worker of ``model`` batches (continuous batching: the paged graph) and how it
+    gets that graph, in one plain line for ``ovpool status`` and ``ovpool cache explain``.
+    Reads the cache's manifests only (no blob, no weight)."""
+    if settings.batching != "paged":
+        return f"off: setting batching={settings.batching}"
+    why = reimport_problem(core, device, cache_dir) if cache_dir else None
+    if why is None:
+        return "on" + (" (its compiled graph comes from the cache like the others)" if cache_dir else "")
+    attention = PagedAttention()
+    identity, config = cache_identity(model, settings.replace(attention="paged"), device, core, attention)
+    try:
+        entry, reason = ir_lookup(core, cache_dir, identity, device, config).find(repair=False)
+    except CacheError as exc:
+        entry, reason = None, str(exc)
+    if entry is not None:
+        return f"on, its graph compiled at each start from the cache's IR ({why}): not cache-only"
+    if cache_only:
+        return (f"off: {why}, and cache-only mode found no IR of it in the cache ({reason}); start "
+                f"once without cache-only to add it")
+    return f"on, its graph built and compiled at start ({why}); its IR is cached for the next start"
+
+
 _REIMPORT: dict[str, str | None] = {}
 _TYPES = {"i32": ov.Type.i32, "i64": ov.Type.i64, "dynamic": ov.Type.dynamic}
 
 
 def reimport_problem(core: ov.Core, device: str, cache_dir: str | Path | None = None) -> str | None:
-    """Why ``device``'s plugin cannot import an exported paged-attention graph; None if it can.
+    """Why ``device``'s plugin cannot import an exported paged-attention graph, in plain words;
+    None if it can.
 
     OpenVINO 2026.4's CPU plugin needs the op's head sizes from node rt_info, which an exported blob
-    does not keep; a cached paged graph would then fail at every start. Probed on a one-layer graph
-    (~0.05 s of CPU), so a fixed OpenVINO gets the cache with no change here: once per process and
-    device, and once per OpenVINO version and device for a ``cache_dir`` (which keeps the answers).
+    does not keep (OpenVINO's words, logged at debug level: "Runtime info k_head_size and
+    num_k_heads are required for PagedAttention node"). Probed on a one-layer graph (~0.05 s of
+    CPU), so a fixed OpenVINO gets the cache with no change here: once per process and device, and
+    once per OpenVINO version and device for a ``cache_dir`` (which keeps the answers).
     """
     if device not in _REIMPORT:
         store = CacheStore(cache_dir) if cache_dir else None
-        known, key = _known_problems(store), f"{ov.get_version()} {device}"
+        known, key = _known_problems(store), f"paged import {ov.get_version()} {device}"
         if key not in known:
             known[key] = _probe(core, device)
             _keep_problems(store, known)
@@ -145,9 +198,10 @@ def _probe(core: ov.Core, device: str) -> str | None:
     try:
         core.import_model(blob, device)
         return None
-    except RuntimeError as exc:
-        reason = [line for line in str(exc).splitlines() if line.strip()][-1]
-        return f"OpenVINO {ov.get_version()} cannot re-import it: {reason}"
+    except RuntimeError as exc:  # translated here, once: OpenVINO's text names its internals
+        log.debug("paged graph re-import probe on %s: %s", device, exc)
+        version = ov.get_version().split("-")[0]
+        return f"OpenVINO {version} cannot import a compiled paged-attention graph on {device_type(device)}"
 
 
 def _known_problems(store: CacheStore | None) -> dict[str, str | None]:
