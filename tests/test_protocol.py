@@ -99,10 +99,12 @@ def test_unknown_extra_fields_are_ignored_for_forward_compatibility():
     assert decode([VERSION, b"\x02", body]) == Cancel("r")
 
 
-def test_ready_carries_the_load_time_of_all_phases_and_the_cache_outcome():
+def test_ready_carries_the_load_time_of_all_phases_the_cache_outcome_and_batching():
     report = {"outcome": "hit", "entry": "fam-ports", "graph_settings": {"stateful": "on"},
               "seconds": {"open": 0.1, "tokenizer": 0.05, "compiled model": 0.2, "warm-up": 0.05}}
-    assert load_to_wire(report) == {"outcome": "hit", "seconds": 0.4, "entry": "fam-ports"}
+    assert load_to_wire(report) == {"outcome": "hit", "seconds": 0.4, "entry": "fam-ports", "batching": None}
+    said = load_to_wire({**report, "batching": "off: setting batching=interleaved"})
+    assert said["batching"] == "off: setting batching=interleaved"
     assert load_to_wire({}) == {}  # the null backend loads nothing
     assert Ready("w", ["m"], "CPU", 1, "h", 1).load == {}  # READY from an older worker
 

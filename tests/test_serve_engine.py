@@ -12,6 +12,7 @@ import sys
 import pytest
 from serve_helpers import free_port, scrape, serve, wait_for
 
+from ovpool.cache.ir import FORM
 from ovpool.client import Client
 
 pytestmark = pytest.mark.slow
@@ -42,6 +43,7 @@ def test_cold_cache_three_workers_compile_once_and_a_killed_worker_imports(tmp_p
                                capture_output=True, text=True, check=True).stdout
         counts = [len(re.findall(rf" {outcome} \d+\.\ds ", table)) for outcome in ("hit", "wrote")]
         assert counts == [2, 1], table
+        assert table.count("    continuous batching on") == 3, table
         events = [labels for (name, labels), value in scrape(port).items()
                   if name == "ovpool_worker_cache_total" and value == 1]
         assert sorted(dict(labels)["event"] for labels in events) == ["hits", "hits", "misses", "writes"]
@@ -57,9 +59,12 @@ def test_cold_cache_three_workers_compile_once_and_a_killed_worker_imports(tmp_p
         assert len(cache_lines(log, "WROTE")) == 1
     ls = [sys.executable, "-m", "ovpool", "cache", "ls", "--cache-dir", str(cache), "--json"]
     listed = subprocess.run(ls, capture_output=True, text=True, check=True)
-    entries = json.loads(listed.stdout)
-    assert len(entries) == 1 and entries[0]["models"] == [str(model)]
-    assert entries[0]["hits"] == 3  # two workers at the cold start, then the restarted one
+    # The engine's graph, and the batching graph's IR where OpenVINO cannot import it compiled.
+    entries = {e["form"]: e for e in json.loads(listed.stdout)}
+    assert len(entries) == len(json.loads(listed.stdout)) and set(entries) <= {"compiled model", FORM}
+    for entry in entries.values():
+        assert entry["models"] == [str(model)]
+        assert entry["hits"] == 3  # two workers at the cold start, then the restarted one
 
 
 def test_cache_only_miss_is_reported_failing_not_retried(tmp_path, tiny_model):

@@ -34,6 +34,7 @@ def describe(store: CacheStore, manifest: Manifest, entry: Entry) -> dict[str, A
     parts = manifest.parts
     return {
         "entry": entry.id, "family": manifest.family, "models": manifest.models,
+        "form": parts.get("cached form", "compiled model"),  # or ovpool.cache.ir's FORM
         "architecture": parts.get("architecture"),
         "device": f"{parts.get('device type')} ({parts.get('device architecture')})",
         "settings": {k[len("setting "):]: v for k, v in parts.items() if k.startswith("setting ")},
