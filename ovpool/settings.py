@@ -111,6 +111,10 @@ _SETTINGS = [
             "CPU when twice the model file fits in an eighth of physical memory)",
             choices=("auto", "on", "off")),
     Setting("kv_cache_mb", int, 256, "MiB of paged KV-cache blocks per worker (batching=paged)", minimum=1),
+    Setting("prefix_cache", str, "auto", "reuse the KV of a prompt's beginning that an earlier sequence "
+            "computed (a chat's history, a shared system prompt), inside kv_cache_mb: on, off, or auto "
+            "(on where the answers are exactly those without it: f32 compute, not u8 KV; see "
+            "docs/prefix-caching.md)", choices=("auto", "on", "off")),
     # Graph-changing: these enter the cache fingerprint.
     Setting("inference_precision", str, "auto", "compute precision (auto: fastest correct on the device)",
             choices=("auto", "f32", "bf16", "f16"), graph=True),

@@ -322,6 +322,8 @@ def test_an_unbatched_generation_that_fails_is_an_inference_error():
     from ovpool.worker.backend import Interleaved
 
     class Failing:
+        prompt_ids, cached = [1], 0
+
         def step(self):
             raise RuntimeError("device lost")
 

@@ -5,6 +5,11 @@ all of them by one token per ``step()``.
 so the broker, worker and client can be tested and benchmarked without OpenVINO.
 ``EngineBackend`` runs an Engine's generations: one batched forward pass per step (continuous
 batching, ovpool.worker.generate.batcher), or interleaved, one pass per generation per step.
+
+What a worker reports of its prefix cache (docs/prefix-caching.md): each request comes with opaque
+``route_keys`` (the broker's, over the request's text); ``held_route_keys(limit)`` lists those of
+requests whose KV is still cached, most recently used first; ``prompt_tokens`` and
+``cached_prompt_tokens`` count the prompt tokens admitted and, of those, the ones not recomputed.
 """
 
 from __future__ import annotations
@@ -15,6 +20,8 @@ import math
 import random
 import time
 import zlib
+from collections import OrderedDict
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ovpool.completion import Completion, Delta, Logprob, TokenLogprobs, Usage
@@ -41,7 +48,16 @@ class Backend(Protocol):
     @property
     def active(self) -> int: ...
 
-    def add(self, request_id: str, prompt: PromptOrMessages, params: SamplingParams) -> None: ...
+    @property
+    def prompt_tokens(self) -> int: ...
+
+    @property
+    def cached_prompt_tokens(self) -> int: ...
+
+    def add(self, request_id: str, prompt: PromptOrMessages, params: SamplingParams,
+            route_keys: Sequence[bytes] = ()) -> None: ...
+
+    def held_route_keys(self, limit: int) -> list[bytes]: ...
 
     def cancel(self, request_id: str) -> None: ...
 
@@ -68,28 +84,49 @@ class _NullSession:
 
 
 class NullBackend:
-    """Deterministic fake tokens: ``" t<id>"`` with ids drawn from (seed, prompt); no model at all."""
+    """Deterministic fake tokens: ``" t<id>"`` with ids drawn from (seed, prompt); no model at all.
+
+    Its "prefix cache" holds the route keys of the last ``held_keys`` requests; a request's prompt
+    tokens count as cached in the share of its route keys held when it arrives."""
 
     def __init__(self, models: list[str] | None = None, slots: int = 8, token_delay_s: float = 0.0,
-                 max_prompt_tokens: int = 8192, vocab_size: int = 1000):
+                 max_prompt_tokens: int = 8192, vocab_size: int = 1000, held_keys: int = 256):
         self.models = list(models or ["null"])
         self.slots = slots
         self.token_delay_s = token_delay_s
         self.max_prompt_tokens = max_prompt_tokens
         self.vocab_size = vocab_size
         self._sessions: dict[str, _NullSession] = {}
+        self._held: OrderedDict[bytes, None] = OrderedDict()  # least recently used first
+        self._held_limit = held_keys
+        self.prompt_tokens = self.cached_prompt_tokens = 0
 
     @property
     def active(self) -> int:
         return len(self._sessions)
 
-    def add(self, request_id: str, prompt: PromptOrMessages, params: SamplingParams) -> None:
+    def add(self, request_id: str, prompt: PromptOrMessages, params: SamplingParams,
+            route_keys: Sequence[bytes] = ()) -> None:
         _check_room(self.active, self.slots)
         text = prompt if isinstance(prompt, str) else "\n".join(m["content"] for m in prompt)
         n = len(text.split())  # a word is a "token" here
         check_prompt_length(n, self.max_prompt_tokens)
         check_logit_bias(params.logit_bias, self.vocab_size)
         self._sessions[request_id] = _NullSession(n, params, text)
+        self._hold(n, route_keys)
+
+    def _hold(self, prompt_tokens: int, keys: Sequence[bytes]) -> None:
+        held = sum(key in self._held for key in keys)
+        self.prompt_tokens += prompt_tokens
+        self.cached_prompt_tokens += prompt_tokens * held // len(keys) if keys else 0
+        for key in keys:
+            self._held[key] = None
+            self._held.move_to_end(key)
+        while len(self._held) > self._held_limit:
+            self._held.popitem(last=False)
+
+    def held_route_keys(self, limit: int) -> list[bytes]:
+        return list(reversed(self._held))[:max(limit, 0)]
 
     def cancel(self, request_id: str) -> None:
         self._sessions.pop(request_id, None)
@@ -180,15 +217,30 @@ class EngineBackend:
     def active(self) -> int:
         return self._interleaved.active + (self._batcher.active if self._batcher else 0)
 
-    def add(self, request_id: str, prompt: PromptOrMessages, params: SamplingParams) -> None:
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(runs.prompt_tokens for runs in self._runners())
+
+    @property
+    def cached_prompt_tokens(self) -> int:
+        return sum(runs.cached_prompt_tokens for runs in self._runners())
+
+    def held_route_keys(self, limit: int) -> list[bytes]:
+        """The batcher's (the single-stream sessions keep no route keys)."""
+        return self._batcher.held_route_keys(limit) if self._batcher is not None else []
+
+    def _runners(self) -> list[Batcher | Interleaved]:
+        return [self._interleaved] + ([self._batcher] if self._batcher is not None else [])
+
+    def add(self, request_id: str, prompt: PromptOrMessages, params: SamplingParams,
+            route_keys: Sequence[bytes] = ()) -> None:
         _check_room(self.active, self.slots)
         self._take_batcher()
-        _translated(self.runs.add, request_id, prompt, params)
+        _translated(self.runs.add, request_id, prompt, params, tuple(route_keys))
 
     def cancel(self, request_id: str) -> None:
-        for runs in (self._interleaved, self._batcher):
-            if runs is not None:
-                runs.cancel(request_id)
+        for runs in self._runners():
+            runs.cancel(request_id)
 
     def step(self) -> list[Event]:
         events = self._interleaved.step() if self._interleaved.active else []
@@ -227,14 +279,19 @@ class Interleaved:
     def __init__(self, engine: Engine):
         self.engine = engine
         self._generations: dict[str, Generation] = {}
+        self.prompt_tokens = self.cached_prompt_tokens = 0
 
     @property
     def active(self) -> int:
         return len(self._generations)
 
-    def add(self, request_id: str, prompt: PromptOrMessages, params: SamplingParams) -> None:
+    def add(self, request_id: str, prompt: PromptOrMessages, params: SamplingParams,
+            route_keys: Sequence[bytes] = ()) -> None:
+        """``route_keys`` are not kept: a session's KV is reused by prompt, not by key."""
         gen = self.engine.generation(prompt, params, prefill_chunk=self.engine.settings.prefill_chunk)
         self._generations[request_id] = gen
+        self.prompt_tokens += len(gen.prompt_ids)
+        self.cached_prompt_tokens += gen.cached
 
     def cancel(self, request_id: str) -> None:
         gen = self._generations.pop(request_id, None)

@@ -3,7 +3,9 @@
 Loading opens the GGUF header, resolves the effective graph settings, chooses the graph (paged or
 stateful, see ovpool.worker.graph.loading) and gets it compiled through the compiled-model cache (a hit
 never builds the graph or reads a weight). Each Generation borrows a session (an InferRequest with
-its own KV cache) from a pool, so several can be interleaved; finished sessions are reset and reused.
+its own KV cache) from a pool, so several can be interleaved; finished sessions are reused. With the
+prefix cache on (``prefix_cache``) a finished session keeps its KV, and the next generation whose
+prompt begins with that session's tokens (a chat's next turn) computes only the rest.
 """
 
 from __future__ import annotations
@@ -125,6 +127,16 @@ class Engine:
         self.warmed = True
 
     @property
+    def prefix_cache(self) -> bool:
+        """Whether generations reuse KV computed for an earlier sequence (setting ``prefix_cache``).
+        ``auto``: where that leaves every answer exactly as without it (docs/prefix-caching.md)."""
+        choice = self.settings.prefix_cache
+        if choice != "auto":
+            return choice == "on"
+        g = self.graph_settings
+        return g["inference_precision"] == "f32" and g["kv_cache_precision"] != "u8"
+
+    @property
     def name(self) -> str:
         return self.model.name
 
@@ -179,7 +191,7 @@ class Engine:
         """A Generation to drive with ``step()``; ``prefill_chunk`` splits a long prompt over steps."""
         params = params or SamplingParams()
         ids = self.admit(prompt, params)
-        return Generation(self._acquire(), self._release, ids, params, self.tokenizer,
+        return Generation(self._acquire(ids), self._release, ids, params, self.tokenizer,
                           context_length=self.hparams.context_length, prefill_chunk=prefill_chunk,
                           constraint=self.constraint(params))
 
@@ -209,15 +221,21 @@ class Engine:
         check_prompt(ids, vocab_size=self.hparams.vocab_size, context_length=self.hparams.context_length,
                      max_prompt_tokens=self.settings.max_prompt_tokens, new_tokens=new_tokens)
 
-    def _acquire(self) -> Session | PagedSession:
+    def _acquire(self, ids: Sequence[int] = ()) -> Session | PagedSession:
+        """An idle session, the one that keeps the most of ``ids``'s beginning (prefix cache) and
+        has it cached (``past``); a new one if none is idle."""
         if self._idle:
-            return self._idle.pop()
+            best = max(self._idle, key=lambda s: s.reusable(ids)) if self.prefix_cache and ids else None
+            session = self._idle.pop(self._idle.index(best) if best is not None else -1)
+            session.resume(ids if best is not None else ())
+            return session
         if self.attention == "paged":
             return PagedSession(self.compiled, self.load_result.decode)
         return Session(self.compiled.create_infer_request())
 
     def _release(self, session: Session | PagedSession) -> None:
-        session.reset()
+        if not self.prefix_cache:
+            session.reset()
         self._idle.append(session)
 
     def close(self) -> None:

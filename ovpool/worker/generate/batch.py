@@ -15,6 +15,7 @@ import openvino as ov
 
 from ovpool.errors import InferenceError
 from ovpool.worker.generate.scheduler import Chunk
+from ovpool.worker.generate.session import reusable_prefix
 from ovpool.worker.graph.decode import DecodeGraph
 
 _MIB = 1 << 20
@@ -114,9 +115,21 @@ class PagedSession:
         self.runner = PagedRunner(compiled, num_blocks=1, decode=decode)
         self.runner.grow(-(-_SESSION_POSITIONS // self.runner.block_size))
         self.past = 0
+        self.tokens: list[int] = []  # the ids of the cached positions
 
     def reset(self) -> None:
         self.past = 0
+        self.tokens = []
+
+    def reusable(self, ids: Sequence[int]) -> int:
+        """How many of ``ids``'s first positions this session's cache can keep (see ``resume``)."""
+        return reusable_prefix(self.tokens, ids)
+
+    def resume(self, ids: Sequence[int]) -> None:
+        """Keep the cached positions ``ids`` begins with (``reusable(ids)``); later ones are
+        overwritten as the sequence goes on (the op reads a block only up to ``past_lens``)."""
+        self.past = self.reusable(ids)
+        del self.tokens[self.past:]
 
     def prepare(self) -> None:
         """Make the decode graph now if there is one, so that a warm-up sets it up too."""
@@ -132,6 +145,7 @@ class PagedSession:
         chunk = Chunk(seq_id="", start=self.past, tokens=list(ids), blocks=list(range(blocks)), sample=True)
         logits = self.runner.forward([chunk], rows=range(logits_from, n))
         self.past += n
+        self.tokens.extend(ids)
         return logits
 
 

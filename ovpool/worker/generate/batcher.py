@@ -4,14 +4,19 @@ The Scheduler (pure logic) says which tokens of which requests go into the pass;
 (OpenVINO) runs it; each request's Generation (sampling, stop strings, streaming text, EOS, limits:
 the same code as a single-stream generation) takes the logits row of its last token. Requests
 join between steps and long prompts are prefilled in ``prefill_chunk`` pieces next to running
-decodes. A request whose sequence outgrows the whole KV cache fails with a clear error.
+decodes. A request whose sequence outgrows the whole KV cache fails with a clear error. With the
+prefix cache (``Engine.prefix_cache``) a request reuses the KV blocks of any earlier sequence its
+tokens begin with (docs/prefix-caching.md); ``held_route_keys`` and the prompt-token counters are
+what the worker reports of it to the broker.
 The Batcher is handed its compiled graph (``Engine.paged_graph``, through ``from_graph``); the
 Engine loads, owns and closes it.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from ovpool.errors import InferenceError, InvalidRequestError, OvpoolError
@@ -33,10 +38,13 @@ log = logging.getLogger("ovpool.worker")
 class Batcher:
     """Continuous batching of ``engine``'s requests (its tokenizer, limits, sampling) on ``runner``."""
 
-    def __init__(self, engine: Engine, runner: PagedRunner, *, max_running: int, prefill_chunk: int):
+    def __init__(self, engine: Engine, runner: PagedRunner, *, max_running: int, prefill_chunk: int,
+                 prefix_cache: bool | None = None):
         self.engine, self.runner = engine, runner
+        caching = engine.prefix_cache if prefix_cache is None else prefix_cache
         self.scheduler = Scheduler(num_blocks=runner.num_blocks, block_size=runner.block_size,
-                                   prefill_chunk=prefill_chunk, max_running=max_running)
+                                   prefill_chunk=prefill_chunk, max_running=max_running,
+                                   caching=caching, seed=_graph_seed(engine, runner))
         self._generations: dict[str, Generation] = {}
         self.warmed = False
 
@@ -65,7 +73,22 @@ class Batcher:
     def active(self) -> int:
         return len(self._generations)
 
-    def add(self, request_id: str, prompt: Any, params: SamplingParams) -> None:
+    @property
+    def prompt_tokens(self) -> int:
+        """Prompt tokens of the requests admitted so far."""
+        return self.scheduler.prompt_tokens
+
+    @property
+    def cached_prompt_tokens(self) -> int:
+        """Of those, the ones whose KV came from the prefix cache (not computed)."""
+        return self.scheduler.cached_prompt_tokens
+
+    def held_route_keys(self, limit: int) -> list[bytes]:
+        """Route keys of requests whose KV chain is still cached, most recently used first."""
+        return self.scheduler.held_keys(limit)
+
+    def add(self, request_id: str, prompt: Any, params: SamplingParams,
+            route_keys: Sequence[bytes] = ()) -> None:
         ids = self.engine.admit(prompt, params)
         if not self.scheduler.fits(len(ids) + 1):
             raise InvalidRequestError(
@@ -75,7 +98,7 @@ class Batcher:
         self._generations[request_id] = Generation(None, None, ids, params, self.engine.tokenizer,
                                                    context_length=h.context_length,
                                                    constraint=self.engine.constraint(params))
-        self.scheduler.add(request_id, ids)
+        self.scheduler.add(request_id, ids, route_keys)
 
     def cancel(self, request_id: str) -> None:
         self.scheduler.finish(request_id)
@@ -98,6 +121,7 @@ class Batcher:
                 logits = masks.apply(logits)
         except InferenceError as exc:  # the pass is shared: every request in it fails
             return events + [self._fail(c.seq_id, exc) for c in plan.chunks]
+        self.scheduler.commit()  # before _accept ends any sequence: its last blocks are written
         for rid, row in zip(sampled, logits, strict=True):
             events += self._accept(rid, row, masked=masks is not None)
         return events
@@ -125,3 +149,10 @@ class Batcher:
         self.cancel(request_id)
         return Failed(request_id, error)
 
+
+def _graph_seed(engine: Engine, runner: PagedRunner) -> bytes:
+    """The first KV block's parent address: the graph's identity (model file, device, graph
+    settings, KV layout), so blocks of two models or two precisions never match."""
+    identity = (str(engine.model.path), engine.device, sorted(engine.graph_settings.items()),
+                runner.block_size, runner.block_bytes)
+    return hashlib.blake2b(repr(identity).encode(), digest_size=16).digest()

@@ -30,7 +30,9 @@ class Generation:
                  prefill_chunk: int | None = None, constraint: Constraint | None = None):
         self._session, self._release = session, release
         self.prompt_ids, self.params = list(prompt_ids), params
-        self._pending = list(prompt_ids)
+        # A session may keep the KV of the prompt's beginning (Engine.prefix_cache): not recomputed.
+        self.cached = session.past if session is not None else 0
+        self._pending = self.prompt_ids[self.cached:]
         self._chunk = max(prefill_chunk or len(self._pending), 2)  # see prompt_chunk
         self._context_length = context_length
         self._eos = frozenset() if params.ignore_eos else frozenset(tokenizer.eos_ids)

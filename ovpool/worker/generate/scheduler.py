@@ -14,6 +14,11 @@ pending == 1 is a decode (one token, then sample); pending > 1 is a prompt still
    admitted sequence is preempted: its blocks are freed and it waits, at the front of the queue, to
    recompute its tokens. A sequence that alone needs more blocks than the pool has is ``exhausted``.
 
+With prefix caching (``caching=True``) the blocks are content-addressed (ovpool.worker.generate.blocks):
+a sequence is admitted on the longest chain of cached full blocks its tokens begin with and computes
+only the rest. ``commit()``, once a plan's pass has run, gives the full blocks it computed their
+addresses; freed blocks stay cached (a preempted sequence finds its own again) until evicted.
+
 Nothing here touches OpenVINO; ``ovpool.worker.generate.batch`` turns a Plan into a forward pass.
 """
 
@@ -22,6 +27,9 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+
+from ovpool.worker.generate.blocks import BlockPool, chain_hashes
+from ovpool.worker.generate.route_keys import HeldKeys
 
 
 def prompt_chunk(left: int, budget: int) -> int:
@@ -67,8 +75,17 @@ class _Seq:
     id: str
     tokens: list[int]
     prompt: int  # how many of the tokens are the prompt
+    keys: tuple[bytes, ...] = ()  # the request's route keys (opaque, see held_keys)
     computed: int = 0
     blocks: list[int] = field(default_factory=list)
+    addresses: list[bytes] = field(default_factory=list)  # of its tokens' full blocks, so far
+    registered: int = 0  # how many of its blocks have their address in the pool
+    admitted: bool = False  # once: counted in prompt_tokens
+
+    @property
+    def tail(self) -> bytes | None:
+        """The address of its last computed full block (None without one)."""
+        return self.addresses[self.registered - 1] if self.registered else None
 
     @property
     def pending(self) -> int:
@@ -83,15 +100,23 @@ class _Seq:
 
 
 class Scheduler:
-    def __init__(self, *, num_blocks: int, block_size: int, prefill_chunk: int, max_running: int):
+    """``caching``: reuse cached full blocks (prefix caching); ``seed``: the graph's identity,
+    the first block's parent address."""
+
+    def __init__(self, *, num_blocks: int, block_size: int, prefill_chunk: int, max_running: int,
+                 caching: bool = False, seed: bytes = b""):
         if num_blocks < 1 or block_size < 1 or prefill_chunk < 1 or max_running < 1:
             raise ValueError("num_blocks, block_size, prefill_chunk and max_running must be >= 1")
         self.num_blocks, self.block_size = num_blocks, block_size
         self.prefill_chunk, self.max_running = prefill_chunk, max_running
-        self._free: deque[int] = deque(range(num_blocks))
+        self.pool, self.seed = BlockPool(num_blocks, caching), seed
         self._waiting: deque[_Seq] = deque()
         self._running: list[_Seq] = []  # admission order
         self._seqs: dict[str, _Seq] = {}
+        self._planned: list[str] = []  # the sequences of the last plan, until commit()
+        self._held = HeldKeys(limit=max(256, num_blocks))
+        self.prompt_tokens = 0  # of admitted sequences
+        self.cached_prompt_tokens = 0  # of those, taken from cached blocks
 
     # -- sequences ---------------------------------------------------------------------------
     def blocks_for(self, num_tokens: int) -> int:
@@ -101,12 +126,12 @@ class Scheduler:
         """Whether a sequence of ``num_tokens`` tokens fits in the whole KV cache."""
         return self.blocks_for(num_tokens) <= self.num_blocks
 
-    def add(self, seq_id: str, prompt: Sequence[int]) -> None:
+    def add(self, seq_id: str, prompt: Sequence[int], keys: Sequence[bytes] = ()) -> None:
         if seq_id in self._seqs:
             raise ValueError(f"sequence {seq_id!r} is already scheduled")
         if not prompt:
             raise ValueError("a sequence needs at least one token")
-        seq = _Seq(seq_id, list(prompt), len(prompt))
+        seq = _Seq(seq_id, list(prompt), len(prompt), tuple(keys))
         self._seqs[seq_id] = seq
         self._waiting.append(seq)
 
@@ -123,6 +148,8 @@ class Scheduler:
             self._running.remove(seq)
         else:
             self._waiting.remove(seq)
+        if seq.tail is not None:
+            self._held.note(seq.keys, seq.tail)
         self._release(seq)
 
     @property
@@ -135,7 +162,15 @@ class Scheduler:
 
     @property
     def free_blocks(self) -> int:
-        return len(self._free)
+        """Blocks no sequence holds (empty or cached)."""
+        return self.pool.available
+
+    def held_keys(self, limit: int) -> list[bytes]:
+        """Up to ``limit`` route keys of requests whose KV chain is still in the pool, most
+        recently used first: running ones (newest first), then finished ones whose last full
+        block is still cached."""
+        running = [(s.keys, s.tail) for s in reversed(self._running) if s.tail is not None]
+        return self._held.held(running, self.pool.holds, limit)
 
     def __len__(self) -> int:
         return len(self._seqs)
@@ -156,12 +191,51 @@ class Scheduler:
             if not self.fits(len(seq.tokens)):
                 self._exhaust(seq, plan)
                 continue
+            self._reuse(seq)
             n = seq.take(budget)
-            if not n or self.blocks_for(seq.computed + n) + len(self._running) > len(self._free):
+            need = self.blocks_for(seq.computed + n) - len(seq.blocks)
+            if not n or need + len(self._running) > self.pool.available:
+                self._release(seq)  # its cached blocks go back, as they were
                 break
             self._running.append(self._waiting.popleft())
+            self._count(seq)
             budget -= self._schedule(seq, n, plan)
+        self._planned = [c.seq_id for c in plan.chunks]
         return plan
+
+    def commit(self) -> None:
+        """The last plan's pass has run: the full blocks it computed get their content addresses
+        (not before: a block is only shared once its keys and values are written)."""
+        for seq_id in self._planned:
+            seq = self._seqs.get(seq_id)
+            if seq is None or seq not in self._running:
+                continue
+            full = seq.computed // self.block_size
+            seq.addresses = chain_hashes(self.seed, seq.tokens, self.block_size, seq.addresses, full)
+            for i in range(seq.registered, full):
+                self.pool.register(seq.blocks[i], seq.addresses[i])
+            seq.registered = max(seq.registered, full)
+        self._planned = []
+
+    def _reuse(self, seq: _Seq) -> None:
+        """Start ``seq`` (not computed) on the longest chain of cached blocks its tokens begin with,
+        but always computing at least its last token (to sample from it) and never a prompt's last
+        token alone (see prompt_chunk): a block fewer when the chain ends there."""
+        if not self.pool.caching or seq.blocks:
+            return
+        seq.addresses = chain_hashes(self.seed, seq.tokens, self.block_size, seq.addresses)
+        n = self.pool.longest(seq.addresses)
+        while n and not _resumable(seq, n * self.block_size):
+            n -= 1
+        seq.blocks = [self.pool.take(a) for a in seq.addresses[:n]]
+        seq.computed = n * self.block_size
+        seq.registered = n
+
+    def _count(self, seq: _Seq) -> None:
+        if not seq.admitted:
+            seq.admitted = True
+            self.prompt_tokens += seq.prompt
+            self.cached_prompt_tokens += min(seq.computed, seq.prompt)
 
     def _schedule(self, seq: _Seq, n: int, plan: Plan) -> int:
         """Add ``n`` tokens of ``seq`` to ``plan`` (allocating, preempting if needed); tokens added."""
@@ -178,18 +252,17 @@ class Scheduler:
         if not self.fits(num_tokens):
             self._exhaust(seq, plan)
             return False
-        while need > len(self._free):
+        while need > self.pool.available:
             victim = self._running[-1]
             self._preempt(victim, plan)
             if victim is seq:
                 return False
-        seq.blocks.extend(self._free.popleft() for _ in range(need))
+        seq.blocks.extend(self.pool.allocate() for _ in range(need))
         return True
 
     def _preempt(self, seq: _Seq, plan: Plan) -> None:
         self._running.remove(seq)
-        self._release(seq)
-        seq.computed = 0
+        self._release(seq)  # its full blocks stay cached: it may find them again
         self._waiting.appendleft(seq)
         plan.preempted.append(seq.id)
         # A preempted sequence may already have a chunk in this plan: it is recomputed anyway.
@@ -200,7 +273,10 @@ class Scheduler:
         plan.exhausted.append(seq.id)
 
     def _release(self, seq: _Seq) -> None:
-        # Reused first (last in, first out): blocks never written cost no memory (batch.PagedRunner),
-        # so a long-running worker touches only as many as its busiest moment needed.
-        self._free.extendleft(reversed(seq.blocks))
-        seq.blocks = []
+        self.pool.release(seq.blocks)
+        seq.blocks, seq.computed, seq.registered = [], 0, 0
+
+
+def _resumable(seq: _Seq, computed: int) -> bool:
+    """Whether ``seq`` can start at ``computed`` tokens and be computed as a run of its own would."""
+    return computed < len(seq.tokens) and (computed >= seq.prompt or seq.prompt - computed >= 2)

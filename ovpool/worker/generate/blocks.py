@@ -1,0 +1,122 @@
+"""The paged KV pool's blocks as pure logic: reference counts, content addresses, LRU eviction.
+
+A block is in one of three states:
+
+- in use: ``refs > 0``, held by one or more sequences' block tables; never evicted;
+- cached: ``refs == 0`` but it holds a full block whose content address (``chain_hash``) is known,
+  so a new sequence with the same prefix can take it over without recomputing it; evicted least
+  recently used first when the pool needs room;
+- empty: ``refs == 0`` and nothing worth keeping.
+
+``available`` (empty + cached) is what the scheduler can allocate, so the cache lives inside
+``kv_cache_mb``: caching never takes a block a sequence needs. A full block's address chains the
+address of everything before it (``chain_hash``), so equal addresses mean equal prefixes, and the
+first one is seeded with the graph's identity, so two models never share a block.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict, deque
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+
+def chain_hash(parent: bytes, tokens: Sequence[int]) -> bytes:
+    """The content address of a full block of ``tokens`` after the block addressed ``parent``
+    (for the first block: the graph's identity)."""
+    return hashlib.blake2b(np.asarray(tokens, np.int64).tobytes(), key=parent[:64], digest_size=16).digest()
+
+
+def chain_hashes(seed: bytes, tokens: Sequence[int], block_size: int, start: Sequence[bytes] = (),
+                 blocks: int | None = None) -> list[bytes]:
+    """The addresses of the first ``blocks`` (default: every) full blocks of ``tokens``, continuing
+    ``start`` (those of the first ``len(start)`` blocks, already known)."""
+    hashes = list(start)
+    end = len(tokens) // block_size if blocks is None else blocks
+    for i in range(len(hashes), end):
+        hashes.append(chain_hash(hashes[-1] if hashes else seed, tokens[i * block_size:(i + 1) * block_size]))
+    return hashes
+
+
+class BlockPool:
+    """``num_blocks`` KV blocks; ``caching=False`` keeps no content (every freed block is empty)."""
+
+    def __init__(self, num_blocks: int, caching: bool = True):
+        self.num_blocks, self.caching = num_blocks, caching
+        # Empty blocks are reused last in, first out: blocks never written cost no memory
+        # (batch.PagedRunner), so a long-running worker touches only what its busiest moment needed.
+        self._empty: deque[int] = deque(range(num_blocks))
+        self._refs = [0] * num_blocks
+        self._address: dict[int, bytes] = {}  # block -> content address, for full computed blocks
+        self._by_address: dict[bytes, int] = {}
+        self._lru: OrderedDict[int, None] = OrderedDict()  # cached blocks, least recently used first
+        self.evictions = 0
+
+    @property
+    def available(self) -> int:
+        """Blocks an allocation can take: empty ones, then cached ones (evicting them)."""
+        return len(self._empty) + len(self._lru)
+
+    @property
+    def cached(self) -> int:
+        return len(self._lru)
+
+    def refs(self, block: int) -> int:
+        return self._refs[block]
+
+    def holds(self, address: bytes) -> bool:
+        """Whether a block with this content address is in use or cached."""
+        return address in self._by_address
+
+    def allocate(self) -> int:
+        """A block for new content (refs 1): an empty one, else the least recently used cached one."""
+        if self._empty:
+            block = self._empty.popleft()
+        else:
+            block, _ = self._lru.popitem(last=False)
+            del self._by_address[self._address.pop(block)]
+            self.evictions += 1
+        self._refs[block] = 1
+        return block
+
+    def take(self, address: bytes) -> int | None:
+        """The block holding ``address``, now also held by the caller (refs + 1); None if none does."""
+        block = self._by_address.get(address)
+        if block is not None:
+            if self._refs[block] == 0:
+                del self._lru[block]
+            self._refs[block] += 1
+        return block
+
+    def longest(self, addresses: Iterable[bytes]) -> int:
+        """How many of ``addresses`` (a chain, first block first) are held, from the first on."""
+        n = 0
+        for address in addresses:
+            if address not in self._by_address:
+                break
+            n += 1
+        return n
+
+    def register(self, block: int, address: bytes) -> None:
+        """``block`` (in use) now holds the full, computed content ``address``. If another block
+        already holds it (two sequences computed the same prefix side by side), that one stays
+        the cached copy and this one is emptied when freed."""
+        if self.caching and address not in self._by_address and block not in self._address:
+            self._address[block] = address
+            self._by_address[address] = block
+
+    def release(self, blocks: Sequence[int]) -> None:
+        """The caller no longer holds ``blocks`` (a block table, first block first)."""
+        # Last block first: a chain's tail is then less recently used than its head and evicted
+        # before it, so a cached block's whole prefix stays cached (a chain is looked up head first).
+        for block in reversed(blocks):
+            self._refs[block] -= 1
+            if self._refs[block] < 0:
+                raise ValueError(f"block {block} released more often than taken")
+            if self._refs[block] == 0:
+                if block in self._address:
+                    self._lru[block] = None
+                else:
+                    self._empty.appendleft(block)
