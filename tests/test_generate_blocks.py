@@ -179,7 +179,8 @@ def check_accounting(s: Scheduler) -> None:
     in_use = {b for table in tables for b in table}
     empty, cached = set(pool._empty), set(pool._lru)
     assert not (in_use & empty) and not (in_use & cached) and not (empty & cached)
-    assert len(in_use) + len(empty) + len(cached) == pool.num_blocks == len(pool._empty) + len(cached) + len(in_use)
+    assert len(empty) == len(pool._empty)  # no block twice in the empty list
+    assert len(in_use) + len(empty) + len(cached) == pool.num_blocks
     for b in range(pool.num_blocks):
         assert pool.refs(b) == sum(table.count(b) for table in tables) >= 0
     assert all(b in pool._address for b in cached)
