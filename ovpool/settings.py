@@ -112,9 +112,12 @@ _SETTINGS = [
             choices=("auto", "on", "off")),
     Setting("kv_cache_mb", int, 256, "MiB of paged KV-cache blocks per worker (batching=paged)", minimum=1),
     Setting("prefix_cache", str, "auto", "reuse the KV of a prompt's beginning that an earlier sequence "
-            "computed (a chat's history, a shared system prompt), inside kv_cache_mb: on, off, or auto "
-            "(on where the answers are exactly those without it: f32 compute, not u8 KV; see "
-            "docs/prefix-caching.md)", choices=("auto", "on", "off")),
+            "computed (a shared system prompt, a chat's history), inside kv_cache_mb: on (only KV "
+            "computed as the new request would compute it: answers unchanged), all (also a resent "
+            "answer's, computed one token at a time: faster next turns, answers may differ), off; "
+            "auto: on where measured exact (CPU at f32; bf16 on AVX-512 VNNI/BF16; not a u8 KV "
+            "cache), else off (docs/prefix-caching.md)",
+            choices=("auto", "on", "all", "off")),
     # Graph-changing: these enter the cache fingerprint.
     Setting("inference_precision", str, "auto", "compute precision (auto: fastest correct on the device)",
             choices=("auto", "f32", "bf16", "f16"), graph=True),

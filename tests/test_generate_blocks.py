@@ -10,9 +10,9 @@ from ovpool.worker.generate.blocks import BlockPool, chain_hashes
 from ovpool.worker.generate.scheduler import Scheduler
 
 
-def make(num_blocks=16, block_size=4, prefill_chunk=64, max_running=4) -> Scheduler:
+def make(num_blocks=16, block_size=4, prefill_chunk=64, max_running=4, exact=True) -> Scheduler:
     return Scheduler(num_blocks=num_blocks, block_size=block_size, prefill_chunk=prefill_chunk,
-                     max_running=max_running, caching=True, seed=b"graph")
+                     max_running=max_running, caching=True, exact=exact, seed=b"graph")
 
 
 def step(s: Scheduler):
@@ -84,14 +84,17 @@ def test_a_preempted_sequence_finds_its_own_blocks_again():
     assert (chunk.start, chunk.tokens) == (6, [99])  # three full blocks found again
 
 
-def test_generated_tokens_full_blocks_are_cached_for_the_next_turn():
-    s = make(block_size=4)
-    s.add("turn1", [1, 2, 3])
-    for _ in range(6):
-        step(s)  # prompt, then 5 decodes: tokens 1 2 3 99 99 99 99 99 99, 8 computed
+@pytest.mark.parametrize(("exact", "start"), [(True, 4), (False, 12)])
+def test_a_resent_answer_is_reused_only_when_not_exact(exact, start):
+    # Generated tokens are computed one per pass (the decode kernel): their blocks serve a later
+    # prompt that resends them only with exact=False; exact, the next turn stops where they begin.
+    s = make(block_size=4, exact=exact)
+    s.add("turn1", [1, 2, 3, 4, 5])
+    for _ in range(9):
+        step(s)  # prompt, then 8 decodes: 5 prompt + 8 generated tokens computed
     s.finish("turn1")
-    chunk = first_chunk(s, "turn2", [1, 2, 3, 99, 99, 99, 99, 99, 99, 5, 6])
-    assert chunk.start == 8
+    chunk = first_chunk(s, "turn2", [1, 2, 3, 4, 5] + [99] * 9 + [5, 6])
+    assert chunk.start == start
 
 
 def test_held_route_keys_follow_the_cached_chain_most_recent_first():

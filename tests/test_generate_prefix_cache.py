@@ -31,13 +31,13 @@ def system(n: int, salt: int = 0) -> list[int]:
     return [10 + (7 * i + salt) % 90 for i in range(n)]
 
 
-def batcher(engine, caching: bool, num_blocks: int = 0) -> Batcher:
+def batcher(engine, caching: str, num_blocks: int = 0) -> Batcher:
     runner = PagedRunner(engine.compiled, num_blocks=num_blocks) if num_blocks else \
         PagedRunner(engine.compiled, kv_cache_mb=16)
     return Batcher(engine, runner, max_running=4, prefill_chunk=16, prefix_cache=caching)
 
 
-def conversations(engine, caching: bool, turns: int, num_blocks: int = 0, params=GREEDY):
+def conversations(engine, caching: str, turns: int, num_blocks: int = 0, params=GREEDY):
     """Three chats sharing a 70-token system prompt, ``turns`` turns each, all chats' turns side by
     side; each turn resends the history (prompt, answer, 3 new tokens). Returns (answers, batcher)."""
     b = batcher(engine, caching, num_blocks)
@@ -65,8 +65,8 @@ def same_answers(cached: dict, fresh: dict) -> None:
 
 
 def test_multi_turn_chats_answer_exactly_as_without_the_cache(engine):
-    cached, on = conversations(engine, caching=True, turns=3)
-    fresh, off = conversations(engine, caching=False, turns=3)
+    cached, on = conversations(engine, caching="on", turns=3)
+    fresh, off = conversations(engine, caching="off", turns=3)
     same_answers(cached, fresh)
     assert off.cached_prompt_tokens == 0 and off.prompt_tokens == on.prompt_tokens
     # Turn 1: chats 2 and 3 share chat 1's two full blocks (64 of 70 system tokens, 32 per block);
@@ -88,29 +88,46 @@ def test_preemption_and_eviction_under_pressure_keep_answers_exact(engine):
         return result
 
     with patch.object(Scheduler, "plan", spy):
-        cached, on = conversations(engine, caching=True, turns=3, num_blocks=8, params=LONG)
-    fresh, _ = conversations(engine, caching=False, turns=3, params=LONG)
+        cached, on = conversations(engine, caching="on", turns=3, num_blocks=8, params=LONG)
+    fresh, _ = conversations(engine, caching="off", turns=3, params=LONG)
     same_answers(cached, fresh)
     assert preempted and on.scheduler.pool.evictions > 0 and on.cached_prompt_tokens > 0
 
 
-@pytest.mark.parametrize("attention", ["paged", "sdpa"])
-def test_the_single_stream_engine_reuses_its_previous_sequence(tiny_model, attention):
+@pytest.mark.parametrize(("attention", "mode", "kept"), [
+    ("paged", "on", "prompt"), ("paged", "all", "prompt and answer"), ("sdpa", "on", "nothing")])
+def test_the_single_stream_engine_reuses_its_previous_sequence(tiny_model, attention, mode, kept):
     path = tiny_model(arch="llama", weight_type="Q4_1")
     settings = {**F32, "attention": attention}
-    with Engine(path, settings={**settings, "prefix_cache": "on"}) as on, \
+    with Engine(path, settings={**settings, "prefix_cache": mode}) as on, \
             Engine(path, settings={**settings, "prefix_cache": "off"}) as off:
         turn1 = system(50)
         first = on.complete(turn1, **GREEDY.to_dict())
         turn2 = turn1 + first.token_ids + system(4, salt=1)
         with on.generation(turn2, GREEDY) as gen:
-            # The cache holds turn 1's prompt and answer but for its last token (sampled, not fed).
-            assert gen.cached == len(turn1) + len(first.token_ids) - 1
+            # The session holds turn 1's prompt and answer but for its last token (sampled, not
+            # fed); exact, only the prompt's positions serve (the answer's came one token a pass).
+            cached = {"prompt": len(turn1), "prompt and answer": len(turn1) + len(first.token_ids) - 1,
+                      "nothing": 0}
+            assert gen.cached == cached[kept]
             for _ in gen:
                 pass
             second = gen.completion()
         expected = off.complete(turn2, **GREEDY.to_dict())
-        same_answers({"turn2": (second.token_ids, second.logprobs)},
-                     {"turn2": (expected.token_ids, expected.logprobs)})
+        if mode == "on":
+            same_answers({"turn2": (second.token_ids, second.logprobs)},
+                         {"turn2": (expected.token_ids, expected.logprobs)})
         with on.generation(system(30, salt=5), GREEDY) as gen:  # another prompt: starts over
             assert gen.cached == 0
+
+
+def test_where_auto_turns_it_on_answers_are_bit_identical_at_the_default_precision(tiny_model):
+    """``prefix_cache=auto`` claims exactness where it is on (at this host's default precision:
+    bf16 on AVX-512 VNNI/BF16, f32 on AVX2): tokens and log-probabilities equal to the last bit."""
+    with Engine(tiny_model(arch="llama", weight_type="Q4_1"), settings={"prefill_chunk": 16}) as eng:
+        if eng.prefix_cache != "on":
+            assert eng.settings.prefix_cache == "auto" and eng.prefix_cache == "off"
+            return
+        cached, on = conversations(eng, caching="on", turns=2)
+        fresh, _ = conversations(eng, caching="off", turns=2)
+        assert cached == fresh and on.cached_prompt_tokens > 0

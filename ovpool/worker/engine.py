@@ -22,6 +22,7 @@ import openvino as ov
 from ovpool.cache import prefetch
 from ovpool.cache.loader import LoadResult
 from ovpool.completion import Completion, Delta
+from ovpool.devices import device_type
 from ovpool.errors import InvalidRequestError
 from ovpool.sampling_params import SamplingParams
 from ovpool.settings import Settings
@@ -33,6 +34,7 @@ from ovpool.worker.generate.session import Session, warm_up
 from ovpool.worker.gguf.model import GGUFModel
 from ovpool.worker.graph import builder as graph
 from ovpool.worker.graph import loading
+from ovpool.worker.graph.cpu_class import CpuInfo
 from ovpool.worker.text.chat import check_messages, render
 from ovpool.worker.text.tokenizer import Tokenizer
 
@@ -80,6 +82,7 @@ class Engine:
                             "graph_settings": self.graph_settings}
         self._idle: list[Session | PagedSession] = []
         self._vocabulary = None  # for constrained decoding, made on the first request with one
+        self._prefix_auto: str | None = None  # what prefix_cache=auto means here, once known
         self.warmed = False
         if self.settings.warm_up == "load":
             self.warm_up()
@@ -127,14 +130,15 @@ class Engine:
         self.warmed = True
 
     @property
-    def prefix_cache(self) -> bool:
-        """Whether generations reuse KV computed for an earlier sequence (setting ``prefix_cache``).
-        ``auto``: where that leaves every answer exactly as without it (docs/prefix-caching.md)."""
-        choice = self.settings.prefix_cache
-        if choice != "auto":
-            return choice == "on"
-        g = self.graph_settings
-        return g["inference_precision"] == "f32" and g["kv_cache_precision"] != "u8"
+    def prefix_cache(self) -> str:
+        """How generations reuse KV computed for an earlier sequence (setting ``prefix_cache``):
+        ``on`` (exact), ``all`` or ``off``; ``auto`` is ``on`` where that was measured to leave every
+        answer as without the cache (docs/prefix-caching.md), else ``off``."""
+        if self.settings.prefix_cache != "auto":
+            return self.settings.prefix_cache
+        if self._prefix_auto is None:
+            self._prefix_auto = _exact_prefix_cache(self.device, self.graph_settings)
+        return self._prefix_auto
 
     @property
     def name(self) -> str:
@@ -222,19 +226,20 @@ class Engine:
                      max_prompt_tokens=self.settings.max_prompt_tokens, new_tokens=new_tokens)
 
     def _acquire(self, ids: Sequence[int] = ()) -> Session | PagedSession:
-        """An idle session, the one that keeps the most of ``ids``'s beginning (prefix cache) and
-        has it cached (``past``); a new one if none is idle."""
+        """An idle session, the one whose cache keeps the most of ``ids``'s beginning (prefix
+        cache), with that much cached (``past``); a new one if none is idle."""
         if self._idle:
-            best = max(self._idle, key=lambda s: s.reusable(ids)) if self.prefix_cache and ids else None
-            session = self._idle.pop(self._idle.index(best) if best is not None else -1)
-            session.resume(ids if best is not None else ())
+            mode = self.prefix_cache
+            keep = [0 if mode == "off" else s.reusable(ids, exact=mode == "on") for s in self._idle]
+            session = self._idle.pop(best := keep.index(max(keep)))
+            session.resume(keep[best])
             return session
         if self.attention == "paged":
             return PagedSession(self.compiled, self.load_result.decode)
         return Session(self.compiled.create_infer_request())
 
     def _release(self, session: Session | PagedSession) -> None:
-        if not self.prefix_cache:
+        if self.prefix_cache == "off":
             session.reset()
         self._idle.append(session)
 
@@ -251,6 +256,20 @@ class Engine:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _exact_prefix_cache(device: str, graph_settings: Mapping[str, Any]) -> str:
+    """``on`` where a prompt pass computes each position's keys, values and logits the same
+    whatever else the pass holds (so reused KV is a fresh run's, bit for bit), else ``off``:
+    measured at f32 and at bf16 on the AVX-512 VNNI/BF16 class (SmolLM2: passes of 2 to 128 rows,
+    every layer's KV identical), and the f32 tests check it on every class CI runs on; bf16 on AMX
+    is unmeasured. A u8 KV cache's per-block scales depend on how a block filled."""
+    precision = graph_settings["inference_precision"]
+    if device_type(device) != "CPU" or graph_settings["kv_cache_precision"] == "u8":
+        return "off"
+    if precision == "f32" or (precision == "bf16" and CpuInfo.read().class_name == "AVX-512 VNNI/BF16"):
+        return "on"
+    return "off"
 
 
 class _phase:

@@ -15,7 +15,6 @@ import openvino as ov
 
 from ovpool.errors import InferenceError
 from ovpool.worker.generate.scheduler import Chunk
-from ovpool.worker.generate.session import reusable_prefix
 from ovpool.worker.graph.decode import DecodeGraph
 
 _MIB = 1 << 20
@@ -114,22 +113,31 @@ class PagedSession:
     def __init__(self, compiled: ov.CompiledModel, decode: DecodeGraph | None = None):
         self.runner = PagedRunner(compiled, num_blocks=1, decode=decode)
         self.runner.grow(-(-_SESSION_POSITIONS // self.runner.block_size))
-        self.past = 0
-        self.tokens: list[int] = []  # the ids of the cached positions
+        self.reset()
 
     def reset(self) -> None:
         self.past = 0
-        self.tokens = []
+        self.tokens: list[int] = []  # the ids of the cached positions
+        self.prefilled = 0  # how many of them, from the first, prompt passes (2+ tokens) computed
 
-    def reusable(self, ids: Sequence[int]) -> int:
-        """How many of ``ids``'s first positions this session's cache can keep (see ``resume``)."""
-        return reusable_prefix(self.tokens, ids)
+    def reusable(self, ids: Sequence[int], exact: bool = True) -> int:
+        """How many of its cached positions a sequence ``ids`` can start on: their common
+        beginning, leaving at least two tokens of ``ids`` to compute (see scheduler.prompt_chunk);
+        ``exact``: only positions a prompt pass computed (a one-token pass computes keys and values
+        with the paged op's decode kernel, unlike the prompt pass a new sequence would run)."""
+        n, kept = 0, self.tokens[:self.prefilled if exact else self.past]
+        for a, b in zip(kept, ids[:len(ids) - 2], strict=False):
+            if a != b:
+                break
+            n += 1
+        return n
 
-    def resume(self, ids: Sequence[int]) -> None:
-        """Keep the cached positions ``ids`` begins with (``reusable(ids)``); later ones are
-        overwritten as the sequence goes on (the op reads a block only up to ``past_lens``)."""
-        self.past = self.reusable(ids)
-        del self.tokens[self.past:]
+    def resume(self, keep: int) -> None:
+        """Keep the first ``keep`` cached positions (``reusable``) for a new sequence; later ones are
+        overwritten as it goes on (the op reads a block only up to ``past_lens``)."""
+        self.past = keep
+        del self.tokens[keep:]
+        self.prefilled = min(self.prefilled, keep)
 
     def prepare(self) -> None:
         """Make the decode graph now if there is one, so that a warm-up sets it up too."""
@@ -144,6 +152,8 @@ class PagedSession:
             self.runner.grow(max(blocks, 2 * self.runner.num_blocks))
         chunk = Chunk(seq_id="", start=self.past, tokens=list(ids), blocks=list(range(blocks)), sample=True)
         logits = self.runner.forward([chunk], rows=range(logits_from, n))
+        if n >= 2 and self.prefilled == self.past:
+            self.prefilled += n
         self.past += n
         self.tokens.extend(ids)
         return logits

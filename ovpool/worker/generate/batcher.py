@@ -39,12 +39,13 @@ class Batcher:
     """Continuous batching of ``engine``'s requests (its tokenizer, limits, sampling) on ``runner``."""
 
     def __init__(self, engine: Engine, runner: PagedRunner, *, max_running: int, prefill_chunk: int,
-                 prefix_cache: bool | None = None):
+                 prefix_cache: str | None = None):
         self.engine, self.runner = engine, runner
-        caching = engine.prefix_cache if prefix_cache is None else prefix_cache
+        mode = prefix_cache or engine.prefix_cache  # on (exact), all or off (settings.prefix_cache)
         self.scheduler = Scheduler(num_blocks=runner.num_blocks, block_size=runner.block_size,
                                    prefill_chunk=prefill_chunk, max_running=max_running,
-                                   caching=caching, seed=_graph_seed(engine, runner))
+                                   caching=mode != "off", exact=mode == "on",
+                                   seed=_graph_seed(engine, runner))
         self._generations: dict[str, Generation] = {}
         self.warmed = False
 

@@ -100,16 +100,17 @@ class _Seq:
 
 
 class Scheduler:
-    """``caching``: reuse cached full blocks (prefix caching); ``seed``: the graph's identity,
+    """``caching``: reuse cached full blocks (prefix caching); ``exact``: only blocks computed as
+    the new sequence would compute them (see blocks.chain_hashes); ``seed``: the graph's identity,
     the first block's parent address."""
 
     def __init__(self, *, num_blocks: int, block_size: int, prefill_chunk: int, max_running: int,
-                 caching: bool = False, seed: bytes = b""):
+                 caching: bool = False, exact: bool = True, seed: bytes = b""):
         if num_blocks < 1 or block_size < 1 or prefill_chunk < 1 or max_running < 1:
             raise ValueError("num_blocks, block_size, prefill_chunk and max_running must be >= 1")
         self.num_blocks, self.block_size = num_blocks, block_size
         self.prefill_chunk, self.max_running = prefill_chunk, max_running
-        self.pool, self.seed = BlockPool(num_blocks, caching), seed
+        self.pool, self.seed, self.exact = BlockPool(num_blocks, caching), seed, exact
         self._waiting: deque[_Seq] = deque()
         self._running: list[_Seq] = []  # admission order
         self._seqs: dict[str, _Seq] = {}
@@ -211,7 +212,7 @@ class Scheduler:
             if seq is None or seq not in self._running:
                 continue
             full = seq.computed // self.block_size
-            seq.addresses = chain_hashes(self.seed, seq.tokens, self.block_size, seq.addresses, full)
+            seq.addresses = self._addresses(seq, full)
             for i in range(seq.registered, full):
                 self.pool.register(seq.blocks[i], seq.addresses[i])
             seq.registered = max(seq.registered, full)
@@ -223,13 +224,17 @@ class Scheduler:
         token alone (see prompt_chunk): a block fewer when the chain ends there."""
         if not self.pool.caching or seq.blocks:
             return
-        seq.addresses = chain_hashes(self.seed, seq.tokens, self.block_size, seq.addresses)
+        seq.addresses = self._addresses(seq)
         n = self.pool.longest(seq.addresses)
         while n and not _resumable(seq, n * self.block_size):
             n -= 1
         seq.blocks = [self.pool.take(a) for a in seq.addresses[:n]]
         seq.computed = n * self.block_size
         seq.registered = n
+
+    def _addresses(self, seq: _Seq, blocks: int | None = None) -> list[bytes]:
+        return chain_hashes(self.seed, seq.tokens, self.block_size, seq.addresses, blocks,
+                            prompt=seq.prompt if self.exact else None)
 
     def _count(self, seq: _Seq) -> None:
         if not seq.admitted:

@@ -32,7 +32,6 @@ class Session:
         self._past_ports = {name: port for name, port in inputs.items() if name.startswith(_PAST)}
         self._kv: dict[str, ov.Tensor] = {}
         self.past = 0
-        self.tokens: list[int] = []  # the ids of the cached positions
         self.reset()
 
     @property
@@ -46,18 +45,16 @@ class Session:
         else:
             self._kv = {name: _empty_kv(port) for name, port in self._past_ports.items()}
         self.past = 0
-        self.tokens = []
 
-    def reusable(self, ids: Sequence[int]) -> int:
-        """How many of ``ids``'s first positions this session's cache can keep (see ``resume``): all
-        of them or none, as the cache cannot be cut short without copying it."""
-        return self.past if reusable_prefix(self.tokens, ids) == self.past else 0
+    def reusable(self, ids: Sequence[int], exact: bool = True) -> int:
+        """None of its cache serves another sequence: the stateful graphs compute a prompt in two
+        passes differently from one (SmolLM2, 20 + 20 tokens vs 40: logits 8e-5 apart at f32, 1.4
+        at bf16), so reusing a cached beginning would change the answers."""
+        return 0
 
-    def resume(self, ids: Sequence[int]) -> None:
-        """Keep the cache for a sequence that begins with ``ids`` (``reusable(ids)`` positions), or
-        empty it."""
-        if not self.reusable(ids):
-            self.reset()
+    def resume(self, keep: int) -> None:
+        """Start a new sequence (``keep`` is 0: see ``reusable``)."""
+        self.reset()
 
     def prepare(self) -> None:
         """Nothing to make: one compiled graph (PagedSession may run a second one)."""
@@ -83,7 +80,6 @@ class Session:
         except RuntimeError as exc:
             raise InferenceError(f"inference failed at {self.past} cached + {n} new tokens: {exc}") from exc
         self.past += n
-        self.tokens.extend(ids)
         if not self.stateful:
             self._keep_present()
         return self.request.get_tensor("logits").data[0]
@@ -95,18 +91,6 @@ class Session:
             kept = ov.Tensor(out.element_type, out.shape)
             out.copy_to(kept)
             self._kv[name] = kept
-
-
-def reusable_prefix(cached: Sequence[int], ids: Sequence[int]) -> int:
-    """How many positions of ``cached`` a sequence ``ids`` can start from: their common beginning,
-    leaving at least two of ``ids`` to compute, so that the prompt's last token is computed by a
-    prompt pass as in a run of its own (see scheduler.prompt_chunk) and sampled from."""
-    n = 0
-    for a, b in zip(cached, ids[:max(len(ids) - 2, 0)], strict=False):
-        if a != b:
-            break
-        n += 1
-    return n
 
 
 def _empty_kv(port: ov.ConstOutput) -> ov.Tensor:
