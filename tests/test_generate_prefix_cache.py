@@ -131,3 +131,25 @@ def test_where_auto_turns_it_on_answers_are_bit_identical_at_the_default_precisi
         cached, on = conversations(eng, caching="on", turns=2)
         fresh, _ = conversations(eng, caching="off", turns=2)
         assert cached == fresh and on.cached_prompt_tokens > 0
+
+
+def test_smollm2_chats_with_a_shared_system_prompt_answer_as_without_the_cache(smollm2_path):
+    system_prompt = "You are a patient assistant who answers in one short sentence. " * 12
+    with Engine(smollm2_path, settings={**F32, "prefill_chunk": 64}) as eng:
+        answers = {}
+        for mode in ("on", "off"):
+            b = Batcher(eng, PagedRunner(eng.compiled, kv_cache_mb=32, decode=eng.load_result.decode),
+                        max_running=3, prefill_chunk=64, prefix_cache=mode)
+            chats = {w: [{"role": "system", "content": system_prompt},
+                         {"role": "user", "content": f"What is a {w}?"}] for w in ("cat", "owl", "bee")}
+            for turn in range(2):
+                reqs = [(f"{w}/{turn}", list(m), SamplingParams(max_tokens=20)) for w, m in chats.items()]
+                done, _, failed = drain(b, {0: reqs[:1], 1: reqs[1:]})
+                assert not failed
+                for w, messages in chats.items():
+                    answers[mode, w, turn] = done[f"{w}/{turn}"].token_ids
+                    messages += [{"role": "assistant", "content": done[f"{w}/{turn}"].text},
+                                 {"role": "user", "content": "And where does it live?"}]
+            if mode == "on":
+                assert b.cached_prompt_tokens >= 3 * 128  # the system prompt's blocks, then histories
+        assert all(answers["on", w, t] == answers["off", w, t] for _, w, t in answers)
