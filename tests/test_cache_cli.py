@@ -69,3 +69,25 @@ def test_verify_finds_a_flipped_bit_and_rm_removes_the_entry(tiny_model, tmp_pat
     assert bad["entry"] == entry and "checksum" in bad["problem"]
     assert json.loads(cli("cache", "rm", entry, "--cache-dir", str(tmp_path), "--json")) == [entry]
     assert not blob.exists() and store.families() == []
+
+
+def test_explain_says_whether_a_cache_only_worker_batches(tiny_model, tmp_path):
+    from ovpool.worker.backend import EngineBackend
+    from ovpool.worker.graph.loading import reimport_problem
+
+    model = tiny_model()
+    explain = ("cache", "explain", "--model", str(model), "--cache-dir", str(tmp_path), "--json")
+    with Engine(model, cache_dir=tmp_path) as engine:  # the engine's graph only: no batching graph yet
+        broken = reimport_problem(engine.core, engine.device)
+        before = json.loads(cli(*explain))["batching"]
+        assert EngineBackend(engine, slots=2).wait_batching()  # as a worker: the batching graph too
+    after = json.loads(cli(*explain))["batching"]
+    if not broken:
+        assert before["cache-only"] == after["cache-only"] == before["default"]
+        return
+    assert before["cache-only"].startswith("off: ")
+    assert "start once without cache-only" in before["cache-only"]
+    assert after["cache-only"].startswith("on, ") and after["cache-only"].endswith("not cache-only")
+    assert "cannot import a compiled paged-attention graph" in after["cache-only"]
+    text = cli(*explain[:-1])
+    assert f"continuous batching in cache-only mode: {after['cache-only']}" in text

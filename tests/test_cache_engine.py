@@ -110,3 +110,20 @@ def test_engine_takes_over_the_import_begun_from_its_hint(tiny_model, tmp_path):
         assert hit.load_report["outcome"] == "hit" and hit.compiled is not foreign.result()[0]
         assert foreign.blob is None  # let go of as soon as the load did not take it
         assert hit.complete("Hello", max_tokens=5).token_ids == expected
+
+
+@pytest.mark.slow
+def test_cache_only_batching_graph_reads_no_weight_page_of_the_gguf(smollm2_path, tmp_path):
+    from ovpool.worker.backend import EngineBackend
+
+    model = tmp_path / "model.gguf"  # a private copy, as above
+    shutil.copyfile(smollm2_path, model)
+    with Engine(model, cache_dir=tmp_path / "cache") as engine:  # populates both graphs, as a worker
+        assert EngineBackend(engine, slots=2).wait_batching()
+    weights_start = min(t.offset for t in GGUFModel.open(model).tensors.values())
+    evict(model)
+    with Engine(model, cache_dir=tmp_path / "cache", cache_only=True) as engine:
+        backend = EngineBackend(engine, slots=2)
+        assert backend.wait_batching() and engine.load_report["batching"].startswith("on")
+        resident, total = resident_pages(model, weights_start)
+    assert resident <= 64 and resident / total < 0.01, (resident, total)
