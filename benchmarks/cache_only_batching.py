@@ -8,7 +8,9 @@ them); the modes alternate within each repeat, so a loaded host disturbs them al
 start: seconds to ready (the engine's graph imported), seconds until batching is on (or "off"),
 how the batching graph came (ir-hit: compiled from the cache's IR), and RSS at each point.
 ``--code DIR`` runs another checkout's ovpool (e.g. ``git archive main | tar -x -C DIR``) for a
-before/after comparison.
+before/after comparison. ``--streams N`` then measures what batching buys a cache-only worker: N
+concurrent greedy requests of 32 tokens, one pass per request per token (as without batching)
+against one pass for all, alternating, tokens/s of each round.
 """
 
 from __future__ import annotations
@@ -44,6 +46,36 @@ with Engine(model, cache_dir=cache_dir, cache_only=cache_only) as engine:
 """
 
 
+STREAMS = r"""
+import sys, time
+from ovpool.sampling_params import SamplingParams
+from ovpool.worker.backend import EngineBackend, Finished, Interleaved
+from ovpool.worker.engine import Engine
+
+model, cache_dir, n, rounds = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+prompts = [f"Tell me a story about the number {i}." for i in range(n)]
+params = SamplingParams(max_tokens=32, ignore_eos=True)
+with Engine(model, cache_dir=cache_dir, cache_only=True) as engine:
+    backend = EngineBackend(engine, slots=n)
+    assert backend.wait_batching(), engine.load_report["batching"]
+    backend.idle()
+    ways = {"one pass per request": Interleaved(engine), "batched": backend.runs}
+    for _ in range(rounds):
+        for name, runs in ways.items():
+            for i, p in enumerate(prompts):
+                runs.add(str(i), p, params)
+            start, finished = time.perf_counter(), 0
+            while finished < n:
+                finished += sum(isinstance(e, Finished) for e in runs.step())
+            print(f"{name}: {n * 32 / (time.perf_counter() - start):.1f} tok/s", flush=True)
+"""
+
+
+def streams(model: str, cache_dir: str, n: int, rounds: int) -> None:
+    subprocess.run([sys.executable, "-c", STREAMS, model, cache_dir, str(n), str(rounds)], check=True,
+                   timeout=1200)
+
+
 def start(model: str, cache_dir: str, cache_only: bool, code: str | None) -> dict:
     program = [sys.executable, "-c", CHILD]
     if code:  # without site's .pth files: this venv's editable install would win over PYTHONPATH
@@ -59,6 +91,7 @@ def main() -> None:
     ap.add_argument("--model", default="smollm2")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--code", default=None, help="PYTHONPATH of another ovpool checkout to run")
+    ap.add_argument("--streams", type=int, default=0, help="then N concurrent requests, see above")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as cache_dir:
         warm = start(args.model, cache_dir, False, args.code)  # populates every entry
@@ -68,6 +101,8 @@ def main() -> None:
             for mode in runs:
                 runs[mode].append(start(args.model, cache_dir, mode == "cache-only", args.code))
                 print(mode, json.dumps(runs[mode][-1]), flush=True)
+        if args.streams:
+            streams(args.model, cache_dir, args.streams, args.repeats)
     for mode, rows in runs.items():
         med = {k: statistics.median(r[k] for r in rows) for k in ("ready_s", "ready_rss_mib",
                                                                     "batching_rss_mib")}
