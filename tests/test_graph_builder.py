@@ -187,7 +187,7 @@ def test_auto_settings_resolve_to_the_device_defaults():
     assert gpu["zero_points"] == "float"
     config = compile_config({"inference_precision": "f32", "kv_cache_precision": "f16"}, "CPU", core)
     assert config == {"INFERENCE_PRECISION_HINT": "f32", "KV_CACHE_PRECISION": "f16",
-                      "DYNAMIC_QUANTIZATION_GROUP_SIZE": 0}
+                      "DYNAMIC_QUANTIZATION_GROUP_SIZE": 0, "ENABLE_CPU_PINNING": False}
     bf16 = compile_config({"inference_precision": "bf16"}, "CPU", core)
     assert bf16["INFERENCE_PRECISION_HINT"] == "bf16" and "DYNAMIC_QUANTIZATION_GROUP_SIZE" not in bf16
 
