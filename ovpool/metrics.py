@@ -61,6 +61,14 @@ class BrokerMetrics:
                                       ["device", "outcome"], buckets=_LOAD_BUCKETS, registry=r)
         self.last_load_seconds = Gauge("ovpool_worker_last_load_seconds", "Latest load time per worker",
                                        ["worker", "device"], registry=r)
+        # The worker's own running totals (it reports them in each heartbeat), hence gauges.
+        self.prompt_tokens = Gauge("ovpool_worker_prompt_tokens", "Prompt tokens a worker was asked "
+                                   "for since it started", ["worker"], registry=r)
+        self.cached_prompt_tokens = Gauge("ovpool_worker_cached_prompt_tokens", "Of those, the ones "
+                                          "its prefix cache served", ["worker"], registry=r)
+        self.prefix_routed = Gauge("ovpool_prefix_routed", "Dispatches of requests with route keys, "
+                                   "by whether the chosen worker held part of the prompt (hit, miss)",
+                                   ["outcome"], registry=r)
 
     def set_queue_depth(self, model: str, depth: int) -> None:
         self.queue_depth.labels(model).set(depth)
@@ -86,6 +94,14 @@ class BrokerMetrics:
         """Workers by state; a state missing from ``counts`` is 0."""
         for state in sorted(set(WORKER_STATES) | set(counts)):
             self.workers.labels(state).set(counts.get(state, 0))
+
+    def set_prefix(self, workers: Iterable[tuple[str, int, int]], hits: int, misses: int) -> None:
+        """Per worker (id, prompt tokens, cached prompt tokens); the router's hits and misses."""
+        for worker, prompt, cached in workers:
+            self.prompt_tokens.labels(worker).set(prompt)
+            self.cached_prompt_tokens.labels(worker).set(cached)
+        self.prefix_routed.labels("hit").set(hits)
+        self.prefix_routed.labels("miss").set(misses)
 
     def observe_worker_load(self, worker: str, device: str, outcome: str, seconds: float) -> None:
         """A worker's READY: how it got its compiled model and how long that took."""

@@ -32,6 +32,7 @@ import zmq
 
 from ovpool.completion import Completion
 from ovpool.errors import MalformedMessageError, UnsupportedVersionError
+from ovpool.prefix_key import KEY_BYTES
 from ovpool.sampling_params import SamplingParams
 
 VERSION = b"OVP1"
@@ -41,6 +42,9 @@ _MISSING = object()
 # sending it; the broker answers one up to twice this size with an error, and libzmq drops the
 # connection of a peer that sends more than that (nothing can be answered without reading it).
 MAX_MESSAGE_BYTES = 64 << 20
+# Route keys a worker reports in a HEARTBEAT (16 bytes each: 4 KiB a heartbeat at most); the
+# broker takes this many and ignores the rest. 16 chats of 4 turns hold 16 x 9 message keys.
+HELD_KEYS_MAX = 256
 # PARTIAL/FINAL/ERROR messages a worker may send before the broker has handled them: the bound of
 # the worker's send queue and of the broker's receive queue from it (a few ms of a fast worker).
 WORKER_WINDOW = 4096
@@ -180,7 +184,15 @@ class Ready:
 
 @dataclass(frozen=True)
 class Heartbeat:
+    """Liveness, both ways. From a worker it also carries its prefix-cache summary: ``held``, the
+    route keys (ovpool.prefix_key) of prompts whose KV it still caches, most recently used first,
+    at most ``HELD_KEYS_MAX``; and its counters since it started, ``prompt_tokens`` (every prompt
+    token it was asked for) and ``cached_prompt_tokens`` (those it took from its cache)."""
+
     command: ClassVar[int] = 0x21
+    held: list = field(default_factory=list)
+    prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -209,7 +221,8 @@ class LoadFailed:
 
 @dataclass(frozen=True)
 class Request:
-    """The broker hands a request to a worker; ``params`` are validated SamplingParams."""
+    """The broker hands a request to a worker; ``params`` are validated SamplingParams;
+    ``route_keys``: the prompt's route keys (ovpool.prefix_key), for the worker's cache report."""
 
     command: ClassVar[int] = 0x23
     request_id: str
@@ -217,6 +230,7 @@ class Request:
     params: dict
     prompt: str | None = None
     messages: list | None = None
+    route_keys: list = field(default_factory=list)
 
 
 Message = (Submit | Cancel | Credit | Status | Ping | Pong | Supervised | Partial | Final | Error
@@ -306,6 +320,15 @@ def _checked(cls: type, data: Any) -> dict[str, Any]:
         else:
             raise MalformedMessageError(f"{cls.__name__}.{name}: unexpected type {type(value).__name__}")
     return out
+
+
+def route_keys_from_wire(keys: list, limit: int = HELD_KEYS_MAX) -> tuple[bytes, ...]:
+    """REQUEST's ``route_keys`` or HEARTBEAT's ``held``: the first ``limit`` keys; raises
+    MalformedMessageError unless each is a bytes string of prefix_key.KEY_BYTES."""
+    keys = keys[:limit]
+    if not all(type(k) is bytes and len(k) == KEY_BYTES for k in keys):
+        raise MalformedMessageError(f"route keys must be {KEY_BYTES}-byte strings")
+    return tuple(keys)
 
 
 def completion_to_wire(c: Completion) -> dict[str, Any]:

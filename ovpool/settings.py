@@ -89,6 +89,9 @@ _SETTINGS = [
     Setting("progress_timeout_s", float, 60.0, "broker: a worker that sends no token of a request "
             "for this long (prefill included) loses it to another worker, and gets no new request "
             "until one of its others finishes", minimum=0.01),
+    Setting("routing", str, "prefix", "broker: which free worker gets a request: prefix (the one "
+            "most likely to hold its prompt's prefix in its cache, within a small load margin of the "
+            "least busy) or least_loaded", choices=("prefix", "least_loaded")),
     Setting("cache_lock_timeout_s", float, 600.0, "how long a start waits for another process's "
             "cache lock (it logs the holder meanwhile) before compiling without exporting; "
             "cache-only mode fails then", minimum=0.0),

@@ -18,9 +18,9 @@ from ovpool.worker.graph import builder
 PACKAGE = Path(ovpool.__file__).parent
 # What must not import the worker: the wire, the clients, the broker, the cache, the shared records
 # and the HTTP API (a client of the pool).
-BELOW_THE_WORKER = ["client.py", "async_client.py", "pending.py", "protocol.py", "sampling_params.py",
-                    "completion.py", "errors.py", "settings.py", "timing.py", "devices.py", "models.py",
-                    "auth.py", "metrics.py", "broker", "cache", "api"]
+BELOW_THE_WORKER = ["client.py", "async_client.py", "pending.py", "protocol.py", "prefix_key.py",
+                    "sampling_params.py", "completion.py", "errors.py", "settings.py", "timing.py",
+                    "devices.py", "models.py", "auth.py", "metrics.py", "broker", "cache", "api"]
 
 
 def imported_modules(path: Path) -> set[str]:

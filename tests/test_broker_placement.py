@@ -8,7 +8,8 @@ from hypothesis import strategies as st
 from ovpool import errors
 from ovpool.broker.placement import Placement
 from ovpool.broker.state import Counters, Job, RegisteredWorker
-from ovpool.protocol import Cancel, Error, Ready, Request
+from ovpool.prefix_key import route_keys
+from ovpool.protocol import Cancel, Error, Heartbeat, Ready, Request
 
 MODELS = ("a", "b")
 
@@ -118,22 +119,38 @@ def test_orphaned_names_why_no_worker_runs_the_request():
 
 _op = st.one_of(
     st.tuples(st.just("add"), st.integers(1, 3), st.sampled_from([("a",), ("b",), ("a", "b")])),
-    st.tuples(st.just("submit"), st.sampled_from(MODELS)),
+    st.tuples(st.just("submit"), st.sampled_from(MODELS), st.integers(0, 3)),
     st.tuples(st.just("finish"), st.integers(0, 40)),
+    st.tuples(st.just("answer"), st.integers(0, 40)),
+    st.tuples(st.just("report"), st.integers(0, 8), st.integers(0, 3)),
     st.tuples(st.just("fail"), st.integers(0, 40)),
     st.tuples(st.just("drop"), st.integers(0, 8), st.booleans()),
 )
+
+
+def _chat(n: int) -> list[dict]:
+    return [{"role": "system", "content": "s" * 300}, {"role": "user", "content": str(n)}]
 
 
 def _apply(p: Placement, op: tuple, step: int, out: list) -> None:
     kind = op[0]
     if kind == "add":
         p.add_worker(worker(f"w{step}".encode(), slots=op[1], models=op[2]), out)
-    elif kind == "submit":
-        p.submit(job(f"r{step}", model=op[1], at=float(step)), out)
-    elif kind in ("finish", "fail") and p.jobs:
+    elif kind == "submit":  # chats 0-3 share a system prompt: prefix routing has a choice
+        messages = _chat(op[2])
+        route = route_keys(op[1], messages=messages)
+        p.submit(Job(Request(f"r{step}", op[1], {}, None, messages, list(route.keys)), b"client",
+                     float("inf"), queued_at=float(step), waiting_since=float(step), route=route), out)
+    elif kind == "report" and p.workers:  # a heartbeat holding chat op[2]
+        w = list(p.workers.values())[op[1] % len(p.workers)]
+        keys = route_keys(w.info.models[0], messages=_chat(op[2])).keys
+        p.report(w, keys, Heartbeat(list(keys), 1, 0))
+    elif kind in ("finish", "fail", "answer") and p.jobs:
         j = list(p.jobs.values())[op[1] % len(p.jobs)]
-        if kind == "finish":
+        if kind == "answer" and j.worker is not None:  # a FINAL: its answer is remembered there
+            p.finished_on(p.workers[j.worker], j, "an answer")
+            p.finish(j, out)
+        elif kind == "finish":
             p.finish(j, out)
         else:
             p.fail(j, errors.CancelledError("x"), out)
@@ -157,9 +174,9 @@ def _check(p: Placement, max_attempts: int) -> None:
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(_op, max_size=40), st.integers(1, 3))
-def test_placement_invariants_hold_after_any_sequence_of_events(ops, max_attempts):
-    p = placement(max_attempts)
+@given(st.lists(_op, max_size=40), st.integers(1, 3), st.booleans())
+def test_placement_invariants_hold_after_any_sequence_of_events(ops, max_attempts, prefix_routing):
+    p = Placement(max_attempts=max_attempts, counters=Counters(), prefix_routing=prefix_routing)
     for step, op in enumerate(ops):
         out: list = []
         _apply(p, op, step, out)

@@ -139,3 +139,14 @@ def test_observer_counts_each_workers_load_once_and_unregistered_supervised_work
     assert value("ovpool_worker_load_seconds_count", device="CPU", outcome="hit") == 1
     states = ("ready", "failing", "backoff", "starting")
     assert [value("ovpool_workers", state=s) for s in states] == [2, 1, 1, 0]
+
+
+def test_prefix_cache_tokens_per_worker_and_the_routers_prefix_hits(served):
+    metrics, port = served
+    metrics.set_prefix([("w1@h:1", 1200, 900), ("w2@h:2", 300, 0)], hits=7, misses=2)
+    got = scrape(port)
+    assert got[("ovpool_worker_prompt_tokens", (("worker", "w1@h:1"),))] == 1200
+    assert got[("ovpool_worker_cached_prompt_tokens", (("worker", "w1@h:1"),))] == 900
+    assert got[("ovpool_worker_cached_prompt_tokens", (("worker", "w2@h:2"),))] == 0
+    assert got[("ovpool_prefix_routed", (("outcome", "hit"),))] == 7
+    assert got[("ovpool_prefix_routed", (("outcome", "miss"),))] == 2

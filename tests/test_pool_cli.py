@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -35,3 +36,27 @@ def test_complete_and_status_commands():
     workers = json.loads(status.stdout)["workers"]
     assert [w["models"] for w in workers] == [["tiny"]]
     assert "tiny" in table.stdout and "0/2 slots" in table.stdout
+
+
+def test_a_chats_turns_follow_its_history_and_status_shows_the_prefix_cache():
+    endpoint = free_endpoint()
+    with fast_heartbeats(0.2), broker(endpoint), null_worker(endpoint, slots=2), \
+            null_worker(endpoint, slots=2), Client(endpoint) as client:
+        wait_for_workers(client, 2)
+        messages = [{"role": "system", "content": "Answer in one word."}]
+        for turn in range(3):
+            messages.append({"role": "user", "content": f"question {turn}"})
+            answer = client.chat(messages, max_tokens=3, seed=turn)
+            messages.append({"role": "assistant", "content": answer.text})
+        # Every turn ran on the one worker: the NullBackend counts a prompt's words as its tokens,
+        # and reports them in its next heartbeat.
+        words = sum(len("\n".join(m["content"] for m in messages[:i]).split()) for i in (2, 4, 6))
+        status, deadline = client.status(), time.monotonic() + 20
+        while sum(w["prefix_cache"]["prompt_tokens"] for w in status["workers"]) < words:
+            assert time.monotonic() < deadline, f"no heartbeat reported the prompts: {status['workers']}"
+            time.sleep(0.05)
+            status = client.status()
+        table = ovpool("status", "--broker", endpoint)
+    assert status["counters"]["prefix_hits"] == 2 and status["counters"]["prefix_misses"] == 1
+    assert sorted(w["prefix_cache"]["prompt_tokens"] for w in status["workers"]) == [0, words]
+    assert "prefix_hits=2" in table.stdout and "cached 0/" in table.stdout

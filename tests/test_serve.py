@@ -121,4 +121,7 @@ def test_broker_metrics_endpoint_is_scraped_and_parsed(tmp_path):
     assert families[("ovpool_time_to_first_token_seconds_count", (("model", "smollm2"),))] == 3
     assert families[("ovpool_workers", (("state", "ready"),))] == 1
     assert families[("ovpool_queue_depth", (("model", "smollm2"),))] == 0
+    # Raw prompts of a few words have no route key (no full piece of text): none was routed by prefix.
+    assert families[("ovpool_prefix_routed", (("outcome", "hit"),))] == 0
+    assert [k for k in families if k[0] == "ovpool_worker_prompt_tokens"]
 

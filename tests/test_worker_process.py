@@ -11,6 +11,7 @@ import pytest
 import zmq
 
 from ovpool import errors
+from ovpool.prefix_key import after_answer, route_keys
 from ovpool.protocol import (
     Cancel,
     Disconnect,
@@ -172,3 +173,29 @@ def test_stopping_hands_unfinished_requests_back(broker, serving):
     while not isinstance(last, Disconnect):
         last = broker.next()
     assert sorted(last.request_ids) == ["one", "two"]
+
+
+def test_heartbeats_report_the_route_keys_of_finished_chats(broker, serving):
+    _, stop = serving
+    messages = [{"role": "user", "content": "hello there"}]
+    keys = route_keys("m", messages=messages).keys
+    broker.send(Request("c", "m", {"max_tokens": 2, "seed": 1}, None, messages, list(keys)))
+    final = broker.until(Final, "c")[-1]
+    answer = after_answer("m", None, messages, final.completion["text"]).keys[-1]
+    while True:  # the next heartbeat after the FINAL (one per heartbeat interval)
+        assert broker.socket.poll(WAIT_MS), "the worker sent nothing"
+        _, *frames = broker.socket.recv_multipart()
+        msg = decode(frames)
+        if isinstance(msg, Heartbeat):
+            break
+    assert msg.held == [answer, keys[0]] and msg.prompt_tokens == 2
+    stop()
+
+
+def test_malformed_route_keys_are_an_error_and_the_worker_serves_on(broker, serving):
+    _, stop = serving
+    broker.send(Request("k", "m", {"max_tokens": 1, "seed": 1}, "hi", None, [b"short"]))
+    err = broker.next()
+    assert isinstance(err, Error) and err.request_id == "k" and "route keys" in err.message
+    serves_on(broker)
+    stop()

@@ -15,6 +15,7 @@ import secrets
 from ovpool import errors, timing
 from ovpool.broker.placement import Placement
 from ovpool.broker.state import Job, LoadFailures
+from ovpool.prefix_key import NO_KEYS, route_keys
 from ovpool.protocol import Request, Submit, sampling_from_wire
 
 _MAX_ID_LEN = 128
@@ -23,7 +24,7 @@ _MAX_ID_LEN = 128
 class Admission:
     def __init__(self, placement: Placement, failures: LoadFailures, *, started: float, queue_limit: int,
                  max_new_tokens: int):
-        self.placement = placement
+        self.placement = placement  # its prefix_routing: whether requests get route keys
         self.failures = failures
         self.started = started
         self.queue_limit = queue_limit
@@ -51,9 +52,10 @@ class Admission:
         wire = msg.params  # validated above, so it is forwarded as it came
         if params.seed is None:  # a fixed seed makes a re-dispatch replay the same tokens
             wire = {**wire, "seed": secrets.randbits(63)}
-        request = Request(msg.request_id, model, wire, msg.prompt, msg.messages)
+        route = route_keys(model, msg.prompt, msg.messages) if self.placement.prefix_routing else NO_KEYS
+        request = Request(msg.request_id, model, wire, msg.prompt, msg.messages, list(route.keys))
         deadline = now + msg.timeout_s if msg.timeout_s > 0 else float("inf")
-        return Job(request, peer, deadline, queued_at=now, waiting_since=now)
+        return Job(request, peer, deadline, queued_at=now, waiting_since=now, route=route)
 
     def _resolve_model(self, model: str, now: float) -> str:
         resolved = (model if self.placement.serves(model) else None) if model else self.placement.only_model()

@@ -5,7 +5,11 @@ Placement holds every invariant about it:
 
 - a request is either queued (in its model's FIFO) or in flight on exactly one worker;
 - a worker's ``inflight`` never exceeds its slots nor the broker's cap on them
-  (RegisteredWorker.cap); the least-loaded worker (by busy fraction) gets the next request;
+  (RegisteredWorker.cap); a request goes to a worker with a free slot whenever there is one;
+- which one: with ``prefix_routing``, of the free workers whose busy fraction is within
+  ``AFFINITY_SLACK`` of the least busy, the one believed to hold the longest prefix of the
+  request's prompt (broker/prefixes.py; ties to the least busy); otherwise, or when none holds
+  any, the least busy (first registered among equals);
 - a lost worker's requests, and one that stalled (``stall``), go back to the head of their queue,
   at most ``max_attempts`` dispatches per request, then WorkerLost.
 
@@ -22,13 +26,25 @@ from types import MappingProxyType
 
 from ovpool import errors
 from ovpool.broker.state import Counters, Job, Output, RegisteredWorker
-from ovpool.protocol import Cancel, Error
+from ovpool.prefix_key import after_answer, route_keys
+from ovpool.protocol import Cancel, Error, Heartbeat
+
+# How much busier (in busy fraction) than the least busy free worker the one holding a request's
+# prefix may be and still get it: 2 of 8 slots. Prefilling a ~1,000-token shared system prompt
+# costs about as much as a few decode steps of a batch, so a small imbalance pays; a large one
+# would pile every chat sharing a system prompt onto the first worker that ran one.
+AFFINITY_SLACK = 0.25
+
+
+def _busy(w: RegisteredWorker) -> float:
+    return len(w.inflight) / w.info.slots
 
 
 class Placement:
-    def __init__(self, *, max_attempts: int, counters: Counters):
+    def __init__(self, *, max_attempts: int, counters: Counters, prefix_routing: bool = True):
         self.max_attempts = max_attempts
         self.counters = counters
+        self.prefix_routing = prefix_routing
         self._workers: dict[bytes, RegisteredWorker] = {}
         self._jobs: dict[str, Job] = {}
         self._queues: dict[str, deque[str]] = {}
@@ -55,7 +71,7 @@ class Placement:
         return len(self._queues.get(model, ()))
 
     def has_free_slot(self, model: str) -> bool:
-        return self._free_worker(model) is not None
+        return any(len(w.inflight) < w.cap for w in self._by_model.get(model, ()))
 
     def status(self) -> dict:
         return {
@@ -117,9 +133,17 @@ class Placement:
         self._requeue(job, now, out, lost=True)
         self._dispatch(job.model, out)
 
-    def finished_on(self, worker: RegisteredWorker) -> None:
-        """A request ended well on ``worker``: it may take one more at once again."""
+    def finished_on(self, worker: RegisteredWorker, job: Job, answer: str) -> None:
+        """``job`` ended well on ``worker`` with ``answer``: it may take one more at once again,
+        and it now holds the conversation with the answer too (a chat's next turn)."""
         worker.cap = min(worker.cap + 1, worker.info.slots)
+        if self.prefix_routing:
+            r = job.request
+            worker.prefixes.remember(after_answer(r.model, r.prompt, r.messages, answer).keys)
+
+    def report(self, worker: RegisteredWorker, held: tuple[bytes, ...], msg: Heartbeat) -> None:
+        """``worker``'s HEARTBEAT: ``held`` (its checked ``msg.held``) and its counters."""
+        worker.prefixes.report(held, msg.prompt_tokens, msg.cached_prompt_tokens)
 
     def orphaned(self, job: Job) -> errors.RequestError:
         """The error for a request whose model no worker serves (any more)."""
@@ -155,25 +179,38 @@ class Placement:
         target = self._queues.setdefault(only, deque())
         for rid in unnamed:
             job = self._jobs[rid]
-            job.request = dataclasses.replace(job.request, model=only)
+            if job.route.keys:  # the keys start from the model's name
+                r = job.request
+                job.route = route_keys(only, r.prompt, r.messages)
+            job.request = dataclasses.replace(job.request, model=only, route_keys=list(job.route.keys))
             target.append(rid)
         unnamed.clear()
 
-    def _free_worker(self, model: str) -> RegisteredWorker | None:
-        best = None
-        for w in self._by_model.get(model, ()):
-            if len(w.inflight) < w.cap and (
-                    best is None or len(w.inflight) * best.info.slots < len(best.inflight) * w.info.slots):
-                best = w
+    def _choose(self, model: str, job: Job) -> RegisteredWorker | None:
+        """The worker ``job`` goes to now (see the module docstring), or None: none is free."""
+        free = [w for w in self._by_model.get(model, ()) if len(w.inflight) < w.cap]
+        if not free:
+            return None
+        least = min(free, key=_busy)
+        if not (self.prefix_routing and job.route.keys):
+            return least
+        near = [w for w in free if _busy(w) <= _busy(least) + AFFINITY_SLACK]
+        best = max(near, key=lambda w: (w.prefixes.depth(job.route), -_busy(w)))
+        if best.prefixes.depth(job.route) == 0:
+            self.counters.prefix_misses += 1
+            return least
+        self.counters.prefix_hits += 1
         return best
 
     def _dispatch(self, model: str, out: Output) -> None:
         queue = self._queues.get(model)
         while queue:
-            worker = self._free_worker(model)
+            worker = self._choose(model, self._jobs[queue[0]])
             if worker is None:
                 return
             job = self._jobs[queue.popleft()]
+            if self.prefix_routing:
+                worker.prefixes.remember(job.route.keys)
             job.worker = worker.identity
             job.progress_at = None
             job.attempts += 1

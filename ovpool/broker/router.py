@@ -42,6 +42,7 @@ from ovpool.protocol import (
     StatusReply,
     Submit,
     Supervised,
+    route_keys_from_wire,
 )
 
 MAX_ATTEMPTS = 3
@@ -55,10 +56,11 @@ _ACK_EVERY = WORKER_WINDOW // 4
 class Router:
     def __init__(self, *, now: float, queue_limit: int = 256, max_new_tokens: int = 4096,
                  max_attempts: int = MAX_ATTEMPTS, stream_stall_s: float = 30.0,
-                 progress_timeout_s: float = 60.0):
+                 progress_timeout_s: float = 60.0, prefix_routing: bool = True):
         self.started = now
         self.counters = Counters()
-        self.placement = Placement(max_attempts=max_attempts, counters=self.counters)
+        self.placement = Placement(max_attempts=max_attempts, counters=self.counters,
+                                   prefix_routing=prefix_routing)
         self.streams = Streams(stream_stall_s)
         self.progress_timeout_s = progress_timeout_s
         self.workers = self.placement.workers  # read-only views: Placement changes them
@@ -77,7 +79,7 @@ class Router:
                           Ready: self._on_ready, Partial: self._on_partial,
                           Final: self._on_end, Error: self._on_end,
                           Disconnect: self._on_disconnect, LoadFailed: self._on_load_failed,
-                          Heartbeat: _ignore}
+                          Heartbeat: self._on_heartbeat}
 
     # -- inputs ---------------------------------------------------------------------------------
 
@@ -238,7 +240,8 @@ class Router:
             return
         if isinstance(msg, Final):
             self.counters.completed += 1
-            self.placement.finished_on(self.workers[peer])
+            answer = msg.completion.get("text")
+            self.placement.finished_on(self.workers[peer], job, answer if isinstance(answer, str) else "")
         else:
             self.counters.failed += 1
         if msg.request_id in self.streams:
@@ -246,6 +249,15 @@ class Router:
         else:
             out.append((job.client, msg))
         self.placement.finish(job, out)
+
+    def _on_heartbeat(self, peer: bytes, msg: Heartbeat, now: float, out: Output) -> None:
+        """A worker's heartbeat (its expiry is refreshed in handle()) with its prefix-cache summary."""
+        try:
+            held = route_keys_from_wire(msg.held)
+        except errors.MalformedMessageError:
+            self.counters.malformed += 1
+            return
+        self.placement.report(self.workers[peer], held, msg)
 
     def _on_disconnect(self, peer: bytes, msg: Disconnect, now: float, out: Output) -> None:
         worker = self.workers.get(peer)
@@ -356,6 +368,3 @@ class Router:
                 job = self.jobs[rid]
                 self.counters.failed += 1
                 self._fail(job, self.placement.orphaned(job), out)
-
-def _ignore(peer: bytes, msg: Message, now: float, out: Output) -> None:
-    """Heartbeats only refresh the sender's expiry, done for every worker message in handle()."""

@@ -39,7 +39,8 @@ class Broker:
         s = self.settings
         self.router = Router(now=time.monotonic(), queue_limit=s.queue_limit,
                              max_new_tokens=s.max_new_tokens, stream_stall_s=s.stream_stall_s,
-                             progress_timeout_s=s.progress_timeout_s)
+                             progress_timeout_s=s.progress_timeout_s,
+                             prefix_routing=s.routing == "prefix")
         # Off unless a port is set: observing every message costs ~15% of the routing rate.
         self.metrics = BrokerObserver(BrokerMetrics()) if self.settings.metrics_port else None
         self._metrics_server = (MetricsServer(self.metrics.metrics.registry, self.settings.metrics_port)
@@ -114,6 +115,10 @@ class Broker:
         self.metrics.tick(self.router.queues, [(len(w.inflight), w.info.slots) for w in workers],
                           [e for e in self.router.supervised.entries()
                            if (e.get("host"), e.get("pid")) not in registered])
+        c = self.router.counters
+        self.metrics.metrics.set_prefix(
+            [(w.info.worker_id, w.prefixes.prompt_tokens, w.prefixes.cached_prompt_tokens) for w in workers],
+            c.prefix_hits, c.prefix_misses)
 
     def _route(self, frames: list[bytes], now: float) -> None:
         peer = frames[0]

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from ovpool import timing
+from ovpool.broker.prefixes import HeldPrefixes
+from ovpool.prefix_key import NO_KEYS, RouteKeys
 from ovpool.protocol import LoadFailed, Message, Ready, Request, Supervised
 
 Output = list[tuple[bytes, Message]]  # what the routing core asks the server to send, in order
@@ -24,6 +26,7 @@ class RegisteredWorker:
     inflight: set[str] = field(default_factory=set)
     cap: int = 0
     unacked: int = 0  # replies handled since the last CREDIT sent to it
+    prefixes: HeldPrefixes = field(default_factory=HeldPrefixes)
 
     def __post_init__(self) -> None:
         self.cap = self.info.slots
@@ -32,7 +35,8 @@ class RegisteredWorker:
         i = self.info
         return {"id": i.worker_id, "models": list(i.models), "device": i.device, "slots": i.slots,
                 "cap": self.cap, "active": len(self.inflight), "host": i.host, "pid": i.pid,
-                "load": dict(i.load), "expires_in_s": round(self.expires - now, 3)}
+                "load": dict(i.load), "expires_in_s": round(self.expires - now, 3),
+                "prefix_cache": self.prefixes.describe()}
 
 
 @dataclass
@@ -48,6 +52,7 @@ class Job:
     attempts: int = 0
     next_seq: int = 0  # the seq of the next PARTIAL the client has not seen yet
     progress_at: float | None = None  # its latest PARTIAL (or first tick) on its current worker
+    route: RouteKeys = NO_KEYS  # its prompt's route keys (the same as request.route_keys)
 
     @property
     def request_id(self) -> str:
@@ -70,6 +75,8 @@ class Counters:
     requeued: int = 0
     stalled: int = 0
     malformed: int = 0
+    prefix_hits: int = 0  # dispatches of a request with route keys to a worker holding some of them
+    prefix_misses: int = 0  # ... to a worker believed to hold none
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)

@@ -175,7 +175,8 @@ def status_command(broker: str | None, as_json: bool, **curve: Any) -> None:
                f"{status['queues'] or 'none'}")
     for w in status["workers"]:
         click.echo(f"  {w['id']:<40} {w['device']:<8} {w['active']}/{w['slots']} slots  "
-                   f"{_load_text(w.get('load') or {}):<14} models: {', '.join(w['models'])}")
+                   f"{_load_text(w.get('load') or {}):<14} {_prefix_text(w.get('prefix_cache') or {}):<22} "
+                   f"models: {', '.join(w['models'])}")
         if batching := (w.get("load") or {}).get("batching"):
             click.secho(f"    continuous batching {batching}",
                         fg="yellow" if batching.startswith("off") else None)
@@ -186,6 +187,14 @@ def status_command(broker: str | None, as_json: bool, **curve: Any) -> None:
     for f in status.get("failed", []):  # LOAD_FAILED: workers that could not load their model
         click.secho(f"  {f['id']}: cannot load {', '.join(f['models'])}: {f['message']}", fg="red")
     click.echo("  " + "  ".join(f"{k}={v}" for k, v in status["counters"].items()))
+
+
+def _prefix_text(prefix: dict) -> str:
+    """Prompt tokens a worker took from its prefix cache, e.g. "cached 900/1,200 (75%)"."""
+    total, cached = prefix.get("prompt_tokens", 0), prefix.get("cached_prompt_tokens", 0)
+    if not total:
+        return "cached -"
+    return f"cached {cached:,}/{total:,} ({cached / total:.0%})"
 
 
 def _load_text(load: dict) -> str:

@@ -31,6 +31,7 @@ import zmq
 from ovpool import timing
 from ovpool.auth import secure_peer
 from ovpool.errors import OvpoolError
+from ovpool.prefix_key import MAX_KEYS
 from ovpool.protocol import (
     WORKER_WINDOW,
     Cancel,
@@ -38,7 +39,6 @@ from ovpool.protocol import (
     Disconnect,
     Error,
     Final,
-    Heartbeat,
     LoadFailed,
     Message,
     Partial,
@@ -49,11 +49,13 @@ from ovpool.protocol import (
     encode,
     load_to_wire,
     recv_frames,
+    route_keys_from_wire,
     sampling_from_wire,
     send_frames,
 )
 from ovpool.settings import Settings
 from ovpool.worker.backend import Backend, Failed, Finished, Token
+from ovpool.worker.prefix_report import PrefixReport
 
 log = logging.getLogger(__name__)
 # How long a LOAD_FAILED waits for the broker: the one `ovpool serve` starts beside this worker may
@@ -109,6 +111,7 @@ class Worker:
         self._idle_pool = ThreadPoolExecutor(1, thread_name_prefix="worker-idle")
         self._idle_work: Future | None = None
         self._deferred: dict[str, Request] = {}  # arrived while the idle work runs
+        self._prefixes = PrefixReport(backend)
 
     def __enter__(self) -> Worker:
         self._connect()
@@ -152,7 +155,7 @@ class Worker:
                 self._step()
             now = time.monotonic()
             if now >= next_heartbeat:
-                self._send(Heartbeat())
+                self._send(self._prefixes.heartbeat())
                 next_heartbeat = now + timing.HEARTBEAT_INTERVAL_S
             if now >= self._broker_expires:
                 self._reconnect()
@@ -193,6 +196,7 @@ class Worker:
             self._deferred.pop(msg.request_id, None)
             if self._active.pop(msg.request_id, None) is not None:
                 self.backend.cancel(msg.request_id)
+                self._prefixes.ended(msg.request_id)
         elif isinstance(msg, Disconnect):  # the broker does not know us (it restarted): start over
             log.info("broker asked %s to register again", self.ready.worker_id)
             self._drop_sessions()
@@ -202,11 +206,14 @@ class Worker:
     def _start(self, msg: Request) -> None:
         try:
             params = sampling_from_wire(msg.params)
-            self.backend.add(msg.request_id, msg.prompt if msg.messages is None else msg.messages, params)
+            keys = route_keys_from_wire(msg.route_keys, MAX_KEYS)
+            self.backend.add(msg.request_id, msg.prompt if msg.messages is None else msg.messages, params,
+                             keys)
         except OvpoolError as exc:
             self._reply(Error(msg.request_id, exc.code, str(exc)))
             return
         self._active[msg.request_id] = 0
+        self._prefixes.started(msg, keys)
 
     def _step(self) -> None:
         active = self._active
@@ -219,8 +226,10 @@ class Worker:
                 continue
             sent = active.pop(rid)
             if isinstance(ev, Finished):
+                self._prefixes.ended(rid, ev.completion.text)
                 self._reply(Final(rid, completion_to_wire(ev.completion), sent))
             elif isinstance(ev, Failed):
+                self._prefixes.ended(rid)
                 self._reply(Error(rid, ev.error.code, str(ev.error)))
 
     def _reconnect(self) -> None:
@@ -234,6 +243,7 @@ class Worker:
         for rid in self._active:
             self.backend.cancel(rid)
         self._active.clear()
+        self._prefixes.clear()
 
     def _reply(self, msg: Partial | Final | Error) -> None:
         """A reply about a request: it spends credit (it may go below zero by at most one step)."""
