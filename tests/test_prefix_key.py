@@ -66,3 +66,9 @@ def test_deepest_in_is_the_longest_prefix_held():
     assert r.deepest_in(set()) == 0
     assert r.deepest_in({r.keys[1]}) == r.depths[1]
     assert r.deepest_in({r.keys[0], r.keys[2]}) == r.depths[2]
+
+
+def test_after_answer_from_the_requests_own_keys_equals_hashing_it_all_again():
+    msgs = chat("a", "b", "c")
+    own = route_keys("m", messages=msgs)
+    assert after_answer("m", None, msgs, "d", own) == after_answer("m", None, msgs, "d")

@@ -28,7 +28,8 @@ def test_a_finished_chat_is_reported_with_its_answer_deepest_first():
     hb = report.heartbeat()
     answer_key = after_answer("m", None, CHAT, "Hello!").keys[-1]
     assert hb.held == [answer_key, keys[1], keys[0]]
-    assert hb.prompt_tokens == backend.prompt_tokens == 4 and hb.cached_prompt_tokens == 0
+    assert hb.prompt_tokens == backend.prompt_tokens == 4
+    assert hb.cached_prompt_tokens == backend.cached_prompt_tokens
 
 
 def test_a_failed_or_cancelled_request_adds_no_answer_and_the_report_is_bounded():

@@ -54,6 +54,29 @@ def other_lines(results: dict) -> list[str]:
     return lines
 
 
+def chat_lines(results: dict) -> list[str]:
+    chat = results.get("chat")
+    if not chat:
+        return []
+    w = chat["workload"]
+    lines = [f"chat: {w['conversations']} conversations x {w['turns']} turns, a {w['system_prompt_chars']:,}"
+             f"-character system prompt, {w['max_tokens']} new tokens a turn (fastest of {w['repeats']})"]
+    runs = [("one worker, prefix cache on", chat["one_worker"].get("prefix_on")),
+            ("one worker, prefix cache off", chat["one_worker"].get("prefix_off")),
+            ("GenAI CB, prefix caching", chat.get("genai_prefix")),
+            ("two workers, prefix routing", chat["two_workers"].get("prefix")),
+            ("two workers, least-loaded", chat["two_workers"].get("least_loaded"))]
+    for title, r in runs:
+        if r is not None:
+            share = r.get("cached_share")
+            lines.append(f"  {title:<30} TTFT turns 2+ {_num(r['ttft_later_turns_median_s'], '.3f')} s, "
+                         f"{_num(r['tokens_per_s'])} tok/s"
+                         + ("" if share is None else f", {share:.0%} of prompt tokens cached")
+                         + (f", {len(r['errors'])} failed turns" if r["errors"] else ""))
+    lines.append("  ratios: " + ", ".join(f"{k} {_num(v, '.2f')}" for k, v in chat["ratios"].items()))
+    return lines
+
+
 def _brief(block: dict) -> str:
     if "skipped" in block or "failed" in block:
         return block.get("skipped") or block["failed"]
@@ -68,7 +91,8 @@ def text(results: dict) -> str:
             f"request, OpenVINO {results['openvino']}")
     if results.get("cpu"):
         head += f"\ncpu: {results['cpu']}"
-    return "\n".join([head, *single_lines(results), *sweep_table(results), *other_lines(results)])
+    return "\n".join([head, *single_lines(results), *sweep_table(results), *chat_lines(results),
+                      *other_lines(results)])
 
 
 def plot(results: dict, path: str | Path) -> Path:

@@ -17,12 +17,12 @@ from pathlib import Path
 
 import openvino as ov
 
-from ovpool.bench import local, peers, sweep
+from ovpool.bench import chat, local, peers, sweep
 from ovpool.worker.engine import Engine
 from ovpool.worker.gguf.model import resolve_model_path
 from ovpool.worker.graph.cpu_class import CpuInfo
 
-SCENARIOS = ("startup", "single", "sweep", "overhead", "agreement")
+SCENARIOS = ("startup", "single", "sweep", "overhead", "agreement", "chat")
 _BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
@@ -36,6 +36,8 @@ class Options:
     genai: bool = True
     repeats: int = 1
     sets: Sequence[str] = field(default_factory=tuple)  # NAME=VALUE for the worker and the engine
+    conversations: int = 16  # the chat scenario's workload
+    turns: int = 4
 
 
 def run(opts: Options, say: Callable[[str], None] = lambda _: None) -> dict:
@@ -56,6 +58,10 @@ def run(opts: Options, say: Callable[[str], None] = lambda _: None) -> dict:
     if "sweep" in opts.scenarios:
         results["sweep"] = _sweep(opts, path, genai, say)
         results["ratios"] = ratios(results["sweep"])
+    if "chat" in opts.scenarios:
+        results["chat"] = chat.scenario(opts.model, path, conversations=opts.conversations, turns=opts.turns,
+                                        max_tokens=opts.max_tokens, repeats=opts.repeats,
+                                        sets=tuple(opts.sets), genai=genai, device=opts.device, say=say)
     return results
 
 

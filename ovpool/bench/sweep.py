@@ -28,33 +28,38 @@ WORKER_START_S = 900.0  # a cold start builds and compiles the graphs; a loaded 
 
 
 @contextlib.contextmanager
-def pool(model: str, slots: int, *, sets: Sequence[str] = (), log: Path | None = None) -> Iterator[Client]:
-    """A broker and one worker serving ``model`` with ``slots``; yields a connected, warmed-up Client
-    once the worker runs batched (its paged graph loads after it registers)."""
+def pool(model: str, slots: int, *, sets: Sequence[str] = (), log: Path | None = None, workers: int = 1,
+         broker_env: dict[str, str] | None = None) -> Iterator[Client]:
+    """A broker (``broker_env``: settings as OVPOOL_* variables) and ``workers`` workers serving
+    ``model`` with ``slots`` each; yields a connected, warmed-up Client once every worker runs
+    batched (its paged graph loads after it registers)."""
     endpoint = free_endpoint()
     with ExitStack() as stack:
         if log is None:
             log = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="ovpool-bench-"))) / "pool.log"
-        stack.enter_context(broker(endpoint, log=log))
+        stack.enter_context(broker(endpoint, log=log, env=broker_env))
         extra = [arg for item in sets for arg in ("--set", item)]
-        stack.enter_context(PoolProcess("worker", "--broker", endpoint, "--model", model,
-                                        "--slots", str(slots), *extra, log=log))
+        for _ in range(workers):
+            stack.enter_context(PoolProcess("worker", "--broker", endpoint, "--model", model,
+                                            "--slots", str(slots), *extra, log=log))
         client = stack.enter_context(Client(endpoint))
-        wait_for_workers(client, 1, timeout=WORKER_START_S)
+        wait_for_workers(client, workers, timeout=WORKER_START_S)
         if "batching=interleaved" not in sets:
-            _wait_for_line(log, ("continuous batching:", "continuous batching is off"), WORKER_START_S)
-        run_level(client, 1, 4)  # warm-up: first-use allocations are not part of any level
+            _wait_for_line(log, ("continuous batching:", "continuous batching is off"), WORKER_START_S,
+                           count=workers)
+        run_level(client, workers, 4)  # warm-up: first-use allocations are not part of any level
         yield client
 
 
-def _wait_for_line(log: Path, needles: Sequence[str], timeout: float) -> str:
+def _wait_for_line(log: Path, needles: Sequence[str], timeout: float, count: int = 1) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        for line in log.read_text(errors="replace").splitlines():
-            if any(n in line for n in needles):
-                return line
+        lines = log.read_text(errors="replace").splitlines()
+        if sum(any(n in line for n in needles) for line in lines) >= count:
+            return
         time.sleep(0.2)
-    raise TimeoutError(f"the worker did not log any of {list(needles)} within {timeout:.0f}s (see {log})")
+    raise TimeoutError(f"{count} worker(s) did not log any of {list(needles)} within {timeout:.0f}s"
+                       f" (see {log})")
 
 
 def sweep_level(client: Client, concurrency: int, max_tokens: int) -> dict:

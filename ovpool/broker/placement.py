@@ -139,7 +139,7 @@ class Placement:
         worker.cap = min(worker.cap + 1, worker.info.slots)
         if self.prefix_routing:
             r = job.request
-            worker.prefixes.remember(after_answer(r.model, r.prompt, r.messages, answer).keys)
+            worker.prefixes.remember(after_answer(r.model, r.prompt, r.messages, answer, job.route).keys)
 
     def report(self, worker: RegisteredWorker, held: tuple[bytes, ...], msg: Heartbeat) -> None:
         """``worker``'s HEARTBEAT: ``held`` (its checked ``msg.held``) and its counters."""

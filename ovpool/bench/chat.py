@@ -1,0 +1,223 @@
+"""The multi-turn chat workload of ``ovpool bench --scenario chat`` (issue #16).
+
+``conversations`` chats of ``turns`` turns run at once, each as a closed loop: a turn is sent when
+the chat's previous answer is in, and resends the whole history (a ~1,000-token system prompt
+shared by every chat, then each question and answer so far). What is measured per run: the time to
+first token of each turn, the completion tokens per second of the whole run, and (pool runs) the
+prompt tokens the workers took from their prefix caches (their heartbeat counters, before and
+after).
+
+Every run gets a system prompt of its own (a run number in its first line), so no run starts with
+what an earlier one left in a cache.
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ovpool import timing
+from ovpool.client import Client
+
+_TOPICS = ("rivers", "bridges", "comets", "violins", "glaciers", "lighthouses", "beekeeping", "typefaces",
+           "volcanoes", "orchards", "tides", "clocks", "deserts", "ferns", "harbors", "maps")
+# ~10 SmolLM2 tokens each: 100 of them are the ~1,000-token system prompt.
+_RULES = tuple(f"Rule {i}: when the user asks about {_TOPICS[i % 16]}, answer in plain words and "
+               f"cite fact {i}." for i in range(100))
+
+
+def system_prompt(run: int) -> str:
+    return f"Session {run}. You are a careful assistant who follows these rules.\n" + "\n".join(_RULES)
+
+
+def question(conversation: int, turn: int) -> str:
+    topic = _TOPICS[conversation % len(_TOPICS)]
+    return f"Chat {conversation}, question {turn + 1}: tell me something new about {topic}."
+
+
+@dataclass
+class Turn:
+    conversation: int
+    turn: int
+    ttft_s: float | None = None
+    error: str | None = None
+
+
+@dataclass
+class ChatRun:
+    """One run of the workload as the client saw it."""
+
+    turns: list[Turn] = field(default_factory=list)
+    completion_tokens: int = 0
+    wall_s: float = 0.0
+
+    def summary(self) -> dict:
+        by_turn: dict[int, list[float]] = {}
+        for t in self.turns:
+            if t.ttft_s is not None:
+                by_turn.setdefault(t.turn + 1, []).append(t.ttft_s)
+        later = [v for turn, vs in by_turn.items() if turn > 1 for v in vs]
+        return {"ttft_median_s_by_turn": {str(k): statistics.median(v) for k, v in sorted(by_turn.items())},
+                "ttft_later_turns_median_s": statistics.median(later) if later else None,
+                "completion_tokens": self.completion_tokens, "wall_s": self.wall_s,
+                "tokens_per_s": self.completion_tokens / self.wall_s if self.wall_s else None,
+                "errors": [f"chat {t.conversation} turn {t.turn + 1}: {t.error}"
+                           for t in self.turns if t.error]}
+
+
+Messages = list[dict[str, str]]
+# One turn: (messages, max_tokens) -> (time to first token or None, answer text, completion tokens).
+TurnRunner = Callable[[Messages, int], tuple[float | None, str, int]]
+
+
+def run_pool(client: Client, run: int, conversations: int, turns: int, max_tokens: int) -> dict:
+    """The workload through a pool; with the workers' prefix-cache counters for this run."""
+    before = _prompt_counters(client)
+    result = _closed_loops(lambda msgs, n: _stream_turn(client, msgs, n), run, conversations, turns,
+                           max_tokens)
+    after = _wait_for_reports(client, before)
+    prompt, cached = (sum(a[k] - before.get(w, {}).get(k, 0) for w, a in after.items())
+                      for k in ("prompt_tokens", "cached_prompt_tokens"))
+    counters = client.status()["counters"]
+    return {**result, "prompt_tokens": prompt, "cached_prompt_tokens": cached,
+            "cached_share": cached / prompt if prompt else None,
+            "prompt_tokens_by_worker": sorted(a["prompt_tokens"] - before.get(w, {}).get("prompt_tokens", 0)
+                                              for w, a in after.items()),
+            "router": {k: counters.get(k, 0) for k in ("prefix_hits", "prefix_misses")}}
+
+
+def _closed_loops(turn: TurnRunner, run: int, conversations: int, turns: int, max_tokens: int) -> dict:
+    """Every conversation on a thread of its own, its turns one after the other."""
+    out = ChatRun()
+    lock = threading.Lock()
+    start = threading.Barrier(conversations + 1)
+
+    def chat(c: int) -> None:
+        messages = [{"role": "system", "content": system_prompt(run)}]
+        start.wait()
+        for t in range(turns):
+            messages.append({"role": "user", "content": question(c, t)})
+            record = Turn(c, t)
+            try:
+                record.ttft_s, answer, tokens = turn(messages, max_tokens)
+            except Exception as exc:  # reported per turn: a failure is a result, not a crash
+                record.error = f"{type(exc).__name__}: {exc}"
+                answer, tokens = "", 0
+            messages.append({"role": "assistant", "content": answer})
+            with lock:
+                out.turns.append(record)
+                out.completion_tokens += tokens
+
+    threads = [threading.Thread(target=chat, args=(c,), daemon=True) for c in range(conversations)]
+    for th in threads:
+        th.start()
+    start.wait()
+    t0 = time.perf_counter()
+    for th in threads:
+        th.join()
+    out.wall_s = time.perf_counter() - t0
+    return out.summary()
+
+
+def _stream_turn(client: Client, messages: Messages, max_tokens: int) -> tuple[float | None, str, int]:
+    t0 = time.perf_counter()
+    ttft, text, tokens = None, [], 0
+    for delta in client.stream(messages, max_tokens=max_tokens, ignore_eos=True):
+        if ttft is None:
+            ttft = time.perf_counter() - t0
+        text.append(delta.text)
+        tokens += 1
+    return ttft, "".join(text), tokens
+
+
+def _prompt_counters(client: Client) -> dict[str, dict]:
+    return {w["id"]: dict(w.get("prefix_cache") or {}) for w in client.status()["workers"]}
+
+
+def _wait_for_reports(client: Client, before: dict[str, dict], timeout: float = 30.0) -> dict[str, dict]:
+    """The workers' counters once they stand still over two heartbeat intervals: a report lags the
+    last request of the run by up to one."""
+    deadline = time.monotonic() + timeout
+    last = _prompt_counters(client)
+    while time.monotonic() < deadline:
+        time.sleep(timing.HEARTBEAT_INTERVAL_S * 2.5)  # every worker has reported since
+        now = _prompt_counters(client)
+        if now == last:
+            return now
+        last = now
+    return last
+
+
+def ratios(results: dict) -> dict:
+    """The issue's ratios from the chat scenario's runs (None where a run is missing)."""
+    one, two = results.get("one_worker", {}), results.get("two_workers", {})
+    genai = results.get("genai_prefix")
+
+    def ratio(a, b):
+        return a / b if a is not None and b else None
+
+    on, off = one.get("prefix_on", {}), one.get("prefix_off", {})
+    return {
+        "ttft_later_turns_on_vs_off": ratio(on.get("ttft_later_turns_median_s"),
+                                            off.get("ttft_later_turns_median_s")),
+        "tokens_per_s_on_vs_off": ratio(on.get("tokens_per_s"), off.get("tokens_per_s")),
+        "tokens_per_s_vs_genai_prefix": ratio(on.get("tokens_per_s"), (genai or {}).get("tokens_per_s")),
+        "ttft_later_turns_vs_genai_prefix": ratio(on.get("ttft_later_turns_median_s"),
+                                                  (genai or {}).get("ttft_later_turns_median_s")),
+        "two_workers_cached_share_prefix_vs_one": ratio(two.get("prefix", {}).get("cached_share"),
+                                                        on.get("cached_share")),
+        "two_workers_cached_share_least_loaded_vs_one": ratio(two.get("least_loaded", {}).get("cached_share"),
+                                                              on.get("cached_share")),
+    }
+
+
+# Every chat's KV without preemption: 16 x ~1,400 tokens x 23 KiB (SmolLM2 at f16) = ~500 MiB;
+# GenAI's pipeline gets the same 1 GiB (peers.ChatPipeline).
+KV_CACHE_MB = 1024
+
+
+def scenario(model: str, path: str, *, conversations: int, turns: int, max_tokens: int, repeats: int,
+             sets: tuple[str, ...], genai: bool, device: str, say: Callable[[str], None]) -> dict:
+    """One worker with its prefix cache on vs off, alternating (and GenAI with prefix caching in
+    the same rounds); then two workers, prefix-aware vs least-loaded routing, one after the other
+    (what they are compared on, the share of prompt tokens from cache, does not depend on load)."""
+    from contextlib import ExitStack
+
+    from ovpool.bench import peers, sweep
+
+    base = (f"kv_cache_mb={KV_CACHE_MB}", *sets)
+    tries: dict[str, list[dict]] = {"prefix_on": [], "prefix_off": [], "genai": []}
+    counter = iter(range(1, 1_000_000))
+    with ExitStack() as stack:
+        on = stack.enter_context(sweep.pool(model, conversations, sets=(*base, "prefix_cache=on")))
+        off = stack.enter_context(sweep.pool(model, conversations, sets=(*base, "prefix_cache=off")))
+        pipe = peers.ChatPipeline(path, device) if genai else None
+        for i in range(repeats):
+            say(f"chat: round {i + 1} of {repeats}: prefix cache on, off{', GenAI' if pipe else ''}")
+            tries["prefix_on"].append(run_pool(on, next(counter), conversations, turns, max_tokens))
+            tries["prefix_off"].append(run_pool(off, next(counter), conversations, turns, max_tokens))
+            if pipe is not None:
+                tries["genai"].append(pipe.run(next(counter), conversations, turns, max_tokens))
+    results: dict = {"workload": {"conversations": conversations, "turns": turns, "max_tokens": max_tokens,
+                                  "system_prompt_chars": len(system_prompt(0)), "repeats": repeats},
+                     "one_worker": {k: _fastest(v) for k, v in tries.items() if k != "genai"},
+                     "runs": tries}
+    if tries["genai"]:
+        results["genai_prefix"] = _fastest(tries["genai"])
+    results["two_workers"] = {}
+    for routing in ("prefix", "least_loaded"):
+        say(f"chat: two workers, routing={routing}")
+        with sweep.pool(model, max(1, conversations // 2), sets=(*base, "prefix_cache=on"), workers=2,
+                        broker_env={"OVPOOL_ROUTING": routing}) as client:
+            results["two_workers"][routing] = run_pool(client, next(counter), conversations, turns,
+                                                       max_tokens)
+    results["ratios"] = ratios(results)
+    return results
+
+
+def _fastest(runs: list[dict]) -> dict:
+    """The run with the most tokens/s (load from other processes only ever slows a run down)."""
+    return max(runs, key=lambda r: r["tokens_per_s"] or 0.0)

@@ -1,0 +1,59 @@
+"""The chat workload of ``ovpool bench``: closed-loop conversations through a real pool (null
+workers), its summary, the ratios and the report."""
+
+from __future__ import annotations
+
+import pytest
+
+from ovpool.bench import chat, report
+from ovpool.client import Client
+from ovpool.testing.pool import broker, fast_heartbeats, free_endpoint, null_worker, wait_for_workers
+
+
+def test_each_turn_resends_the_history_and_the_run_is_summarized():
+    seen = []
+
+    def turn(messages, max_tokens):
+        seen.append([dict(m) for m in messages])
+        return 0.5 if len(messages) > 2 else 2.0, f"answer {len(messages)}", max_tokens
+
+    out = chat._closed_loops(turn, run=3, conversations=2, turns=3, max_tokens=5)
+    assert len(seen) == 6 and out["completion_tokens"] == 30 and out["errors"] == []
+    third = max(seen, key=len)
+    assert third[0] == {"role": "system", "content": chat.system_prompt(3)}
+    assert [m["role"] for m in third] == ["system", "user", "assistant", "user", "assistant", "user"]
+    assert third[2]["content"] == "answer 2"  # the previous answer, as an assistant message
+    assert out["ttft_median_s_by_turn"] == {"1": 2.0, "2": 0.5, "3": 0.5}
+    assert out["ttft_later_turns_median_s"] == 0.5
+
+
+def test_ratios_and_report_of_the_chat_scenario():
+    def run(ttft, tps, share=None):
+        return {"ttft_later_turns_median_s": ttft, "tokens_per_s": tps, "cached_share": share, "errors": []}
+    results = {"workload": {"conversations": 16, "turns": 4, "max_tokens": 32, "system_prompt_chars": 9000,
+                            "repeats": 1},
+               "one_worker": {"prefix_on": run(0.2, 300.0, 0.8), "prefix_off": run(1.0, 200.0, 0.0)},
+               "genai_prefix": run(0.25, 250.0),
+               "two_workers": {"prefix": run(0.2, 320.0, 0.76), "least_loaded": run(0.4, 300.0, 0.4)}}
+    r = chat.ratios(results)
+    assert r["ttft_later_turns_on_vs_off"] == pytest.approx(0.2)
+    assert r["tokens_per_s_vs_genai_prefix"] == pytest.approx(1.2)
+    assert r["two_workers_cached_share_prefix_vs_one"] == pytest.approx(0.95)
+    assert r["two_workers_cached_share_least_loaded_vs_one"] == pytest.approx(0.5)
+    text = "\n".join(report.chat_lines({"chat": {**results, "ratios": r}}))
+    assert "one worker, prefix cache on" in text and "80% of prompt tokens cached" in text
+
+
+@pytest.mark.slow
+def test_the_workload_runs_through_a_pool_and_reads_the_workers_counters():
+    endpoint = free_endpoint()
+    with fast_heartbeats(0.2), broker(endpoint), null_worker(endpoint, slots=2), \
+            null_worker(endpoint, slots=2), Client(endpoint) as client:
+        wait_for_workers(client, 2)
+        out = chat.run_pool(client, run=1, conversations=3, turns=2, max_tokens=4)
+    assert out["errors"] == [] and out["completion_tokens"] == 3 * 2 * 4
+    assert set(out["ttft_median_s_by_turn"]) == {"1", "2"}
+    assert out["prompt_tokens"] == sum(out["prompt_tokens_by_worker"]) > 0
+    assert 0 <= out["cached_prompt_tokens"] <= out["prompt_tokens"]
+    # Each second turn went where its first was answered.
+    assert out["router"]["prefix_hits"] >= 3
