@@ -24,9 +24,9 @@ from ovpool.client import Client
 
 _TOPICS = ("rivers", "bridges", "comets", "violins", "glaciers", "lighthouses", "beekeeping", "typefaces",
            "volcanoes", "orchards", "tides", "clocks", "deserts", "ferns", "harbors", "maps")
-# ~10 SmolLM2 tokens each: 100 of them are the ~1,000-token system prompt.
+# ~24 SmolLM2 tokens each: with its first line, the system prompt is ~1,015 tokens.
 _RULES = tuple(f"Rule {i}: when the user asks about {_TOPICS[i % 16]}, answer in plain words and "
-               f"cite fact {i}." for i in range(100))
+               f"cite fact {i}." for i in range(42))
 
 
 def system_prompt(run: int) -> str:
@@ -210,7 +210,9 @@ def scenario(model: str, path: str, *, conversations: int, turns: int, max_token
     results["two_workers"] = {}
     for routing in ("prefix", "least_loaded"):
         say(f"chat: two workers, routing={routing}")
-        with sweep.pool(model, max(1, conversations // 2), sets=(*base, "prefix_cache=on"), workers=2,
+        # Each with the single worker's slots: a pool with room to choose. At full slots every
+        # turn could only go where its chat's last turn just freed a slot, whatever the routing.
+        with sweep.pool(model, conversations, sets=(*base, "prefix_cache=on"), workers=2,
                         broker_env={"OVPOOL_ROUTING": routing}) as client:
             results["two_workers"][routing] = run_pool(client, next(counter), conversations, turns,
                                                        max_tokens)
