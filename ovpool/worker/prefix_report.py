@@ -2,8 +2,10 @@
 
 The backend reports the route keys of the prompts whose KV it still caches; this adds, next to a
 finished request's deepest prompt key, the keys of its conversation with the answer appended
-(ovpool.prefix_key.after_answer): a chat's next turn resends exactly that history, and the
-answer's KV was written by this worker while it generated it.
+(ovpool.prefix_key.after_answer): a chat's next turn resends exactly that history, so those keys
+are the ones it shares with it. This worker holds everything before the answer (with
+``prefix_cache=on`` it recomputes the answer itself, see docs/prefix-caching.md), which no other
+worker does.
 """
 
 from __future__ import annotations
