@@ -174,6 +174,11 @@ def ratios(results: dict) -> dict:
     }
 
 
+# The pool's patience, for a loaded host: without the prefix cache the last of 16 chats waits for
+# 16 x ~1,100 prompt tokens to be prefilled before its first token, over the 60 s progress timeout
+# at a few hundred prompt tokens/s beside 6 other agents on 2 cores. In the first runs the broker
+# gave requests up (WorkerLost: stalled 3 times, or their only worker declared gone).
+POOL_ENV = {"OVPOOL_PROGRESS_TIMEOUT_S": "1800", "OVPOOL_HEARTBEAT_INTERVAL_S": "3"}
 # Every chat's KV without preemption: 16 x ~1,400 tokens x 23 KiB (SmolLM2 at f16) = ~500 MiB;
 # GenAI's pipeline gets the same 1 GiB (peers.ChatPipeline).
 KV_CACHE_MB = 1024
@@ -192,8 +197,10 @@ def scenario(model: str, path: str, *, conversations: int, turns: int, max_token
     tries: dict[str, list[dict]] = {"prefix_on": [], "prefix_off": [], "genai": []}
     counter = iter(range(1, 1_000_000))
     with ExitStack() as stack:
-        on = stack.enter_context(sweep.pool(model, conversations, sets=(*base, "prefix_cache=on")))
-        off = stack.enter_context(sweep.pool(model, conversations, sets=(*base, "prefix_cache=off")))
+        on = stack.enter_context(sweep.pool(model, conversations, sets=(*base, "prefix_cache=on"),
+                                            env=POOL_ENV))
+        off = stack.enter_context(sweep.pool(model, conversations, sets=(*base, "prefix_cache=off"),
+                                             env=POOL_ENV))
         pipe = peers.ChatPipeline(path, device) if genai else None
         for i in range(repeats):
             say(f"chat: round {i + 1} of {repeats}: prefix cache on, off{', GenAI' if pipe else ''}")
@@ -213,7 +220,7 @@ def scenario(model: str, path: str, *, conversations: int, turns: int, max_token
         # Each with the single worker's slots: a pool with room to choose. At full slots every
         # turn could only go where its chat's last turn just freed a slot, whatever the routing.
         with sweep.pool(model, conversations, sets=(*base, "prefix_cache=on"), workers=2,
-                        broker_env={"OVPOOL_ROUTING": routing}) as client:
+                        env={**POOL_ENV, "OVPOOL_ROUTING": routing}) as client:
             results["two_workers"][routing] = run_pool(client, next(counter), conversations, turns,
                                                        max_tokens)
     results["ratios"] = ratios(results)

@@ -29,19 +29,19 @@ WORKER_START_S = 900.0  # a cold start builds and compiles the graphs; a loaded 
 
 @contextlib.contextmanager
 def pool(model: str, slots: int, *, sets: Sequence[str] = (), log: Path | None = None, workers: int = 1,
-         broker_env: dict[str, str] | None = None) -> Iterator[Client]:
-    """A broker (``broker_env``: settings as OVPOOL_* variables) and ``workers`` workers serving
-    ``model`` with ``slots`` each; yields a connected, warmed-up Client once every worker runs
-    batched (its paged graph loads after it registers)."""
+         env: dict[str, str] | None = None) -> Iterator[Client]:
+    """A broker and ``workers`` workers serving ``model`` with ``slots`` each (``env``: for all of
+    them, e.g. settings as OVPOOL_* variables); yields a connected, warmed-up Client once every
+    worker runs batched (its paged graph loads after it registers)."""
     endpoint = free_endpoint()
     with ExitStack() as stack:
         if log is None:
             log = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="ovpool-bench-"))) / "pool.log"
-        stack.enter_context(broker(endpoint, log=log, env=broker_env))
+        stack.enter_context(broker(endpoint, log=log, env=env))
         extra = [arg for item in sets for arg in ("--set", item)]
         for _ in range(workers):
             stack.enter_context(PoolProcess("worker", "--broker", endpoint, "--model", model,
-                                            "--slots", str(slots), *extra, log=log))
+                                            "--slots", str(slots), *extra, env=env, log=log))
         client = stack.enter_context(Client(endpoint))
         wait_for_workers(client, workers, timeout=WORKER_START_S)
         if "batching=interleaved" not in sets:
