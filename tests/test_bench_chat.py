@@ -27,6 +27,12 @@ def test_each_turn_resends_the_history_and_the_run_is_summarized():
     assert out["ttft_later_turns_median_s"] == 0.5
 
 
+def test_a_chats_first_question_can_carry_a_document_of_its_own():
+    assert chat.question(2, 0, document=True).startswith("Read this document first.")
+    assert chat.question(2, 0, document=True) != chat.question(3, 0, document=True)
+    assert chat.question(2, 1, document=True) == chat.question(2, 1)
+
+
 def test_ratios_and_report_of_the_chat_scenario():
     def run(ttft, tps, share=None):
         return {"ttft_later_turns_median_s": ttft, "tokens_per_s": tps, "cached_share": share, "errors": []}

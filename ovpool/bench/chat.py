@@ -13,6 +13,7 @@ what an earlier one left in a cache.
 
 from __future__ import annotations
 
+import itertools
 import statistics
 import threading
 import time
@@ -33,9 +34,16 @@ def system_prompt(run: int) -> str:
     return f"Session {run}. You are a careful assistant who follows these rules.\n" + "\n".join(_RULES)
 
 
-def question(conversation: int, turn: int) -> str:
+def question(conversation: int, turn: int, document: bool = False) -> str:
+    """A chat's question for ``turn``; with ``document`` its first one carries a ~1,150-token
+    document of that chat's own (a prefix only the worker that read it holds)."""
     topic = _TOPICS[conversation % len(_TOPICS)]
-    return f"Chat {conversation}, question {turn + 1}: tell me something new about {topic}."
+    text = f"Chat {conversation}, question {turn + 1}: tell me something new about {topic}."
+    if not (document and turn == 0):
+        return text
+    facts = "\n".join(f"Fact {conversation}.{j}: the {topic} of chat {conversation}, item {j}, measure "
+                      f"{(conversation * 37 + j * 11) % 997} units." for j in range(40))
+    return f"Read this document first.\n{facts}\n{text}"
 
 
 @dataclass
@@ -73,11 +81,13 @@ Messages = list[dict[str, str]]
 TurnRunner = Callable[[Messages, int], tuple[float | None, str, int]]
 
 
-def run_pool(client: Client, run: int, conversations: int, turns: int, max_tokens: int) -> dict:
-    """The workload through a pool; with the workers' prefix-cache counters for this run."""
+def run_pool(client: Client, run: int, conversations: int, turns: int, max_tokens: int,
+             documents: bool = False) -> dict:
+    """The workload through a pool (``documents``: see ``question``); with the workers'
+    prefix-cache counters for this run."""
     before = _prompt_counters(client)
     result = _closed_loops(lambda msgs, n: _stream_turn(client, msgs, n), run, conversations, turns,
-                           max_tokens)
+                           max_tokens, documents)
     after = _wait_for_reports(client, before)
     prompt, cached = (sum(a[k] - before.get(w, {}).get(k, 0) for w, a in after.items())
                       for k in ("prompt_tokens", "cached_prompt_tokens"))
@@ -89,7 +99,8 @@ def run_pool(client: Client, run: int, conversations: int, turns: int, max_token
             "router": {k: counters.get(k, 0) for k in ("prefix_hits", "prefix_misses")}}
 
 
-def _closed_loops(turn: TurnRunner, run: int, conversations: int, turns: int, max_tokens: int) -> dict:
+def _closed_loops(turn: TurnRunner, run: int, conversations: int, turns: int, max_tokens: int,
+                  documents: bool = False) -> dict:
     """Every conversation on a thread of its own, its turns one after the other."""
     out = ChatRun()
     lock = threading.Lock()
@@ -99,7 +110,7 @@ def _closed_loops(turn: TurnRunner, run: int, conversations: int, turns: int, ma
         messages = [{"role": "system", "content": system_prompt(run)}]
         start.wait()
         for t in range(turns):
-            messages.append({"role": "user", "content": question(c, t)})
+            messages.append({"role": "user", "content": question(c, t, documents)})
             record = Turn(c, t)
             try:
                 record.ttft_s, answer, tokens = turn(messages, max_tokens)
@@ -171,6 +182,9 @@ def ratios(results: dict) -> dict:
                                                         on.get("cached_share")),
         "two_workers_cached_share_least_loaded_vs_one": ratio(two.get("least_loaded", {}).get("cached_share"),
                                                               on.get("cached_share")),
+        "two_workers_documents_cached_share_prefix_vs_least_loaded": ratio(
+            two.get("prefix_documents", {}).get("cached_share"),
+            two.get("least_loaded_documents", {}).get("cached_share")),
     }
 
 
@@ -215,14 +229,16 @@ def scenario(model: str, path: str, *, conversations: int, turns: int, max_token
     if tries["genai"]:
         results["genai_prefix"] = _fastest(tries["genai"])
     results["two_workers"] = {}
-    for routing in ("prefix", "least_loaded"):
-        say(f"chat: two workers, routing={routing}")
+    # The workload as specified, then with a ~1,150-token document of its own in each chat's first
+    # question: a prefix that only one worker holds, unlike the system prompt both soon hold.
+    for routing, documents in itertools.product(("prefix", "least_loaded"), (False, True)):
+        say(f"chat: two workers, routing={routing}{', a document per chat' if documents else ''}")
         # Each with the single worker's slots: a pool with room to choose. At full slots every
         # turn could only go where its chat's last turn just freed a slot, whatever the routing.
         with sweep.pool(model, conversations, sets=(*base, "prefix_cache=on"), workers=2,
                         env={**POOL_ENV, "OVPOOL_ROUTING": routing}) as client:
-            results["two_workers"][routing] = run_pool(client, next(counter), conversations, turns,
-                                                       max_tokens)
+            results["two_workers"][routing + ("_documents" if documents else "")] = run_pool(
+                client, next(counter), conversations, turns, max_tokens, documents)
     results["ratios"] = ratios(results)
     return results
 

@@ -65,7 +65,9 @@ def chat_lines(results: dict) -> list[str]:
             ("one worker, prefix cache off", chat["one_worker"].get("prefix_off")),
             ("GenAI CB, prefix caching", chat.get("genai_prefix")),
             ("two workers, prefix routing", chat["two_workers"].get("prefix")),
-            ("two workers, least-loaded", chat["two_workers"].get("least_loaded"))]
+            ("two workers, least-loaded", chat["two_workers"].get("least_loaded")),
+            ("two workers, prefix, documents", chat["two_workers"].get("prefix_documents")),
+            ("two workers, least, documents", chat["two_workers"].get("least_loaded_documents"))]
     for title, r in runs:
         if r is not None:
             share = r.get("cached_share")
