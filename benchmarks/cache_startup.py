@@ -64,14 +64,16 @@ def load(args: argparse.Namespace) -> tuple[dict, Callable[[str, int], object]]:
     defer_heavy_imports()  # as every ovpool command (worker, generate) starts
     from ovpool.cache import prefetch
 
-    settings = {"warm_up": "load" if args.child == "hit, warm-up at load" else "idle"}
+    # cache_dir "" (the "no cache" run): no cache at all, not the default one.
+    settings = {"warm_up": "load" if args.child == "hit, warm-up at load" else "idle",
+                "cache_dir": args.cache_dir}
     t0 = time.perf_counter()
     # As `ovpool generate` and `ovpool worker` do before importing the engine.
-    early = prefetch.start(args.model, args.device, settings, args.cache_dir or None)
+    early = prefetch.start(args.model, args.device, settings)
     from ovpool.worker.engine import Engine
 
-    engine = Engine(args.model, device=args.device, cache_dir=args.cache_dir or None,
-                    cache_only=args.child == "cache-only", settings=settings, early=early)
+    engine = Engine(args.model, device=args.device, cache_only=args.child == "cache-only",
+                    settings=settings, early=early)
     figures = {"load_s": time.perf_counter() - t0, "outcome": engine.load_report["outcome"],
                "warm_up_s": engine.load_report["seconds"].get("warm-up", 0.0)}
     return figures, lambda prompt, n: engine.complete(prompt, max_tokens=n, ignore_eos=True)

@@ -18,8 +18,9 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from ovpool.cli.common import timings_text
 from ovpool.serve.child import terminate
-from ovpool.serve.spec import DEFAULT_MODEL, default_cache_dir
+from ovpool.serve.spec import DEFAULT_MODEL
 from ovpool.settings import Settings
 
 READY_TIMEOUT_S = 600
@@ -103,12 +104,12 @@ def ask(endpoint: str) -> None:
         answer = client.chat([{"role": "user", "content": "What is the capital of France? "
                                "Answer in one sentence."}], max_tokens=40)
         print(answer.text.strip())
-        print(f"({answer.usage.completion_tokens} tokens, {answer.timings})")
+        print(f"({answer.usage.completion_tokens} tokens; {timings_text(answer.timings)})")
 
 
 def main() -> None:
     endpoint = free_endpoint()
-    cache = Settings.resolve().cache_dir or default_cache_dir()
+    cache = Settings.resolve().cache_dir
     with tempfile.TemporaryDirectory(prefix="ovpool-demo-") as tmp:
         workdir = Path(tmp)
         say(f"starting ovpool serve: model {DEFAULT_MODEL} on CPU, cache {cache}")

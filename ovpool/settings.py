@@ -4,20 +4,30 @@ Each setting has a name, a type, its allowed values, a default, an environment v
 (``OVPOOL_<NAME>``) and a command-line form (``--set NAME=VALUE``). Settings marked ``graph``
 change the compiled graph, so their effective values enter the cache fingerprint.
 
-Resolution order: flag > environment > default; every resolved value remembers its source.
+Resolution order: flag > environment > default; every resolved value remembers its source. A
+default may depend on the environment: ``cache_dir`` is ``$XDG_CACHE_HOME/ovpool`` (else
+``~/.cache/ovpool``) for every command and for ``Engine``; an empty ``cache_dir`` turns caching off.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from ovpool.errors import InvalidSettingError, UnknownSettingError
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
+
+
+def default_cache_dir(env: Mapping[str, str] | None = None) -> Path:
+    """``$XDG_CACHE_HOME/ovpool``, else ``~/.cache/ovpool`` (the XDG base directory convention)."""
+    env = os.environ if env is None else env
+    base = env.get("XDG_CACHE_HOME") or str(Path(env.get("HOME") or Path.home()) / ".cache")
+    return Path(base) / "ovpool"
 
 
 @dataclass(frozen=True)
@@ -29,24 +39,40 @@ class Setting:
     choices: tuple[str, ...] | None = None
     graph: bool = False
     minimum: float | None = None
+    default_from_env: Callable[[Mapping[str, str]], Any] | None = None  # a default that depends on env
+
+    def default_in(self, env: Mapping[str, str]) -> Any:
+        return self.default if self.default_from_env is None else self.default_from_env(env)
 
     @property
     def env(self) -> str:
         return "OVPOOL_" + self.name.upper()
 
-    def parse(self, raw: Any) -> Any:
-        """``raw`` (a string from a flag or the environment, or a Python value) as this type."""
+    def parse(self, raw: Any, from_env: bool = False) -> Any:
+        """``raw`` (a string from a flag or the environment, or a Python value) as this type; an
+        error names the setting, or the environment variable that set it (``from_env``)."""
         try:
             value = self._convert(raw)
         except ValueError as exc:
-            raise InvalidSettingError(
-                f"setting {self.name}: {raw!r} is not a valid {self.type.__name__}{self._allowed()}"
-            ) from exc
+            raise self._invalid(raw, f"is not {self._expected()}", from_env) from exc
         if self.choices is not None and value not in self.choices:
-            raise InvalidSettingError(f"setting {self.name}: {raw!r} is not allowed{self._allowed()}")
+            raise self._invalid(raw, f"is not allowed{self._allowed()}", from_env)
         if self.minimum is not None and value < self.minimum:
-            raise InvalidSettingError(f"setting {self.name}: {raw!r} is below the minimum {self.minimum}")
+            raise self._invalid(raw, f"is below the minimum {self.minimum:g}", from_env)
         return value
+
+    def _invalid(self, raw: Any, problem: str, from_env: bool) -> InvalidSettingError:
+        if from_env:
+            return InvalidSettingError(f"environment variable {self.env}={raw!r} (setting {self.name}) "
+                                       f"{problem}; fix or unset {self.env}")
+        return InvalidSettingError(f"setting {self.name}: {raw!r} {problem}")
+
+    def _expected(self) -> str:
+        kind = {int: "a whole number", float: "a number"}.get(self.type)
+        if kind is None:
+            return f"a valid {self.type.__name__}{self._allowed()}"
+        at_least = f" >= {self.minimum:g}" if self.minimum is not None else ""
+        return f"a valid {self.type.__name__} ({kind}{at_least})"
 
     def _convert(self, raw: Any) -> Any:
         if self.type is bool:
@@ -77,7 +103,9 @@ _SETTINGS = [
     Setting("connect_timeout_s", float, 2.0, "client: how long a request waits for a connection to "
             "the broker (none yet, or a dropped one: a broker restarted within it gets the request "
             "again) before it fails with BrokerUnavailableError", minimum=0.01),
-    Setting("cache_dir", str, "", "compiled-model cache directory (empty: no cache)"),
+    Setting("cache_dir", str, "", "compiled-model cache directory (default $XDG_CACHE_HOME/ovpool, else "
+            "~/.cache/ovpool; empty: no cache, as --no-cache)",
+            default_from_env=lambda env: str(default_cache_dir(env))),
     Setting("cache_only", bool, False, "import from the cache or fail; never compile or read weights"),
     Setting("source_identity", str, "metadata", "how a GGUF is identified in the cache fingerprint",
             choices=("metadata", "content")),
@@ -172,9 +200,11 @@ def parse_assignments(items: Iterable[str]) -> dict[str, str]:
 class Settings:
     """Resolved values of every setting, each with its source (``flag``, ``env`` or ``default``)."""
 
-    def __init__(self, values: Mapping[str, Any], sources: Mapping[str, str]):
+    def __init__(self, values: Mapping[str, Any], sources: Mapping[str, str],
+                 defaults: Mapping[str, Any] | None = None):
         self._values = dict(values)
         self._sources = dict(sources)
+        self._defaults = dict(defaults or {})  # defaults that depend on the environment, as resolved
 
     @classmethod
     def resolve(cls, flags: Mapping[str, Any] | None = None,
@@ -182,14 +212,15 @@ class Settings:
         flags = {lookup(k).name: v for k, v in (flags or {}).items() if v is not None}
         env = os.environ if env is None else env
         values, sources = {}, {}
+        defaults = {s.name: s.default_in(env) for s in REGISTRY.values() if s.default_from_env}
         for s in REGISTRY.values():
             if s.name in flags:
                 values[s.name], sources[s.name] = s.parse(flags[s.name]), "flag"
             elif s.env in env:
-                values[s.name], sources[s.name] = s.parse(env[s.env]), "env"
+                values[s.name], sources[s.name] = s.parse(env[s.env], from_env=True), "env"
             else:
-                values[s.name], sources[s.name] = s.default, "default"
-        return cls(values, sources)
+                values[s.name], sources[s.name] = defaults.get(s.name, s.default), "default"
+        return cls(values, sources, defaults)
 
     @classmethod
     def coerce(cls, settings: Settings | Mapping[str, Any] | None) -> Settings:
@@ -216,7 +247,7 @@ class Settings:
         for name, raw in flags.items():
             s = lookup(name)
             values[s.name], sources[s.name] = s.parse(raw), "flag"
-        return Settings(values, sources)
+        return Settings(values, sources, self._defaults)
 
     def graph_values(self) -> dict[str, Any]:
         """Effective graph-changing values: an explicit default equals unset here."""
@@ -225,7 +256,8 @@ class Settings:
     def rows(self) -> list[dict[str, Any]]:
         return [
             {"name": s.name, "value": self._values[s.name], "source": self._sources[s.name],
-             "default": s.default, "type": s.type.__name__, "choices": list(s.choices or []),
+             "default": self._defaults.get(s.name, s.default), "type": s.type.__name__,
+             "choices": list(s.choices or []),
              "env": s.env, "graph": s.graph, "help": s.help}
             for s in REGISTRY.values()
         ]

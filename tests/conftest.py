@@ -3,11 +3,26 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
 
 from ovpool.testing.tiny import TinySpec
+
+
+def pytest_configure(config):
+    """Every test, and every process it starts, caches compiled models in a temporary
+    $XDG_CACHE_HOME (the default cache_dir is $XDG_CACHE_HOME/ovpool), never in the user's
+    ~/.cache; a cache_dir set in the user's environment does not leak in either."""
+    config._ovpool_xdg = tempfile.mkdtemp(prefix="ovpool-test-xdg-")
+    os.environ["XDG_CACHE_HOME"] = config._ovpool_xdg
+    os.environ.pop("OVPOOL_CACHE_DIR", None)
+
+
+def pytest_unconfigure(config):
+    shutil.rmtree(getattr(config, "_ovpool_xdg", ""), ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

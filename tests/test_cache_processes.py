@@ -103,7 +103,7 @@ def test_gc_spares_a_live_writers_temp_and_an_exporting_family(tmp_path, model_f
     cache = CacheStore(tmp_path / "cache")
     proc = start_paused(cache.root, model_file, "manifest-write")
     try:
-        nothing = {"temp": [], "manifests": [], "blobs": [], "entries": [], "hints": []}
+        nothing = {"temp": [], "manifests": [], "blobs": [], "entries": [], "hints": [], "freed_bytes": 0}
         assert cli_json("cache", "gc", "--cache-dir", str(cache.root)) == nothing
         assert len(files(cache.tmp_dir)) == 1 and len(files(cache.blobs_dir)) == 1
     finally:

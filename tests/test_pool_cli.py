@@ -35,7 +35,7 @@ def test_complete_and_status_commands():
     assert missing.returncode == 2 and "no worker serves model 'nope'" in missing.stderr
     workers = json.loads(status.stdout)["workers"]
     assert [w["models"] for w in workers] == [["tiny"]]
-    assert "tiny" in table.stdout and "0/2 slots" in table.stdout
+    assert "tiny" in table.stdout and "0/2 busy" in table.stdout
 
 
 def test_a_chats_turns_follow_its_history_and_status_shows_the_prefix_cache():

@@ -43,7 +43,7 @@ def test_cold_cache_three_workers_compile_once_and_a_killed_worker_imports(tmp_p
                                capture_output=True, text=True, check=True).stdout
         counts = [len(re.findall(rf" {outcome} \d+\.\ds ", table)) for outcome in ("hit", "wrote")]
         assert counts == [2, 1], table
-        assert table.count("    continuous batching on") == 3, table
+        assert table.count(": continuous batching on") == 3, table
         events = [labels for (name, labels), value in scrape(port).items()
                   if name == "ovpool_worker_cache_total" and value == 1]
         assert sorted(dict(labels)["event"] for labels in events) == ["hits", "hits", "misses", "writes"]

@@ -12,6 +12,7 @@ the same one (another process may have replaced it meanwhile).
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -79,7 +80,8 @@ class Lookup:
         if manifest is None:
             return f"the cache at {self.store.root} has no entries"
         shown = "; ".join(diffs[:6]) + (f"; and {len(diffs) - 6} more" if len(diffs) > 6 else "")
-        return f"no entry with this fingerprint; the nearest differs in {shown}"
+        same_file = _same_file_elsewhere(self.fp, manifest)
+        return f"{same_file or 'no entry with this fingerprint'}; the nearest differs in {shown}"
 
     def import_entry(self, core: ov.Core, entry: Entry, device: str, config: dict,
                      early: BlobImport | None = None) -> tuple[ov.CompiledModel, BlobImport]:
@@ -130,6 +132,25 @@ class Lookup:
         except (OSError, CacheLockedError) as exc:
             log.warning("model cache: cannot remove a bad entry from %s (%s); it stays a miss",
                         self.store.root, exc)
+
+
+# Parts that only say which file on disk a model is (not what it holds): a copy of the same GGUF
+# elsewhere (another venv's wheel) or the same file re-installed differs in these alone.
+_FILE_IDENTITY = re.compile(r"model\[\d+\] st_(dev|ino|mtime_ns|ctime_ns)")
+
+
+def _same_file_elsewhere(fp: Fingerprint, manifest: Manifest) -> str:
+    """The plain reason when only the model files' identity differs from ``manifest``, else ""."""
+    here, cached = fp.parts, manifest.parts
+    differing = {n for n in set(here) | set(cached) if here.get(n) != cached.get(n)}
+    if not differing or not all(_FILE_IDENTITY.fullmatch(n) for n in differing):
+        return ""
+    moved = [f"{mine} here, {theirs} in cache"
+             for mine, theirs in zip(fp.models, manifest.models, strict=False) if mine != theirs]
+    where = (f"the same model file at another path ({'; '.join(moved)}), e.g. another venv's copy"
+             if moved else "the same model file, re-installed or touched since it was cached")
+    return (f"{where}: a new entry; use source_identity=content to share one entry between copies "
+            "(--set source_identity=content, or OVPOOL_SOURCE_IDENTITY=content)")
 
 
 def _ports_reason(manifest: Manifest, ports: Sequence[Mapping[str, str]]) -> str:

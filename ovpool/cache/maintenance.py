@@ -59,14 +59,20 @@ def show(store: CacheStore, entry_id: str) -> dict[str, Any]:
     return {**describe(store, manifest, entry), "fingerprint": manifest.parts, "raw": asdict(entry)}
 
 
-def verify(store: CacheStore) -> list[dict[str, Any]]:
-    """Every manifest and entry with ``ok`` and, if not ok, ``problem`` (full checksums)."""
+def unreadable(store: CacheStore) -> list[dict[str, Any]]:
+    """Every manifest that cannot be read, with its ``problem`` (``gc`` removes them)."""
     results = []
     for family in store.families():
         try:
             store.manifest(family)
         except CacheCorruptError as exc:
             results.append({"entry": None, "family": family, "ok": False, "problem": str(exc)})
+    return results
+
+
+def verify(store: CacheStore) -> list[dict[str, Any]]:
+    """Every manifest and entry with ``ok`` and, if not ok, ``problem`` (full checksums)."""
+    results = unreadable(store)
     for _, entry in entries(store):
         results.append({"entry": entry.id, **_check_blob(store, entry)})
     return results
@@ -101,10 +107,21 @@ def remove(store: CacheStore, entry_id: str) -> str:
     return entry.id
 
 
-def gc(store: CacheStore, max_bytes: int | None = None) -> dict[str, list[str]]:
+def gc(store: CacheStore, max_bytes: int | None = None) -> dict[str, Any]:
     """Remove dead writers' temp files, garbage manifests, unreferenced blobs (and hit counters),
     then LRU entries beyond ``max_bytes``, then start-up hints naming no blob (ovpool.cache.prefetch).
-    Returns what was removed, by kind."""
+    Returns what was removed, by kind, and ``freed_bytes``: how much smaller the directory is."""
+    before = disk_usage(store)
+    report = _collect(store, max_bytes)
+    return {**report, "freed_bytes": max(0, before - disk_usage(store))}
+
+
+def disk_usage(store: CacheStore) -> int:
+    """Bytes of every file under the cache directory."""
+    return sum(p.stat().st_size for p in store.base.rglob("*") if p.is_file()) if store.base.is_dir() else 0
+
+
+def _collect(store: CacheStore, max_bytes: int | None) -> dict[str, list[str]]:
     with _writing(store):
         report = {"temp": _dead_temps(store), "manifests": [], "blobs": [], "entries": []}
         for family in _blob_families(store) | set(store.families()):
@@ -172,7 +189,8 @@ def _gc_family(store: CacheStore, family: str, report: dict[str, list[str]]) -> 
     try:
         manifest = store.manifest(family)
     except CacheCorruptError:
-        store.drop_family(family)
+        report["blobs"].extend(p.name for p in store.blobs_dir.glob(f"{family}-*.blob"))
+        store.drop_family(family)  # its blobs too: no manifest can name them again
         report["manifests"].append(family)
         return
     referenced = {e.blob for e in manifest.entries.values()} if manifest else set()

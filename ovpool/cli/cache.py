@@ -10,29 +10,35 @@ from collections.abc import Callable
 from typing import Any
 
 import click
-from rich.console import Console
-from rich.table import Table
 
 from ovpool.cache import maintenance
 from ovpool.cache.store import CacheStore
-from ovpool.cli.common import emit_json, resolve_settings, settings_options
+from ovpool.cli.common import check_cache_dir, emit_json, resolve_settings, settings_options
 from ovpool.errors import ConfigError
 
+# What `cache gc` removes, by the key of its report.
+_GC_KINDS = {"temp": "temp file(s) of dead writers", "manifests": "unreadable manifest(s)",
+             "blobs": "blob(s) no entry uses", "entries": "least recently hit entr(y/ies)",
+             "hints": "stale start-up hint(s)"}
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 
 def cache_options(func: Callable) -> Callable:
-    """``--cache-dir`` (default: the cache_dir setting, OVPOOL_CACHE_DIR) and ``--json``."""
+    """``--cache-dir`` (default: the cache_dir setting, as every command uses it) and ``--json``."""
 
-    @click.option("--cache-dir", default=None, help="Cache directory (default: setting cache_dir, "
-                  "env OVPOOL_CACHE_DIR).")
+    @click.option("--cache-dir", default=None, metavar="DIR",
+                  help="Cache directory (default: setting cache_dir, env OVPOOL_CACHE_DIR, else "
+                       "$XDG_CACHE_HOME/ovpool or ~/.cache/ovpool).")
     @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
     @functools.wraps(func)
     def wrapper(*args: Any, cache_dir: str | None, **kwargs: Any) -> Any:
-        chosen = cache_dir or resolve_settings().cache_dir
-        if not chosen:
-            raise ConfigError("no cache directory: pass --cache-dir or set OVPOOL_CACHE_DIR")
-        return func(*args, store=CacheStore(chosen), **kwargs)
+        settings = check_cache_dir(resolve_settings(cache_dir=cache_dir),
+                                   fix="pass --cache-dir with the cache's directory")
+        if not settings.cache_dir:
+            raise ConfigError("no cache directory: cache_dir is empty (caching is off"
+                              + (", from OVPOOL_CACHE_DIR" if settings.source("cache_dir") == "env" else "")
+                              + "); pass --cache-dir DIR")
+        return func(*args, store=CacheStore(settings.cache_dir), **kwargs)
 
     return wrapper
 
@@ -67,21 +73,26 @@ def cache_group() -> None:
 def ls_command(store: CacheStore, as_json: bool) -> None:
     """List entries: model file, architecture, device, settings, ports, size, created, hits, last hit."""
     rows = [maintenance.describe(store, m, e) for m, e in maintenance.entries(store)]
+    bad = maintenance.unreadable(store)
+    for r in bad:  # stderr, so --json stays one document
+        click.echo(f"BAD manifest {r['family']}: {r['problem']} (`ovpool cache gc` removes it)", err=True)
     if as_json:
         emit_json(rows)
         return
-    table = Table(title=f"model cache {store.root}")
-    table.add_column("entry", no_wrap=True)  # show and rm need it whole
-    for col in ("model", "arch", "device", "settings", "ports", "size", "created", "hits", "last hit"):
-        table.add_column(col, overflow="fold")
-    for r in rows:
-        # File names keep the table readable; `cache show` and --json give the full paths.
-        table.add_row(r["entry"], "\n".join(os.path.basename(m) for m in r["models"]),
-                      r["architecture"], r["device"],
-                      " ".join(f"{k}={v}" for k, v in r["settings"].items()),
-                      f"{len(r['ports'])} ports",
-                      _size(r["size"]), _when(r["created"]), str(r["hits"]), _when(r["last_hit"]))
-    Console(width=200).print(table)
+    if not rows:
+        click.echo(f"no entries in {store.root}" + (" (nothing cached yet)" if not bad else ""))
+        return
+    from ovpool.cli.tables import print_table
+
+    # File names keep the table readable; `cache show` and --json give the full paths.
+    print_table(f"model cache {store.root}",
+                ("entry", "model", "arch", "device", "settings", "ports", "size", "created", "hits",
+                 "last hit"),
+                [(r["entry"], "\n".join(os.path.basename(m) for m in r["models"]), r["architecture"],
+                  r["device"], " ".join(f"{k}={v}" for k, v in r["settings"].items()),
+                  f"{len(r['ports'])} ports", _size(r["size"]), _when(r["created"]), str(r["hits"]),
+                  _when(r["last_hit"])) for r in rows],
+                whole=("entry",))  # show and rm need it whole
 
 
 @cache_group.command("show")
@@ -131,8 +142,11 @@ def gc_command(max_bytes: str | None, store: CacheStore, as_json: bool) -> None:
     if as_json:
         emit_json(report)
         return
-    for kind, names in report.items():
-        click.echo(f"removed {len(names)} {kind}" + "".join(f"\n  {n}" for n in names))
+    freed = report.pop("freed_bytes")
+    removed = {kind: names for kind, names in report.items() if names}
+    for kind, names in removed.items():
+        click.echo(f"removed {len(names)} {_GC_KINDS.get(kind, kind)}" + "".join(f"\n  {n}" for n in names))
+    click.echo(f"freed {_size(freed)} in {store.root}" if removed else f"nothing to remove in {store.root}")
 
 
 @cache_group.command("rm")

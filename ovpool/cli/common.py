@@ -9,11 +9,12 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import click
 
-from ovpool.errors import OvpoolError
+from ovpool.errors import ConfigError, OvpoolError
 from ovpool.settings import Settings, parse_assignments
 
 
@@ -29,6 +30,107 @@ def settings_options(func: Callable) -> Callable:
     @functools.wraps(func)
     def wrapper(*args: Any, assignments: tuple[str, ...], **kwargs: Any) -> Any:
         return func(*args, assignments=assignments, **kwargs)
+
+    return wrapper
+
+
+def cache_dir_options(func: Callable) -> Callable:
+    """Add ``--cache-dir DIR`` and ``--no-cache``; the command gets ``cache_dir`` (None: the
+    setting, by default $XDG_CACHE_HOME/ovpool; "": no cache)."""
+
+    @click.option("--cache-dir", default=None, metavar="DIR",
+                  help="Compiled-model cache directory (default: setting cache_dir, env "
+                       "OVPOOL_CACHE_DIR, else $XDG_CACHE_HOME/ovpool or ~/.cache/ovpool).")
+    @click.option("--no-cache", is_flag=True, help="Compile without the cache (as cache_dir=\"\").")
+    @functools.wraps(func)
+    def wrapper(*args: Any, cache_dir: str | None, no_cache: bool, **kwargs: Any) -> Any:
+        if no_cache and cache_dir:
+            raise click.UsageError("pass --cache-dir or --no-cache, not both")
+        return func(*args, cache_dir="" if no_cache else cache_dir, **kwargs)
+
+    return wrapper
+
+
+def check_cache_dir(settings: Settings,
+                    fix: str = "pass --cache-dir with a directory, or --no-cache to run without a cache"
+                    ) -> Settings:
+    """``settings`` if its cache_dir can be a directory (it, or its nearest existing parent, is
+    one); else a ConfigError naming where the value came from and ``fix``."""
+    chosen = settings.cache_dir
+    if not chosen:
+        return settings
+    path = Path(chosen).expanduser()
+    blocker = next((p for p in (path, *path.parents) if p.exists() or p.is_symlink()), None)
+    if blocker is not None and not blocker.is_dir():
+        origin = {"env": " (from OVPOOL_CACHE_DIR)", "flag": " (from --cache-dir or --set)"}.get(
+            settings.source("cache_dir"), " (the default: $XDG_CACHE_HOME/ovpool)")
+        what = "a file, not a directory" if blocker.is_file() else "not a directory"
+        raise ConfigError(f"cache directory {chosen}{origin}: {blocker} is {what}; {fix}")
+    return settings
+
+
+def prompt_options(func: Callable) -> Callable:
+    """Add the PROMPT argument (``-``: read stdin; ``@FILE``: read FILE) and ``--prompt-file``,
+    ``--chat`` and ``--system``; the command gets ``prompt``: a string, or chat messages."""
+
+    @click.argument("prompt", required=False)
+    @click.option("--prompt-file", type=click.File("r", encoding="utf-8"), default=None, metavar="FILE",
+                  help="Read the prompt from FILE ('-': stdin), e.g. one too long for a command line.")
+    @click.option("--chat", is_flag=True, help="Send the prompt as a user message through the model's "
+                  "chat template.")
+    @click.option("--system", default=None, metavar="TEXT", help="A system message before the prompt "
+                  "(implies --chat).")
+    @functools.wraps(func)
+    def wrapper(*args: Any, prompt: str | None, prompt_file: Any, chat: bool, system: str | None,
+                **kwargs: Any) -> Any:
+        text = read_prompt(prompt, prompt_file)
+        if not (chat or system is not None):
+            return func(*args, prompt=text, **kwargs)
+        messages = [{"role": "system", "content": system}] if system is not None else []
+        return func(*args, prompt=[*messages, {"role": "user", "content": text}], **kwargs)
+
+    return wrapper
+
+
+def read_prompt(prompt: str | None, prompt_file: Any) -> str:
+    """The prompt text: PROMPT as given, ``-`` from stdin, ``@FILE`` from FILE, or --prompt-file."""
+    if (prompt is None) == (prompt_file is None):
+        raise click.UsageError("give the prompt once: PROMPT, - (read stdin), @FILE, or --prompt-file FILE")
+    if prompt_file is not None:
+        return prompt_file.read()
+    if prompt == "-":
+        return sys.stdin.read()
+    if prompt.startswith("@") and len(prompt) > 1:
+        try:
+            return Path(prompt[1:]).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            why = getattr(exc, "strerror", None) or exc
+            raise click.BadParameter(f"cannot read the prompt file {prompt[1:]}: {why}",
+                                     param_hint="PROMPT") from None
+    return prompt
+
+
+def sampling_options(func: Callable) -> Callable:
+    """Add --max-tokens, --temperature, --top-k, --top-p, --seed and --stop; the command gets
+    ``sampling``: a dict of SamplingParams fields."""
+
+    @click.option("--max-tokens", type=click.IntRange(1), default=128, show_default=True,
+                  help="Most new tokens.")
+    @click.option("--temperature", type=click.FloatRange(0), default=0.0, show_default=True,
+                  help="Randomness of the draw; 0 is greedy (always the most probable token).")
+    @click.option("--top-k", type=click.IntRange(0), default=0, show_default=True,
+                  help="Draw from the K most probable tokens only; 0 turns it off.")
+    @click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), default=1.0, show_default=True,
+                  help="Draw from the most probable tokens holding this share of the probability.")
+    @click.option("--seed", type=int, default=None,
+                  help="Seed of the draw: the same seed gives the same tokens (with --temperature > 0).")
+    @click.option("--stop", multiple=True, metavar="TEXT", help="Stop before this text; repeatable.")
+    @functools.wraps(func)
+    def wrapper(*args: Any, max_tokens: int, temperature: float, top_k: int, top_p: float,
+                seed: int | None, stop: tuple[str, ...], **kwargs: Any) -> Any:
+        sampling = {"max_tokens": max_tokens, "temperature": temperature, "top_k": top_k, "top_p": top_p,
+                    "seed": seed, "stop": list(stop)}
+        return func(*args, sampling=sampling, **kwargs)
 
     return wrapper
 
@@ -87,6 +189,18 @@ def stop_on_signals() -> Iterator[threading.Event]:
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
+
+
+def timings_text(timings: dict[str, float]) -> str:
+    """A completion's timings for a person, e.g. "first token 120 ms, 25.3 tokens/s, total 0.61 s"."""
+    parts = []
+    if "ttft_s" in timings:
+        parts.append(f"first token {timings['ttft_s'] * 1000:.0f} ms")
+    if "decode_tps" in timings:
+        parts.append(f"{timings['decode_tps']:.1f} tokens/s")
+    if "total_s" in timings:
+        parts.append(f"total {timings['total_s']:.2f} s")
+    return ", ".join(parts) or "no timings"
 
 
 def emit_json(obj: Any) -> None:

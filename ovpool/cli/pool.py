@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import textwrap
 from collections.abc import Iterator
 from typing import Any
 
@@ -11,9 +12,13 @@ import click
 
 from ovpool import endpoint, errors
 from ovpool.cli.common import (
+    cache_dir_options,
+    check_cache_dir,
     emit_json,
+    prompt_options,
     resolve_settings,
     response_format_options,
+    sampling_options,
     settings_options,
     stop_on_signals,
 )
@@ -56,7 +61,7 @@ def broker_command(bind: str, queue_limit: int | None, metrics_port: int | None,
 @click.option("--name", default=None, help="Worker name shown by `ovpool status`.")
 @click.option("--device", default=None, help="OpenVINO device (CPU, GPU, GPU.1, ...).")
 @click.option("--slots", type=int, default=None, help="Concurrent sequences (setting slots).")
-@click.option("--cache-dir", default=None, help="Compiled-model cache directory.")
+@cache_dir_options
 @click.option("--cache-only", is_flag=True, default=None, help="Import from the cache or fail.")
 @click.option("--token-delay", type=float, default=0.0, help="Seconds per step of the null backend.")
 @click.option("--served-name", "served_names", multiple=True, metavar="NAME",
@@ -82,6 +87,8 @@ def worker_command(broker: str | None, model: str, backend: str, name: str | Non
 
 def _run_worker(settings: Any, model: str, backend: str, name: str | None, token_delay: float,
                 served_names: tuple[str, ...]) -> None:
+    if backend == "engine":
+        check_cache_dir(settings)
     early = None
     if backend == "engine":
         from ovpool.cache import prefetch
@@ -112,8 +119,8 @@ def _backend(kind: str, model: str, settings: Any, token_delay: float, early: An
     from ovpool.worker.process import report_load_failure
 
     try:
-        engine = Engine(model, device=settings.device, settings=settings,
-                        cache_dir=settings.cache_dir or None, cache_only=settings.cache_only, early=early)
+        engine = Engine(model, device=settings.device, settings=settings, cache_only=settings.cache_only,
+                        early=early)
     except errors.OvpoolError as exc:
         if errors.permanent(exc):
             report_load_failure(settings, [*(names or []), model], settings.device, name, exc)
@@ -123,26 +130,23 @@ def _backend(kind: str, model: str, settings: Any, token_delay: float, early: An
 
 
 @click.command("complete")
-@click.argument("prompt")
+@prompt_options
 @broker_option
 @click.option("--model", default="", help="Model name (default: the only one served).")
-@click.option("--max-tokens", type=int, default=128, show_default=True)
-@click.option("--temperature", type=float, default=0.0, show_default=True, help="0 is greedy.")
-@click.option("--seed", type=int, default=None)
+@sampling_options
 @click.option("--timeout", type=float, default=None, help="Seconds before the request fails.")
 @click.option("--stream", is_flag=True, help="Print tokens as they arrive.")
-@click.option("--json", "as_json", is_flag=True, help="Print the Completion as JSON.")
+@click.option("--json", "as_json", is_flag=True, help="Print the Completion as JSON (for programs).")
 @response_format_options
 @secret_option
 @server_key_option
-def complete_command(prompt: str, broker: str | None, model: str, max_tokens: int, temperature: float,
-                     seed: int | None, timeout: float | None, stream: bool, as_json: bool,
-                     response_format: dict | None, **curve: Any) -> None:
-    """Complete PROMPT through the broker."""
+def complete_command(prompt: str | list, broker: str | None, model: str, sampling: dict,
+                     timeout: float | None, stream: bool, as_json: bool, response_format: dict | None,
+                     **curve: Any) -> None:
+    """Complete PROMPT through the broker (PROMPT '-' reads stdin, '@FILE' reads FILE)."""
     from ovpool.client import Client
 
-    sampling = {"max_tokens": max_tokens, "temperature": temperature, "seed": seed,
-                "response_format": response_format}
+    sampling = {**sampling, "response_format": response_format}
     with Client(broker, model=model, timeout=timeout, settings=resolve_settings(**curve)) as client:
         if stream and not as_json:
             for delta in client.stream(prompt, **sampling):
@@ -150,7 +154,7 @@ def complete_command(prompt: str, broker: str | None, model: str, max_tokens: in
                 sys.stdout.flush()
             click.echo()
             return
-        completion = client.complete(prompt, **sampling)
+        completion = (client.chat if isinstance(prompt, list) else client.complete)(prompt, **sampling)
     if as_json:
         emit_json(completion.to_dict())
     else:
@@ -159,7 +163,7 @@ def complete_command(prompt: str, broker: str | None, model: str, max_tokens: in
 
 @click.command("status")
 @broker_option
-@click.option("--json", "as_json", is_flag=True, help="Print the raw status as JSON.")
+@click.option("--json", "as_json", is_flag=True, help="Print the raw status as JSON (for programs).")
 @secret_option
 @server_key_option
 def status_command(broker: str | None, as_json: bool, **curve: Any) -> None:
@@ -171,22 +175,42 @@ def status_command(broker: str | None, as_json: bool, **curve: Any) -> None:
     if as_json:
         emit_json(status)
         return
-    click.echo(f"uptime {status['uptime_s']:.0f}s, {status['in_flight']} in flight, queues: "
-               f"{status['queues'] or 'none'}")
+    print_status(status)
+
+
+def print_status(status: dict) -> None:
+    """The broker's status for a person: one summary line, a table of workers (fitted to the
+    terminal), whether each batches, the workers that are not ready or failed and why, the counters."""
+    from ovpool.cli.tables import print_table
+
+    queues = ", ".join(f"{model} {depth}" for model, depth in status["queues"].items()) or "none"
+    click.echo(f"up {status['uptime_s']:.0f} s, {status['in_flight']} in flight, "
+               f"{len(status['workers'])} worker(s); queued: {queues}")
+    if status["workers"]:
+        print_table("workers", ("worker", "device", "slots", "model load", "prefix cache", "models"),
+                    [(w["id"], w["device"], f"{w['active']}/{w['slots']} busy",
+                      _load_text(w.get("load") or {}), _prefix_text(w.get("prefix_cache") or {}),
+                      ", ".join(w["models"])) for w in status["workers"]],
+                    whole=("worker", "prefix cache"))
     for w in status["workers"]:
-        click.echo(f"  {w['id']:<40} {w['device']:<8} {w['active']}/{w['slots']} slots  "
-                   f"{_load_text(w.get('load') or {}):<14} {_prefix_text(w.get('prefix_cache') or {}):<22} "
-                   f"models: {', '.join(w['models'])}")
         if batching := (w.get("load") or {}).get("batching"):
-            click.secho(f"    continuous batching {batching}",
+            click.secho(_wrapped(f"  {w['id']}: continuous batching {batching}"),
                         fg="yellow" if batching.startswith("off") else None)
     for s in status.get("supervised", []):
         if s.get("state") not in ("ready", "stopped"):  # not registered (yet): say why
-            click.secho(f"  {s.get('host')} {s.get('name')}: {s.get('state')}: {s.get('reason') or ''}",
-                        fg="red" if s.get("state") == "failing" else "yellow")
+            line = f"  {s.get('host')} {s.get('name')}: {s.get('state')}: {s.get('reason') or ''}"
+            click.secho(_wrapped(line), fg="red" if s.get("state") == "failing" else "yellow")
     for f in status.get("failed", []):  # LOAD_FAILED: workers that could not load their model
-        click.secho(f"  {f['id']}: cannot load {', '.join(f['models'])}: {f['message']}", fg="red")
-    click.echo("  " + "  ".join(f"{k}={v}" for k, v in status["counters"].items()))
+        click.secho(_wrapped(f"  {f['id']}: cannot load {', '.join(f['models'])}: {f['message']}"), fg="red")
+    click.echo(_wrapped("counters: " + "  ".join(f"{k}={v}" for k, v in status["counters"].items())))
+
+
+def _wrapped(text: str) -> str:
+    """``text`` wrapped at the terminal's width (rich's detection), its words whole."""
+    from rich.console import Console
+
+    return textwrap.fill(text, Console().width, subsequent_indent="    ", break_long_words=False,
+                         break_on_hyphens=False)
 
 
 def _prefix_text(prefix: dict) -> str:

@@ -13,7 +13,13 @@ from typing import Any
 import click
 
 from ovpool import endpoint
-from ovpool.cli.common import resolve_settings, settings_options, stop_on_signals
+from ovpool.cli.common import (
+    cache_dir_options,
+    check_cache_dir,
+    resolve_settings,
+    settings_options,
+    stop_on_signals,
+)
 from ovpool.errors import BrokerUnavailableError
 from ovpool.serve import state
 from ovpool.serve.spec import (
@@ -21,7 +27,6 @@ from ovpool.serve.spec import (
     DEFAULT_HTTP,
     DEFAULT_MODEL,
     PoolSpec,
-    default_cache_dir,
     parse_devices,
 )
 
@@ -45,7 +50,7 @@ def _spec(devices: str | None, workers: int | None, bind: str, remote: str | Non
 
         parse_bind(http)  # a bad --http fails now, not in the child
     return PoolSpec(devices=tuple(listed), bind=None if remote else bind, broker=remote or "",
-                    cache_dir=settings.cache_dir or str(default_cache_dir()),
+                    cache_dir=settings.cache_dir,
                     cache_only=settings.cache_only, metrics_port=settings.metrics_port, http=http, **fields)
 
 
@@ -94,8 +99,7 @@ def _publisher(state_file: str | None, client: Any):
 @click.option("--bind", default=DEFAULT_BIND, show_default=True, help="Endpoint the local broker binds.")
 @click.option("--broker", "remote", default=None, metavar="URL",
               help="Join this broker instead of starting one (workers on another host).")
-@click.option("--cache-dir", default=None,
-              help="Compiled-model cache shared by the workers (default $XDG_CACHE_HOME/ovpool).")
+@cache_dir_options
 @click.option("--cache-only", is_flag=True, default=None, help="Workers import from the cache or fail.")
 @click.option("--slots", type=int, default=None, help="Concurrent sequences per worker.")
 @click.option("--metrics-port", type=int, default=None,
@@ -124,10 +128,13 @@ def serve_command(devices: str | None, workers: int | None, bind: str, remote: s
 
     settings = resolve_settings(assignments, cache_dir=cache_dir, cache_only=cache_only,
                                 metrics_port=metrics_port)
+    if fields.get("backend") != "null":
+        check_cache_dir(settings)
     spec = _spec(devices, workers, bind, remote, _http_bind(http, no_http, remote), settings,
                  assignments=assignments, served_names=served_names, **fields)
     click.echo(f"ovpool serve: {spec.model} on {len(spec.devices)} worker(s) ({', '.join(spec.devices)}), "
-               f"broker {spec.endpoint}" + (" (remote)" if remote else "") + f", cache {spec.cache_dir}"
+               f"broker {spec.endpoint}" + (" (remote)" if remote else "")
+               + f", cache {spec.cache_dir or 'off'}"
                + (f", HTTP API http://{spec.http}/v1" if spec.http else ""))
     sys.stdout.flush()
     http_env = {**os.environ, "OVPOOL_API_KEY": ",".join(api_keys)}

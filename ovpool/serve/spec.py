@@ -5,10 +5,8 @@ Pure functions, so the command lines serve would run can be checked without star
 
 from __future__ import annotations
 
-import os
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 from urllib.parse import urlsplit
 
 from ovpool.errors import ConfigError
@@ -17,13 +15,6 @@ DEFAULT_MODEL = "smollm2"
 DEFAULT_BIND = "tcp://127.0.0.1:5555"
 DEFAULT_HTTP = "127.0.0.1:8000"
 _WILDCARD_HOSTS = {"*", "0.0.0.0", "::", "[::]"}
-
-
-def default_cache_dir(env: dict[str, str] | None = None) -> Path:
-    """``$XDG_CACHE_HOME/ovpool``, else ``~/.cache/ovpool`` (the XDG base directory convention)."""
-    env = os.environ if env is None else env
-    base = env.get("XDG_CACHE_HOME") or str(Path(env.get("HOME") or Path.home()) / ".cache")
-    return Path(base) / "ovpool"
 
 
 def parse_devices(devices: str | None, workers: int | None, available: list[str] | None = None) -> list[str]:
@@ -77,7 +68,7 @@ class PoolSpec:
     devices: tuple[str, ...] = ("CPU",)
     bind: str | None = DEFAULT_BIND
     broker: str = ""
-    cache_dir: str = ""
+    cache_dir: str = ""  # "": the workers run without a cache
     cache_only: bool = False
     slots: int | None = None
     assignments: tuple[str, ...] = ()
@@ -100,8 +91,7 @@ class PoolSpec:
     def worker_argv(self, name: str, device: str) -> list[str]:
         argv = [self.python, "-m", "ovpool", "worker", "--broker", self.endpoint, "--model", self.model,
                 "--device", device, "--name", name, "--backend", self.backend]
-        if self.cache_dir:
-            argv += ["--cache-dir", self.cache_dir]
+        argv += ["--cache-dir", self.cache_dir] if self.cache_dir else ["--no-cache"]
         if self.cache_only:
             argv.append("--cache-only")
         if self.slots is not None:

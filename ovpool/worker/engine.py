@@ -45,9 +45,11 @@ class Engine:
     """``Engine(model, device, settings, cache_dir, cache_only)``; ``model`` is a GGUF path or alias.
 
     ``device``, ``cache_dir`` and ``cache_only`` left as None come from ``settings`` (flag >
-    environment > default, see ``ovpool settings``). ``early``: the import ``prefetch.start``
-    began for this engine (ovpool's commands begin it before importing the engine's modules); the
-    engine takes it over, and begins its own without one.
+    environment > default, see ``ovpool settings``): the compiled model is cached by default in
+    ``$XDG_CACHE_HOME/ovpool`` (else ``~/.cache/ovpool``), as every ``ovpool`` command does;
+    ``cache_dir=""`` (or the setting ``cache_dir=""``) compiles without a cache. ``early``: the
+    import ``prefetch.start`` began for this engine (ovpool's commands begin it before importing
+    the engine's modules); the engine takes it over, and begins its own without one.
     """
 
     def __init__(self, model: str | Path, device: str | None = None,
@@ -55,10 +57,12 @@ class Engine:
                  cache_dir: str | Path | None = None, cache_only: bool | None = None,
                  early: prefetch.BlobImport | None = None):
         self.settings = Settings.coerce(settings)
+        if cache_dir is not None:  # "" too: no cache, for every graph and the prefetch
+            self.settings = self.settings.replace(cache_dir=str(cache_dir))
         self.device = device or self.settings.device
         self.core = ov.Core()
         # Kept: other graphs of this model (the worker's paged graph) use the same cache.
-        self.cache_dir = cache_dir or self.settings.cache_dir or None
+        self.cache_dir = self.settings.cache_dir or None
         self.cache_only = self.settings.cache_only if cache_only is None else cache_only
         # A likely cache hit imports (OpenVINO releases the GIL) while the GGUF header is read.
         early = early or prefetch.start(model, self.device, self.settings, self.cache_dir, self.core)
