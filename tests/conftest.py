@@ -13,12 +13,15 @@ from ovpool.testing.tiny import TinySpec
 
 
 def pytest_configure(config):
-    """Every test, and every process it starts, caches compiled models in a temporary
-    $XDG_CACHE_HOME (the default cache_dir is $XDG_CACHE_HOME/ovpool), never in the user's
-    ~/.cache; a cache_dir set in the user's environment does not leak in either."""
+    """No test, nor any process it starts, writes the user's ~/.cache: $XDG_CACHE_HOME (where the
+    default cache_dir lives) is a temporary directory. And a test runs without a compiled-model
+    cache unless it asks for one (``cache_dir``/``--cache-dir``, or by unsetting OVPOOL_CACHE_DIR
+    to get the default, as tests/test_cli_cache_default.py does): with one shared cache, what a
+    test loads (a hit, and with it the graph: a cache makes attention=auto pick the stateful one,
+    docs/cache.md) would depend on which tests ran before it."""
     config._ovpool_xdg = tempfile.mkdtemp(prefix="ovpool-test-xdg-")
     os.environ["XDG_CACHE_HOME"] = config._ovpool_xdg
-    os.environ.pop("OVPOOL_CACHE_DIR", None)
+    os.environ["OVPOOL_CACHE_DIR"] = ""
 
 
 def pytest_unconfigure(config):

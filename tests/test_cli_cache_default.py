@@ -18,18 +18,23 @@ def _settings(env: dict) -> dict:
     return {r["name"]: r for r in json.loads(ovpool("settings", "--json", env=env).stdout)}
 
 
+def _default(xdg) -> dict:
+    """The environment of a user with no cache setting (conftest turns the cache off for tests)."""
+    return {"XDG_CACHE_HOME": str(xdg), "OVPOOL_CACHE_DIR": None}
+
+
 def test_settings_shows_the_default_cache_xdg_first_then_home(tmp_path):
-    xdg = _settings({"XDG_CACHE_HOME": str(tmp_path / "xdg")})["cache_dir"]
+    xdg = _settings(_default(tmp_path / "xdg"))["cache_dir"]
     assert (xdg["value"], xdg["source"], xdg["default"]) == (str(tmp_path / "xdg" / "ovpool"), "default",
                                                              str(tmp_path / "xdg" / "ovpool"))
-    home = _settings({"XDG_CACHE_HOME": None, "HOME": str(tmp_path)})["cache_dir"]
+    home = _settings({**_default(tmp_path), "XDG_CACHE_HOME": None, "HOME": str(tmp_path)})["cache_dir"]
     assert home["value"] == str(tmp_path / ".cache" / "ovpool")
     off = _settings({"OVPOOL_CACHE_DIR": ""})["cache_dir"]
     assert (off["value"], off["source"]) == ("", "env")
 
 
 def test_generate_and_the_cache_commands_share_the_default(tiny_model, tmp_path):
-    env, model = {"XDG_CACHE_HOME": str(tmp_path)}, str(tiny_model())
+    env, model = _default(tmp_path), str(tiny_model())
     first = ovpool("generate", "hi", "--model", model, "--max-tokens", "2", env=env)
     again = ovpool("generate", "hi", "--model", model, "--max-tokens", "2", env=env)
     assert "(wrote)" in first.stderr and "(hit)" in again.stderr, first.stderr + again.stderr
@@ -43,7 +48,7 @@ def test_generate_and_the_cache_commands_share_the_default(tiny_model, tmp_path)
 
 
 def test_no_cache_compiles_without_touching_the_cache(tiny_model, tmp_path):
-    env = {"XDG_CACHE_HOME": str(tmp_path)}
+    env = _default(tmp_path)
     bare = ovpool("generate", "hi", "--model", str(tiny_model()), "--max-tokens", "2", "--no-cache", env=env)
     assert bare.returncode == 0 and "(compiled)" in bare.stderr, bare.stderr
     assert not (tmp_path / "ovpool").exists()
@@ -61,6 +66,7 @@ def test_serve_passes_its_cache_choice_to_every_worker():
 
 def test_engine_caches_by_default_and_opts_out_with_an_empty_cache_dir(tiny_model, tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.delenv("OVPOOL_CACHE_DIR")
     with Engine(tiny_model()) as first:
         assert first.load_report["outcome"] == "wrote" and first.cache_dir == str(tmp_path / "ovpool")
     with Engine(tiny_model()) as again:

@@ -58,7 +58,7 @@ BAD_SETTINGS = [
     (["generate", "hi", "--set", "slots"], {}, ["expected NAME=VALUE"]),
     (["bench", "--set", "nope=1"], {}, ["unknown setting 'nope'"]),
     (["bench", "--levels", "x"], {}, ["--levels", "positive integers"]),
-    (["settings"], {"OVPOOL_LOG_LEVEL": "LOUD"}, ["log-level", "LOUD"]),
+    (["settings"], {"OVPOOL_LOG_LEVEL": "LOUD"}, ["--log-level", "OVPOOL_LOG_LEVEL", "LOUD"]),
     (["serve", "--workers", "0"], {}, ["--workers 0", "at least 1"]),
     (["serve", "--devices", "CPU,,GPU"], {}, ["empty device name"]),
     (["serve", "--http", "nope", "--backend", "null"], {}, ["nope"]),

@@ -41,7 +41,7 @@ def test_cold_cache_three_workers_compile_once_and_a_killed_worker_imports(tmp_p
         assert all(load["seconds"] > 0 and load["entry"] == loads[0]["entry"] for load in loads)
         table = subprocess.run([sys.executable, "-m", "ovpool", "status", "--broker", served.endpoint],
                                capture_output=True, text=True, check=True).stdout
-        counts = [len(re.findall(rf" {outcome} \d+\.\ds ", table)) for outcome in ("hit", "wrote")]
+        counts = [len(re.findall(rf" {outcome} \d+\.\ds\b", table)) for outcome in ("hit", "wrote")]
         assert counts == [2, 1], table
         assert table.count(": continuous batching on") == 3, table
         events = [labels for (name, labels), value in scrape(port).items()

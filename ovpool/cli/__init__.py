@@ -12,7 +12,7 @@ import importlib
 import click
 
 from ovpool import logs
-from ovpool.cli.common import run_cli
+from ovpool.cli.common import EnvOption, run_cli
 from ovpool.startup import defer_heavy_imports
 
 # Each command and its module under ovpool/cli/ (which has register(group)).
@@ -34,10 +34,10 @@ class _LazyGroup(click.Group):
 
 @click.group(cls=_LazyGroup,
              context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
-@click.option("--log-level", default=None, envvar="OVPOOL_LOG_LEVEL",
+@click.option("--log-level", cls=EnvOption, default=None, envvar="OVPOOL_LOG_LEVEL",
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
               help="Log level (env OVPOOL_LOG_LEVEL; default INFO).")
-@click.option("--log-json", is_flag=True, default=None, envvar="OVPOOL_LOG_JSON",
+@click.option("--log-json", cls=EnvOption, is_flag=True, default=None, envvar="OVPOOL_LOG_JSON",
               help="Log JSON lines instead of text (env OVPOOL_LOG_JSON).")
 @click.version_option(package_name="ovpool")
 def main(log_level: str | None, log_json: bool | None) -> None:

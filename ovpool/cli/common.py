@@ -18,6 +18,13 @@ from ovpool.errors import ConfigError, OvpoolError
 from ovpool.settings import Settings, parse_assignments
 
 
+class EnvOption(click.Option):
+    """An option that may come from an environment variable: a bad value's error names both."""
+
+    def get_error_hint(self, ctx: click.Context) -> str:
+        return f"{super().get_error_hint(ctx)} (or environment variable {self.envvar})"
+
+
 def settings_options(func: Callable) -> Callable:
     """Add ``--set NAME=VALUE`` (repeatable) and pass the resolved ``settings`` to the command.
 
