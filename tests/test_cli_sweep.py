@@ -74,7 +74,22 @@ def _subst(text: str, paths: dict[str, str]) -> str:
     return text
 
 
-CASES = BAD_PATHS + BAD_SETTINGS
+VALID_FORMS = "tcp://HOST:PORT"
+BAD_ENDPOINTS = [
+    (["complete", "hi", "--broker", "foo"], {}, ["'foo'", VALID_FORMS]),
+    (["complete", "hi"], {"OVPOOL_BROKER": "foo"}, ["'foo'", VALID_FORMS]),
+    (["status", "--broker", "foo"], {}, ["'foo'", VALID_FORMS]),
+    (["worker", "--broker", "foo", "--model", "MISSING"], {}, ["'foo'", VALID_FORMS]),  # before the model
+    (["broker", "--bind", "foo"], {}, ["'foo'", VALID_FORMS]),
+    (["serve", "--bind", "foo", "--backend", "null"], {}, ["--bind", "'foo'", VALID_FORMS]),
+    (["serve", "--broker", "foo", "--backend", "null"], {}, ["'foo'", VALID_FORMS]),
+    (["api", "--broker", "foo"], {}, ["'foo'", VALID_FORMS]),
+    (["complete", "hi", "--broker", "tcp://127.0.0.1:9"], {},
+     ["cannot reach the broker at tcp://127.0.0.1:9", "running"]),
+    (["status", "--broker", "tcp://127.0.0.1:9"], {}, ["cannot reach the broker at tcp://127.0.0.1:9"]),
+]
+
+CASES = BAD_PATHS + BAD_SETTINGS + BAD_ENDPOINTS
 
 
 @pytest.mark.parametrize("argv,env,needles", CASES,

@@ -77,8 +77,9 @@ def test_a_model_that_cannot_load_is_not_retried_and_its_error_reaches_status_an
             + "; supported: llama, qwen2, qwen3, gemma3, phi3"
         table = subprocess.run([sys.executable, "-m", "ovpool", "status", "--broker", served.endpoint],
                                capture_output=True, text=True, timeout=60)
-        assert f"{failed['id']}: cannot load {model}: {why}" in table.stdout, table.stdout
-        assert "CPU: failing: error: " in table.stdout
+        text = " ".join(table.stdout.split())  # wrapped at the terminal's width
+        assert f"{failed['id']}: cannot load {model}: {why}" in text, table.stdout
+        assert "CPU: failing: error: " in text
 
 
 def test_a_missing_model_file_is_reported_failing_without_retries(tmp_path):
