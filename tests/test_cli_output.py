@@ -39,8 +39,8 @@ def test_cache_ls_fits_the_terminal(tiny_model, tmp_path, columns):
         pass
     [row] = json.loads(ovpool("cache", "ls", "--cache-dir", str(tmp_path), "--json").stdout)
     out = ovpool("cache", "ls", "--cache-dir", str(tmp_path), env={"COLUMNS": str(columns)}).stdout
-    assert_fits(out, columns, [row["entry"], row["architecture"], row["device"], tiny_model().name,
-                               *(f"{k}={v}" for k, v in row["settings"].items())])
+    assert_fits(out, columns, [row["entry"], row["architecture"], row["form"], row["device"],
+                               tiny_model().name, *(f"{k}={v}" for k, v in row["settings"].items())])
     verify = json.loads(ovpool("cache", "verify", "--cache-dir", str(tmp_path), "--json").stdout)
     assert [(r["entry"], r["ok"]) for r in verify] == [(row["entry"], True)]
 

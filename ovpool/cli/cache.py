@@ -71,7 +71,8 @@ def cache_group() -> None:
 @cache_group.command("ls")
 @cache_options
 def ls_command(store: CacheStore, as_json: bool) -> None:
-    """List entries: model file, architecture, device, settings, ports, size, created, hits, last hit."""
+    """List entries: model file, architecture, form, device, settings, ports, size, created, hits,
+    last hit."""
     rows = [maintenance.describe(store, m, e) for m, e in maintenance.entries(store)]
     bad = maintenance.unreadable(store)
     for r in bad:  # stderr, so --json stays one document
@@ -86,10 +87,10 @@ def ls_command(store: CacheStore, as_json: bool) -> None:
 
     # File names keep the table readable; `cache show` and --json give the full paths.
     print_table(f"model cache {store.root}",
-                ("entry", "model", "arch", "device", "settings", "ports", "size", "created", "hits",
-                 "last hit"),
+                ("entry", "model", "arch", "form", "device", "settings", "ports", "size", "created",
+                 "hits", "last hit"),
                 [(r["entry"], "\n".join(os.path.basename(m) for m in r["models"]), r["architecture"],
-                  r["device"], " ".join(f"{k}={v}" for k, v in r["settings"].items()),
+                  r["form"], r["device"], " ".join(f"{k}={v}" for k, v in r["settings"].items()),
                   f"{len(r['ports'])} ports", _size(r["size"]), _when(r["created"]), str(r["hits"]),
                   _when(r["last_hit"])) for r in rows],
                 whole=("entry",))  # show and rm need it whole
