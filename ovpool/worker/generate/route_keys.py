@@ -21,7 +21,7 @@ class HeldKeys:
 
     def note(self, keys: Sequence[bytes], tail: bytes) -> None:
         """A request with ``keys`` ended; its KV chain ends at the block addressed ``tail``."""
-        for key in reversed(keys):  # the first key ends most recent: listed first, as given
+        for key in keys:  # chained: the last is the deepest, listed first (most specific)
             self._tails[key] = tail
             self._tails.move_to_end(key)
         while len(self._tails) > self.limit:
@@ -33,7 +33,7 @@ class HeldKeys:
         then the finished ones whose tail the pool ``holds``; keys whose tail is gone are dropped."""
         keys: dict[bytes, None] = {}
         for request_keys, _ in running:
-            keys.update(dict.fromkeys(request_keys))
+            keys.update(dict.fromkeys(reversed(request_keys)))
         for key in reversed([k for k, tail in self._tails.items() if not holds(tail)]):
             del self._tails[key]
         keys.update(dict.fromkeys(reversed(self._tails)))
