@@ -82,12 +82,12 @@ TurnRunner = Callable[[Messages, int], tuple[float | None, str, int]]
 
 
 def run_pool(client: Client, run: int, conversations: int, turns: int, max_tokens: int,
-             documents: bool = False) -> dict:
-    """The workload through a pool (``documents``: see ``question``); with the workers'
-    prefix-cache counters for this run."""
+             documents: bool = False, think_s: float = 0.0) -> dict:
+    """The workload through a pool (``documents``: see ``question``; ``think_s``: see
+    ``_closed_loops``); with the workers' prefix-cache counters for this run."""
     before = _prompt_counters(client)
     result = _closed_loops(lambda msgs, n: _stream_turn(client, msgs, n), run, conversations, turns,
-                           max_tokens, documents)
+                           max_tokens, documents, think_s)
     after = _wait_for_reports(client, before)
     prompt, cached = (sum(a[k] - before.get(w, {}).get(k, 0) for w, a in after.items())
                       for k in ("prompt_tokens", "cached_prompt_tokens"))
@@ -100,8 +100,11 @@ def run_pool(client: Client, run: int, conversations: int, turns: int, max_token
 
 
 def _closed_loops(turn: TurnRunner, run: int, conversations: int, turns: int, max_tokens: int,
-                  documents: bool = False) -> dict:
-    """Every conversation on a thread of its own, its turns one after the other."""
+                  documents: bool = False, think_s: float = 0.0) -> dict:
+    """Every conversation on a thread of its own, its turns one after the other, with a pause of
+    0 to ``think_s`` seconds (fixed per chat and turn) between them: a user reading the answer.
+    Without pauses the loops stay in step, and a chat's next turn finds the slot its last turn just
+    freed the least busy one, so least-loaded routing keeps every chat on its worker too."""
     out = ChatRun()
     lock = threading.Lock()
     start = threading.Barrier(conversations + 1)
@@ -118,6 +121,7 @@ def _closed_loops(turn: TurnRunner, run: int, conversations: int, turns: int, ma
                 record.error = f"{type(exc).__name__}: {exc}"
                 answer, tokens = "", 0
             messages.append({"role": "assistant", "content": answer})
+            time.sleep(think_s * ((c * 7 + t) % 5) / 4)
             with lock:
                 out.turns.append(record)
                 out.completion_tokens += tokens
@@ -230,15 +234,16 @@ def scenario(model: str, path: str, *, conversations: int, turns: int, max_token
         results["genai_prefix"] = _fastest(tries["genai"])
     results["two_workers"] = {}
     # The workload as specified, then with a ~1,150-token document of its own in each chat's first
-    # question: a prefix that only one worker holds, unlike the system prompt both soon hold.
+    # question (a prefix that only one worker holds, unlike the system prompt both soon hold) and
+    # users who pause up to 2 s before their next turn.
     for routing, documents in itertools.product(("prefix", "least_loaded"), (False, True)):
-        say(f"chat: two workers, routing={routing}{', a document per chat' if documents else ''}")
+        say(f"chat: two workers, routing={routing}{', documents and pauses' if documents else ''}")
         # Each with the single worker's slots: a pool with room to choose. At full slots every
         # turn could only go where its chat's last turn just freed a slot, whatever the routing.
         with sweep.pool(model, conversations, sets=(*base, "prefix_cache=on"), workers=2,
                         env={**POOL_ENV, "OVPOOL_ROUTING": routing}) as client:
             results["two_workers"][routing + ("_documents" if documents else "")] = run_pool(
-                client, next(counter), conversations, turns, max_tokens, documents)
+                client, next(counter), conversations, turns, max_tokens, documents, 2.0 if documents else 0.0)
     results["ratios"] = ratios(results)
     return results
 

@@ -66,8 +66,8 @@ def chat_lines(results: dict) -> list[str]:
             ("GenAI CB, prefix caching", chat.get("genai_prefix")),
             ("two workers, prefix routing", chat["two_workers"].get("prefix")),
             ("two workers, least-loaded", chat["two_workers"].get("least_loaded")),
-            ("two workers, prefix, documents", chat["two_workers"].get("prefix_documents")),
-            ("two workers, least, documents", chat["two_workers"].get("least_loaded_documents"))]
+            ("two workers, prefix, docs+pauses", chat["two_workers"].get("prefix_documents")),
+            ("two workers, least, docs+pauses", chat["two_workers"].get("least_loaded_documents"))]
     for title, r in runs:
         if r is not None:
             share = r.get("cached_share")
