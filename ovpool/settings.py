@@ -141,9 +141,8 @@ _SETTINGS = [
             "decode step ~10-14% faster; a second layout of the weights): on, off, or auto (on the "
             "CPU when twice the model file fits in an eighth of physical memory)",
             choices=("auto", "on", "off")),
-    Setting("decode_threads", int, 0, "threads the decode graph runs on (0: auto, 1 on a CPU with at "
-            "most 2 cores, where two threads spend 1.2-1.5x the CPU time per token and lose to other "
-            "jobs on the cores; else every core)", minimum=0),
+    Setting("decode_threads", int, 0, "threads the CPU decode graph runs on (0: every core, the "
+            "plugin's default; on 2 cores shared with other jobs, 1 decoded as fast as 2)", minimum=0),
     Setting("kv_cache_mb", int, 256, "MiB of paged KV-cache blocks per worker (batching=paged)", minimum=1),
     Setting("prefix_cache", str, "auto", "reuse the KV of a prompt's beginning that an earlier sequence "
             "computed (a shared system prompt, a chat's history), inside kv_cache_mb: on (only KV "

@@ -23,16 +23,6 @@ ovpool asks for exactness, and only for integer zero points (``dnnl_fullyconnect
   (On AVX2 a byte per code once set its kernels up ~3x faster and decoded the same; the warm-up pays
   that set-up while a worker is idle.)
 
-* A decode step (one token of one sequence, the decode graph) on both cores of this 2-core host
-  spends 1.2-1.5x the CPU time it takes on one (gemma3-270m at a 512-token context: 19-21 vs 14-15
-  CPU ms; SmolLM2 1.2-1.3x): the memory-bound kernels stall each other and every node ends at a
-  barrier. Where other jobs share the cores, which a 2-core host always has (the broker, the API
-  server, other workers), one thread is also faster: 1.33-1.72x per token in A/B rounds, and
-  against llama.cpp's passive threads gemma3-270m went from 0.78x to 1.12x. So on 2 cores or fewer
-  the decode graph runs on one thread (``decode_threads``; prefills and batches keep every core).
-  On an idle 2-core host two threads would decode ~1.2x faster (not seen here: the host was never
-  idle); more cores keep the plugin's default (not measured).
-
 Not measured here: AVX2 and AMX hosts. AVX2 (and AVX-512 without VNNI) runs f32 with no int8 path,
 where the float zero point is exact and was as fast as an integer one (ovpool.worker.gguf.quants);
 AMX gets the VNNI/BF16 choice, which its int8 path (``avx512_vnni`` is part of every AMX CPU) takes
@@ -41,7 +31,6 @@ by the plugin's source, unverified for row-independence there.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,13 +42,11 @@ ISA_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "avx51
 
 @dataclass(frozen=True)
 class CpuInfo:
-    """A CPU's model name, its ISA flags (those in ISA_FLAGS), OpenVINO's OPTIMIZATION_CAPABILITIES
-    and the cores this process may run on (0: unknown)."""
+    """A CPU's model name, its ISA flags (those in ISA_FLAGS) and OpenVINO's OPTIMIZATION_CAPABILITIES."""
 
     model: str
     flags: frozenset[str]
     capabilities: frozenset[str] = frozenset()
-    cores: int = 0
 
     @classmethod
     def read(cls, core=None, cpuinfo: str | Path = "/proc/cpuinfo") -> CpuInfo:
@@ -76,8 +63,7 @@ class CpuInfo:
         except OSError:
             pass  # not Linux: the class then rests on the capabilities alone
         caps = core.get_property("CPU", "OPTIMIZATION_CAPABILITIES") if core is not None else ()
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 0
-        return cls(model, frozenset(flags & set(ISA_FLAGS)), frozenset(caps), cores)
+        return cls(model, frozenset(flags & set(ISA_FLAGS)), frozenset(caps))
 
     @property
     def vnni(self) -> bool:
@@ -108,11 +94,6 @@ class Defaults:
     q4_storage: str         # "i4" (packed) or "i8" (a byte per code)
     int8_activations: bool  # the plugin's dynamic quantization stays on (off: exact f32)
     decode_snippets: bool   # the static decode graph may fuse element-wise chains
-    decode_threads: int     # the decode graph's threads (0: the plugin's default, every core)
-
-
-# Up to this many cores, a decode step (one token of one sequence) runs on one thread.
-SOLO_DECODE_CORES = 2
 
 
 def choose(cpu: CpuInfo, precision: str) -> Defaults:
@@ -122,8 +103,7 @@ def choose(cpu: CpuInfo, precision: str) -> Defaults:
     # Snippets keep f32 between fused ops where the unfused graph rounds each op to bf16/f16, so
     # only at f32 do the decode graph and the dynamic graph compute the same numbers.
     return Defaults(zero_points="integer" if int8 else "float", q4_storage="i4",
-                    int8_activations=not exact, decode_snippets=exact,
-                    decode_threads=1 if 0 < cpu.cores <= SOLO_DECODE_CORES else 0)
+                    int8_activations=not exact, decode_snippets=exact)
 
 
 def activation_group(weight_groups: Iterable[int]) -> int:

@@ -118,7 +118,7 @@ def load_paged(model: GGUFModel, settings: Settings, device: str, core: ov.Core,
         with GGUFModel.open(model.path) as again:  # imported from a cache: build it now
             return graph.build_model(again, values, attention)
 
-    threads = graph.decode_threads(settings, device, core)
+    threads = graph.decode_threads(settings, device)
     decode = decode_graph.DecodeGraph(source, core, device, graph.decode_config(config, threads))
     return dataclasses.replace(result, decode=decode)
 
