@@ -59,7 +59,9 @@ class Usage:
 
 @dataclass(frozen=True)
 class Completion:
-    """A finished generation. ``finish_reason`` is ``stop`` (EOS or stop string) or ``length``."""
+    """A finished generation. ``finish_reason`` is ``stop`` (EOS or stop string) or ``length``;
+    ``note`` says what the reason alone does not, for a user to read (e.g. ``length`` because the
+    model's context filled before max_tokens), else ""."""
 
     text: str
     token_ids: list[int]
@@ -69,6 +71,7 @@ class Completion:
     timings: dict[str, float] = field(default_factory=dict)
     # One per token of token_ids when SamplingParams.logprobs asked for them, else None.
     logprobs: list[TokenLogprobs] | None = None
+    note: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data (JSON and msgpack safe); ``logprobs`` in TokenLogprobs' wire form."""
@@ -76,11 +79,13 @@ class Completion:
                 "usage": {"prompt_tokens": self.usage.prompt_tokens,
                           "completion_tokens": self.usage.completion_tokens},
                 "timings": self.timings,
-                "logprobs": None if self.logprobs is None else [t.to_wire() for t in self.logprobs]}
+                "logprobs": None if self.logprobs is None else [t.to_wire() for t in self.logprobs],
+                "note": self.note}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Completion:
         logprobs = d.get("logprobs")
         return cls(text=d["text"], token_ids=list(d["token_ids"]), finish_reason=d["finish_reason"],
                    usage=Usage(**d["usage"]), timings=dict(d.get("timings") or {}),
-                   logprobs=None if logprobs is None else [TokenLogprobs.from_wire(t) for t in logprobs])
+                   logprobs=None if logprobs is None else [TokenLogprobs.from_wire(t) for t in logprobs],
+                   note=d.get("note") or "")

@@ -155,3 +155,19 @@ def test_serve_spec_runs_the_api_child_with_the_pool_endpoint():
     for bad in ("8000", "host:", ":80", "h:99999"):
         with pytest.raises(errors.ConfigError, match="HOST:PORT"):
             parse_bind(bad)
+
+
+def test_a_completion_note_is_shown_beside_its_finish_reason():
+    from ovpool.api.responses import Reply, full, last_chunk
+    from ovpool.completion import Completion, Usage
+
+    note = "stopped at the model's context of 256 tokens (250 prompt + 6 generated), before ..."
+    noted, plain = (Completion("abc", [1, 2, 3], "length", Usage(250, 6), note=note),
+                    Completion("abc", [1, 2, 3], "length", Usage(3, 3)))
+    for gen in (parse_completion({"model": "m", "prompt": "p"}),
+                parse_chat({"model": "m", "messages": [{"role": "user", "content": "p"}]}, 64)):
+        (choice,) = full(Reply(gen), [noted])["choices"]
+        assert choice["finish_reason"] == "length" and choice["note"] == note
+        assert "note" not in full(Reply(gen), [plain])["choices"][0]
+        (last,) = last_chunk(Reply(gen), 0, noted)["choices"]
+        assert last["finish_reason"] == "length" and last["note"] == note

@@ -41,6 +41,30 @@ def test_two_engine_workers_answer_like_the_engine_alone(tiny_model, tmp_path):
     assert all(str(model) in w["models"] for w in status["workers"])  # the path given is an alias
 
 
+def test_the_context_limit_is_said_in_the_completion_the_log_and_at_submit(tiny_model, tmp_path):
+    model, log = tiny_model(), tmp_path / "worker.log"
+    with Engine(model) as engine:
+        ctx = engine.hparams.context_length
+        words = next(k for k in range(ctx, 0, -1)  # a prompt some 10-20 tokens short of the context
+                     if len(engine.prompt_ids(" ".join(["time"] * k))) < ctx - 10)
+        near, over = " ".join(["time"] * words), " ".join(["time"] * ctx)
+        near_tokens, over_tokens = len(engine.prompt_ids(near)), len(engine.prompt_ids(over))
+    assert near_tokens < ctx <= over_tokens
+    endpoint = free_endpoint()
+    with fast_heartbeats(0.5), broker(endpoint), \
+            PoolProcess("worker", "--broker", endpoint, "--model", str(model), log=log), \
+            Client(endpoint) as client:
+        wait_for_workers(client, 1, timeout=120)
+        out = client.complete(near, max_tokens=ctx, ignore_eos=True)
+        with pytest.raises(errors.InvalidRequestError) as never_fits:
+            client.complete(over, max_tokens=10)
+    assert out.finish_reason == "length" and out.usage.completion_tokens == ctx - near_tokens
+    assert out.note.startswith(f"stopped at the model's context of {ctx} tokens ({near_tokens} prompt +")
+    assert f"a generation {out.note}" in log.read_text()
+    assert str(never_fits.value).startswith(f"the prompt has {over_tokens} tokens and max_tokens = 10,"
+                                            f" but the model's context holds {ctx} tokens in all")
+
+
 def test_an_idle_worker_sets_its_kernels_up_once_registered(tiny_model, tmp_path):
     log = tmp_path / "worker.log"
     endpoint = free_endpoint()

@@ -124,8 +124,12 @@ def test_chat_renders_the_template(engine):
 def test_bad_prompts_are_clear_errors(tiny_model):
     with Engine(tiny_model(arch="llama", weight_type="Q8_0"), settings={"max_prompt_tokens": 50}) as eng:
         ctx = eng.hparams.context_length
-        with pytest.raises(InvalidRequestError, match=f"{ctx}"):
-            eng.complete([5] * ctx)
+        with pytest.raises(InvalidRequestError) as never_fits:  # before max_prompt_tokens: it says more
+            eng.complete([5] * ctx, max_tokens=7)
+        assert str(never_fits.value) == (
+            f"the prompt has {ctx} tokens and max_tokens = 7, but the model's context holds {ctx} tokens"
+            f" in all: the prompt alone leaves no room for 1 new token(s); shorten it to at most"
+            f" {ctx - 1} tokens")
         with pytest.raises(InvalidRequestError, match="60 tokens.*max_prompt_tokens = 50"):
             eng.complete([5] * 60)
         with pytest.raises(InvalidRequestError, match="empty"):
@@ -134,6 +138,17 @@ def test_bad_prompts_are_clear_errors(tiny_model):
             eng.logits([1, eng.hparams.vocab_size])
         # A rejected request leaves the engine usable.
         assert len(eng.complete(PROMPT, max_tokens=3, ignore_eos=True).token_ids) == 3
+
+
+def test_a_context_that_fills_before_max_tokens_says_so(engine, caplog):
+    ctx = engine.hparams.context_length
+    with caplog.at_level("INFO", logger="ovpool.worker"):
+        out = engine.complete([5] * (ctx - 10), max_tokens=100, ignore_eos=True)
+    assert out.finish_reason == "length" and len(out.token_ids) == 10
+    assert out.note == (f"stopped at the model's context of {ctx} tokens ({ctx - 10} prompt + 10"
+                        " generated), before max_tokens = 100; shorten the prompt for a longer answer")
+    assert f"a generation {out.note}" in caplog.messages
+    assert engine.complete([5] * 10, max_tokens=3, ignore_eos=True).note == ""  # max_tokens: no note
 
 
 def test_cli_generate_streams_text_and_reports_timing(tiny_model, engine):

@@ -58,10 +58,18 @@ def full(reply: Reply, completions: list[Completion]) -> dict[str, Any]:
 def _choice(gen: Generate, index: int, prompt: Any, c: Completion) -> dict[str, Any]:
     logprobs = None if gen.logprobs is None else logprobs_object(gen, c.logprobs or (), 0)
     if gen.chat:
-        return {"index": index, "message": {"role": "assistant", "content": c.text}, "logprobs": logprobs,
-                "finish_reason": c.finish_reason}
+        return _noted({"index": index, "message": {"role": "assistant", "content": c.text},
+                       "logprobs": logprobs, "finish_reason": c.finish_reason}, c)
     text = prompt + c.text if gen.echo else c.text
-    return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": c.finish_reason}
+    return _noted({"index": index, "text": text, "logprobs": logprobs, "finish_reason": c.finish_reason}, c)
+
+
+def _noted(choice: dict[str, Any], c: Completion) -> dict[str, Any]:
+    """A choice with ovpool's ``note`` beside its finish_reason when there is one (Completion.note:
+    e.g. the context filled before max_tokens); OpenAI's SDKs keep unknown fields (model_extra)."""
+    if c.note:
+        choice["note"] = c.note
+    return choice
 
 
 def chunk(reply: Reply, index: int, text: str, tokens: Sequence[TokenLogprobs] = ()) -> dict[str, Any]:
@@ -119,7 +127,7 @@ def last_chunk(reply: Reply, index: int, c: Completion) -> dict[str, Any]:
     else:
         body = {"index": index, "text": "", "logprobs": None, "finish_reason": c.finish_reason}
     reply.started.add(index)
-    return _chunk(reply, body)
+    return _chunk(reply, _noted(body, c))
 
 
 def usage_chunk(reply: Reply) -> dict[str, Any]:

@@ -66,7 +66,8 @@ def generate_command(prompt: str | list, model: str, sampling: dict, ignore_eos:
 
 def _timing_line(result) -> str:
     return (f"[{result.usage.prompt_tokens} prompt + {result.usage.completion_tokens} new tokens, "
-            f"finish: {result.finish_reason}; {timings_text(result.timings)}]")
+            f"finish: {result.finish_reason}; {timings_text(result.timings)}]"
+            + (f"\nnote: {result.note}" if result.note else ""))
 
 
 def register(group: click.Group) -> None:

@@ -157,8 +157,10 @@ def complete_command(prompt: str | list, broker: str | None, model: str, samplin
         completion = (client.chat if isinstance(prompt, list) else client.complete)(prompt, **sampling)
     if as_json:
         emit_json(completion.to_dict())
-    else:
-        click.echo(completion.text)
+        return
+    click.echo(completion.text)
+    if completion.note:
+        click.echo(f"note: {completion.note}", err=True)
 
 
 @click.command("status")

@@ -190,7 +190,7 @@ class Engine:
         """The prompt's token ids, once the request is within every limit (ovpool.worker.generate.limits)."""
         check_max_tokens(params.max_tokens, self.settings.max_new_tokens)
         ids = self.prompt_ids(prompt)
-        self._check(ids, new_tokens=1)
+        self._check(ids, new_tokens=1, max_tokens=params.max_tokens)
         check_logit_bias(params.logit_bias, self.hparams.vocab_size)
         return ids
 
@@ -225,9 +225,10 @@ class Engine:
     def chat(self, messages: Sequence[Mapping[str, Any]], **sampling: Any) -> Completion:
         return self.complete(check_messages(messages), **sampling)
 
-    def _check(self, ids: Sequence[int], new_tokens: int) -> None:
+    def _check(self, ids: Sequence[int], new_tokens: int, max_tokens: int | None = None) -> None:
         check_prompt(ids, vocab_size=self.hparams.vocab_size, context_length=self.hparams.context_length,
-                     max_prompt_tokens=self.settings.max_prompt_tokens, new_tokens=new_tokens)
+                     max_prompt_tokens=self.settings.max_prompt_tokens, new_tokens=new_tokens,
+                     max_tokens=max_tokens)
 
     def _acquire(self, ids: Sequence[int] = ()) -> Session | PagedSession:
         """An idle session, the one whose cache keeps the most of ``ids``'s beginning (prefix

@@ -7,6 +7,7 @@ StreamDecoder (never a broken UTF-8 sequence) and a StopMatcher (never emits a s
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
 
@@ -16,10 +17,13 @@ from ovpool.completion import Completion, Delta, TokenLogprobs, Usage
 from ovpool.errors import InvalidRequestError
 from ovpool.sampling_params import SamplingParams
 from ovpool.worker.generate.constraint import Constraint
+from ovpool.worker.generate.limits import context_note
 from ovpool.worker.generate.logprobs import Logprobs
 from ovpool.worker.generate.sampler import Sampler, StopMatcher
 from ovpool.worker.generate.scheduler import prompt_chunk
 from ovpool.worker.generate.session import Session
+
+log = logging.getLogger("ovpool.worker")
 
 
 class Generation:
@@ -46,6 +50,7 @@ class Generation:
         self.token_ids: list[int] = []
         self._text: list[str] = []
         self.finish_reason: str | None = None
+        self.note = ""  # Completion.note
         self._start = time.perf_counter()
         self._stamps: list[float] = []
 
@@ -97,8 +102,12 @@ class Generation:
             return self._finish("stop", token, text, flush=False)
         if self.constraint is not None and self.constraint.advance(token):
             return self._finish("stop", token, text)  # complete: only EOS could follow
-        if len(self.token_ids) >= self.params.max_tokens or \
-                len(self.prompt_ids) + len(self.token_ids) >= self._context_length:
+        if len(self.token_ids) >= self.params.max_tokens:
+            return self._finish("length", token, text)
+        if len(self.prompt_ids) + len(self.token_ids) >= self._context_length:
+            self.note = context_note(len(self.prompt_ids), len(self.token_ids), self.params.max_tokens,
+                                     self._context_length)
+            log.info("a generation %s", self.note)
             return self._finish("length", token, text)
         return self._delta(token, text)
 
@@ -126,7 +135,8 @@ class Generation:
         return Completion(text="".join(self._text), token_ids=list(self.token_ids),
                           finish_reason=self.finish_reason,
                           usage=Usage(len(self.prompt_ids), len(self.token_ids)), timings=self._timings(),
-                          logprobs=None if self._logprobs is None else list(self._token_logprobs))
+                          logprobs=None if self._logprobs is None else list(self._token_logprobs),
+                          note=self.note)
 
     def _timings(self) -> dict[str, float]:
         first, last = self._stamps[0], self._stamps[-1]

@@ -23,17 +23,29 @@ def check_max_tokens(max_tokens: int, max_new_tokens: int) -> None:
 
 
 def check_prompt(ids: Sequence[int], *, vocab_size: int, context_length: int, max_prompt_tokens: int,
-                 new_tokens: int) -> None:
-    """Reject a prompt the model cannot take with ``new_tokens`` more, naming the numbers."""
+                 new_tokens: int, max_tokens: int | None = None) -> None:
+    """Reject a prompt the model cannot take with ``new_tokens`` more, naming the numbers (and the
+    request's ``max_tokens``, for a generation: a prompt that fills the context can never fit)."""
     if not ids:
         raise InvalidRequestError("the prompt is empty: give at least one token")
     bad = next((t for t in ids if not 0 <= t < vocab_size), None)
     if bad is not None:
         raise InvalidRequestError(f"token id {bad} is outside the vocabulary [0, {vocab_size})")
-    check_prompt_length(len(ids), max_prompt_tokens)
     if len(ids) + new_tokens > context_length:
-        raise InvalidRequestError(f"the prompt has {len(ids)} tokens; with {new_tokens} new token(s) "
-                                  f"that exceeds the model's context of {context_length}; shorten it")
+        asked = f" and max_tokens = {max_tokens}" if max_tokens is not None else ""
+        raise InvalidRequestError(
+            f"the prompt has {len(ids)} tokens{asked}, but the model's context holds {context_length}"
+            f" tokens in all: the prompt alone leaves no room for {new_tokens} new token(s); shorten"
+            f" it to at most {context_length - new_tokens} tokens")
+    check_prompt_length(len(ids), max_prompt_tokens)
+
+
+def context_note(prompt_tokens: int, generated: int, max_tokens: int, context_length: int) -> str:
+    """What a completion that the context ended before ``max_tokens`` says (finish_reason length
+    alone reads as "max_tokens reached")."""
+    return (f"stopped at the model's context of {context_length} tokens ({prompt_tokens} prompt +"
+            f" {generated} generated), before max_tokens = {max_tokens}; shorten the prompt for a"
+            " longer answer")
 
 
 def check_logit_bias(logit_bias: Sequence[tuple[int, float]], vocab_size: int) -> None:
