@@ -11,13 +11,22 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 
+import httpx
 import pytest
 from serve_helpers import serve, unsupported_model
 
 from ovpool import errors
 from ovpool.client import Client
-from ovpool.testing.pool import broker, fast_heartbeats, free_endpoint, null_worker, wait_for_workers
+from ovpool.testing.pool import (
+    PoolProcess,
+    broker,
+    fast_heartbeats,
+    free_endpoint,
+    null_worker,
+    wait_for_workers,
+)
 
 pytestmark = pytest.mark.slow  # processes
 
@@ -123,3 +132,44 @@ def test_a_worker_that_cannot_load_its_model_tells_the_broker_and_exits_3(tmp_pa
             client.complete("hi", model=str(model))
     assert str(refused.value).startswith(f"no worker serves model {str(model)!r}: worker {failed['id']}"
                                          f" failed: {why}")
+
+
+def test_a_killed_broker_is_gone_after_the_connect_timeout_not_thirty_seconds():
+    endpoint = free_endpoint()
+    with fast_heartbeats(0.2), broker(endpoint) as b, \
+            null_worker(endpoint, slots=2, token_delay=0.05), Client(endpoint) as client:
+        wait_for_workers(client, 1)
+        got = _stream_until_error(client, b.kill)  # SIGKILL: no SHUTDOWN, the connection drops
+    assert isinstance(got[-1], errors.BrokerUnavailableError)
+    assert str(got[-1]).startswith(f"lost the connection to the broker at {endpoint} and it did not"
+                                   " come back in 2 s")
+
+
+def test_a_stopped_broker_is_told_from_a_slow_one():
+    """A broker that answers PINGs is alive however long the answer takes; one that answers none
+    (SIGSTOP: the connection stays up) is reported after CLIENT_UNAVAILABLE_S (6 s here)."""
+    endpoint = free_endpoint()
+    with fast_heartbeats(0.2), broker(endpoint) as b, \
+            null_worker(endpoint, slots=2, token_delay=0.2), Client(endpoint) as client:
+        wait_for_workers(client, 1)
+        slow = client.complete("slow", max_tokens=40)  # ~8 s, longer than the silence limit
+        assert slow.usage.completion_tokens == 40
+        got = _stream_until_error(client, lambda: b.proc.send_signal(signal.SIGSTOP))
+        b.proc.send_signal(signal.SIGCONT)
+    assert isinstance(got[-1], errors.BrokerUnavailableError)
+    assert str(got[-1]) == (f"the broker at {endpoint} is connected but has not answered for 6.0 s:"
+                            " it is stopped or far behind")
+
+
+def test_the_http_api_without_a_broker_answers_503_naming_it(tmp_path):
+    endpoint, port = free_endpoint(), int(free_endpoint().rsplit(":", 1)[1])
+    with PoolProcess("api", "--broker", endpoint, "--bind", f"127.0.0.1:{port}"):
+        body = {"model": "m", "prompt": "x", "max_tokens": 2}
+        for _ in range(300):  # until the API listens (seconds on a loaded host)
+            try:
+                reply = httpx.post(f"http://127.0.0.1:{port}/v1/completions", json=body, timeout=30)
+                break
+            except httpx.TransportError:
+                time.sleep(0.1)
+    assert reply.status_code == 503
+    assert f"cannot reach the broker at {endpoint}: no connection in 2 s" in reply.json()["error"]["message"]
