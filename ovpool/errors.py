@@ -2,7 +2,8 @@
 
 Every error that crosses a process boundary carries a stable wire ``code``; the client re-raises a
 remote error as the same class (``from_wire``). Foreign exceptions (OSError, zmq, OpenVINO, gguf)
-are translated once, where they enter ovpool, with ``raise ... from exc``.
+are translated once, where they enter ovpool, with ``raise ... from exc``. ``permanent(exc)`` tells
+an error that every start would repeat (a worker stops on one with exit status EXIT_PERMANENT).
 
 ::
 

@@ -20,7 +20,8 @@ PACKAGE = Path(ovpool.__file__).parent
 # and the HTTP API (a client of the pool).
 BELOW_THE_WORKER = ["client.py", "async_client.py", "pending.py", "protocol.py", "prefix_key.py",
                     "sampling_params.py", "completion.py", "errors.py", "settings.py", "timing.py",
-                    "devices.py", "models.py", "auth.py", "metrics.py", "broker", "cache", "api"]
+                    "devices.py", "models.py", "auth.py", "endpoint.py", "metrics.py", "broker", "cache",
+                    "api"]
 
 
 def imported_modules(path: Path) -> set[str]:

@@ -28,7 +28,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import zmq
 
-from ovpool import timing
+from ovpool import endpoint, timing
 from ovpool.auth import secure_peer
 from ovpool.errors import OvpoolError
 from ovpool.prefix_key import MAX_KEYS
@@ -95,7 +95,7 @@ class Worker:
 
     def __init__(self, broker: str, backend: Backend, *, settings: Settings | dict | None = None,
                  device: str = "CPU", name: str | None = None, load_report: dict | None = None):
-        self.broker = broker
+        self.broker = endpoint.check(broker)
         self.backend = backend
         self.settings = Settings.coerce(settings)
         host, pid = _socket.gethostname(), os.getpid()
