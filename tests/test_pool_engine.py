@@ -23,7 +23,8 @@ def test_two_engine_workers_answer_like_the_engine_alone(tiny_model, tmp_path):
     prompts = [f"story {i}: once upon a time" for i in range(8)]
     with Engine(model) as engine:
         alone = [engine.complete(p, max_tokens=8, ignore_eos=True) for p in prompts]
-        too_long = " ".join(["time"] * 200)
+        too_long = " ".join(["time"] * 50)  # over max_prompt_tokens=64, inside the context of 256
+        assert 64 < len(engine.prompt_ids(too_long)) < engine.hparams.context_length
     endpoint = free_endpoint()
     with fast_heartbeats(0.5), broker(endpoint), \
             engine_worker(endpoint, model, "--set", "max_prompt_tokens=64"), \
