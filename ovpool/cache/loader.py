@@ -66,10 +66,13 @@ class LoadResult:
     seconds: float
     decode: Any = None  # a paged graph's ovpool.worker.graph.decode.DecodeGraph
     blob: Mapped | None = None  # a hit's import (prefetch.BlobImport), owner of the blob's memory map
+    arena: Any = None  # a built graph's ovpool.worker.graph.arena.ConstantArena (its constants)
 
     def close(self) -> None:
         if self.blob is not None:
             self.blob.close()
+        if self.arena is not None:
+            self.arena.close()
 
     def __enter__(self) -> LoadResult:
         return self

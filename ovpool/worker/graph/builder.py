@@ -29,6 +29,7 @@ from ovpool.worker.gguf.quants import dequantize
 from ovpool.worker.graph import cpu_class
 from ovpool.worker.graph import layers as L
 from ovpool.worker.graph import weights as W
+from ovpool.worker.graph.arena import ConstantArena
 from ovpool.worker.graph.cpu_class import CpuInfo
 
 
@@ -109,6 +110,7 @@ class _Context:
     sinks: list
     results: list
     attention: object = None
+    arena: ConstantArena | None = None
 
     @property
     def h(self) -> HParams:
@@ -119,8 +121,10 @@ class _Context:
         return W.Encoding.of(self.settings)
 
 
-def build_model(model: GGUFModel, settings=None, attention=None) -> ov.Model:
-    """The model's OpenVINO graph (reads the weights into compressed constants).
+def build_model(model: GGUFModel, settings=None, attention=None,
+                arena: ConstantArena | None = None) -> ov.Model:
+    """The model's OpenVINO graph (reads the weights into compressed constants, in ``arena`` if
+    given: ovpool.worker.graph.arena).
 
     ``attention``: see port_spec."""
     s = Settings.coerce(settings)
@@ -129,16 +133,17 @@ def build_model(model: GGUFModel, settings=None, attention=None) -> ov.Model:
         raise UnsupportedModelError(f"partial RoPE ({h.rope_dim} of {h.head_dim} dims) is not supported")
     params = {p["name"]: _parameter(p) for p in port_spec(h, s, attention) if p["direction"] == "in"}
     encoding = W.Encoding.of(s)
-    embed = W.load(model, "token_embd.weight", encoding=encoding)
+    embed = W.load(model, "token_embd.weight", encoding=encoding, arena=arena)
     x = embed.lookup(params["input_ids"].output(0))
     if h.embed_scale != 1.0:  # gemma3: by sqrt(n_embd), in f32 as llama.cpp does
         x = ops.multiply(x, L.const(h.embed_scale)).output(0)
     ctx = _Context(model, s, params, _rope(model, params, attention), _masks(h, params, attention),
-                   [], [], attention)
+                   [], [], attention, arena)
     for i in range(h.n_layers):
         x = _block(ctx, i, x)
     x = _norm(ctx, x, "output_norm")
-    head = embed if h.tied_embeddings else W.load(model, "output.weight", encoding=encoding)
+    head = embed if h.tied_embeddings else W.load(model, "output.weight", encoding=encoding,
+                                                  arena=arena)
     logits = ops.result(head.linear(x))
     logits.output(0).get_tensor().set_names({"logits"})
     return ov.Model([logits, *ctx.results], ctx.sinks, list(params.values()), model.name)
@@ -192,9 +197,10 @@ def _projections(ctx: _Context, names: list[str], x: ov.Output, heads: list[int]
     weights are encoded alike. ``heads`` > 0 marks llama Q/K rows to un-permute for RoPE."""
     llama = ctx.model.architecture == "llama"
     permutes = [ctx.h.head_dim if n and llama else 0 for n in heads]
-    stacked = W.load_stacked(ctx.model, [n + ".weight" for n in names], permutes, ctx.encoding)
+    stacked = W.load_stacked(ctx.model, [n + ".weight" for n in names], permutes, ctx.encoding,
+                             ctx.arena)
     if stacked is None:
-        outs = [W.load(ctx.model, n + ".weight", p, ctx.encoding).linear(x)
+        outs = [W.load(ctx.model, n + ".weight", p, ctx.encoding, ctx.arena).linear(x)
                 for n, p in zip(names, permutes, strict=True)]
     else:
         y = stacked.linear(x)

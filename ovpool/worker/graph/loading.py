@@ -37,6 +37,7 @@ from ovpool.settings import Settings
 from ovpool.worker.gguf.model import GGUFModel
 from ovpool.worker.graph import builder as graph
 from ovpool.worker.graph import decode as decode_graph
+from ovpool.worker.graph.arena import ConstantArena
 from ovpool.worker.graph.paged import PagedAttention, read_ir
 from ovpool.worker.graph.weights import Encoding, int8_groups
 
@@ -78,10 +79,12 @@ def load_graph(model: GGUFModel, settings: Settings, device: str, core: ov.Core,
                           hint=hint, early=early)
     identity, config = cache_identity(model, settings, device, core)
     values = dict(identity.settings)
-    return load_compiled(core, identity=identity, device=device, config=config,
-                         build=lambda: graph.build_model(model, values),
-                         cache_dir=cache_dir, cache_only=cache_only, hint=hint, early=early,
-                         lock_timeout_s=settings.cache_lock_timeout_s)
+    arena = ConstantArena.open()
+    result = load_compiled(core, identity=identity, device=device, config=config,
+                           build=lambda: graph.build_model(model, values, arena=arena),
+                           cache_dir=cache_dir, cache_only=cache_only, hint=hint, early=early,
+                           lock_timeout_s=settings.cache_lock_timeout_s)
+    return dataclasses.replace(result, arena=arena)
 
 
 def load_paged(model: GGUFModel, settings: Settings, device: str, core: ov.Core, *,
@@ -95,9 +98,10 @@ def load_paged(model: GGUFModel, settings: Settings, device: str, core: ov.Core,
     identity, config = cache_identity(model, settings, device, core, attention)
     values = dict(identity.settings)
     built: list[ov.Model] = []
+    arena = ConstantArena.open()  # both graphs' constants: see ovpool.worker.graph.arena
 
     def build() -> ov.Model:
-        built.append(graph.build_model(model, values, attention))
+        built.append(graph.build_model(model, values, attention, arena))
         return built[-1]
 
     if cache_dir and reimport_problem(core, device, cache_dir):
@@ -107,6 +111,7 @@ def load_paged(model: GGUFModel, settings: Settings, device: str, core: ov.Core,
         result = load_compiled(core, identity=identity, device=device, config=config, build=build,
                                cache_dir=cache_dir, cache_only=cache_only, hint=hint, early=early,
                                lock_timeout_s=settings.cache_lock_timeout_s)
+    result = dataclasses.replace(result, arena=arena)
     if not decode_graph.wanted(settings.decode_graph, device, model.path):
         return result
 
@@ -116,7 +121,7 @@ def load_paged(model: GGUFModel, settings: Settings, device: str, core: ov.Core,
             # graph made from them shares them (SmolLM2: +220 MiB RSS for it instead of +380).
             return built.pop()
         with GGUFModel.open(model.path) as again:  # imported from a cache: build it now
-            return graph.build_model(again, values, attention)
+            return graph.build_model(again, values, attention, arena)
 
     threads = graph.decode_threads(settings, device)
     decode = decode_graph.DecodeGraph(source, core, device, graph.decode_config(config, threads))

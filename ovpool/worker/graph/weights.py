@@ -27,13 +27,16 @@ from ovpool.worker.gguf.quants import (
     requantize,
     widen,
 )
+from ovpool.worker.graph.arena import ConstantArena
 
 _ELEMENT = {"f32": ov.Type.f32, "f16": ov.Type.f16, "bf16": ov.Type.bf16, "i8": ov.Type.i8,
             "u8": ov.Type.u8, "u4": ov.Type.u4, "i4": ov.Type.i4, "u2": ov.Type.u2}
 
 
-def constant(array: np.ndarray, element: ov.Type | None = None, shape=None) -> ov.Node:
-    """A Constant holding a copy of ``array`` in OpenVINO-owned memory.
+def constant(array: np.ndarray, element: ov.Type | None = None, shape=None,
+             arena: ConstantArena | None = None) -> ov.Node:
+    """A Constant holding a copy of ``array`` in ``arena`` (ovpool.worker.graph.arena: pages the
+    process hands back once the plugin has repacked them), else in OpenVINO-owned memory.
 
     A Constant over numpy memory does not keep the array alive (a crash at compile time once the
     array is collected), so the bytes are copied once into an ov.Tensor the Constant shares.
@@ -41,7 +44,9 @@ def constant(array: np.ndarray, element: ov.Type | None = None, shape=None) -> o
     array = np.ascontiguousarray(array)
     if element is None:
         element, shape = ov.Type(array.dtype), array.shape
-    tensor = ov.Tensor(element, ov.Shape(list(shape)))
+    tensor = arena.tensor(element, shape) if arena is not None else None
+    if tensor is None:
+        tensor = ov.Tensor(element, ov.Shape(list(shape)))
     tensor.data.reshape(-1)[:] = array.reshape(-1).view(tensor.data.dtype)
     return ops.constant(tensor, shared_memory=True)
 
@@ -60,18 +65,20 @@ class Encoding:
         return cls(settings.kquant_requant, settings.q4_storage, settings.zero_points)
 
 
-def load(model: GGUFModel, name: str, head_size: int = 0, encoding: Encoding = Encoding()) -> Weight:
-    """Tensor ``name`` as a Weight; ``head_size`` > 0 un-permutes llama's Q/K rows (see below)."""
-    return Weight(_packed(model, name, head_size, encoding), name)
+def load(model: GGUFModel, name: str, head_size: int = 0, encoding: Encoding = Encoding(),
+         arena: ConstantArena | None = None) -> Weight:
+    """Tensor ``name`` as a Weight; ``head_size`` > 0 un-permutes llama's Q/K rows (see below);
+    its constants go into ``arena`` (see ``constant``)."""
+    return Weight(_packed(model, name, head_size, encoding), name, arena)
 
 
 def load_stacked(model: GGUFModel, names: list[str], head_sizes: list[int],
-                 encoding: Encoding = Encoding()) -> Weight | None:
+                 encoding: Encoding = Encoding(), arena: ConstantArena | None = None) -> Weight | None:
     """Tensors sharing an input (Q, K, V; gate, up) as one Weight with their rows stacked, so one
     MatMul kernel runs where there were several; None if their encodings differ."""
     parts = [_packed(model, n, hs, encoding) for n, hs in zip(names, head_sizes, strict=True)]
     packed = concat_rows(parts)
-    return None if packed is None else Weight(packed, "+".join(names))
+    return None if packed is None else Weight(packed, "+".join(names), arena)
 
 
 def _packed(model: GGUFModel, name: str, head_size: int, encoding: Encoding) -> Packed:
@@ -113,8 +120,8 @@ def rope_halves_order(rows: int, head_size: int) -> np.ndarray:
 class Weight:
     """One [rows, cols] weight as OpenVINO nodes; the f32 matrix is never materialised."""
 
-    def __init__(self, packed: Packed, name: str):
-        self.packed, self.name = packed, name
+    def __init__(self, packed: Packed, name: str, arena: ConstantArena | None = None):
+        self.packed, self.name, self.arena = packed, name, arena
         self.rows, self.cols = packed.shape
         self._matrix: ov.Output | None = None
         self._table: Weight | None = None
@@ -128,26 +135,26 @@ class Weight:
     def _decompress(self) -> ov.Output:
         p = self.packed
         if p.group == 0:
-            node = constant(p.codes, _ELEMENT[p.element], p.shape) if p.element == "bf16" \
-                else constant(p.codes)
+            node = constant(p.codes, _ELEMENT[p.element], p.shape, self.arena) \
+                if p.element == "bf16" else constant(p.codes, arena=self.arena)
             node.set_friendly_name(self.name)
             return node.output(0) if p.element == "f32" else ops.convert(node, "f32").output(0)
         groups = self.cols // p.group
-        codes = constant(p.codes, _ELEMENT[p.element], (self.rows, groups, p.group))
+        codes = constant(p.codes, _ELEMENT[p.element], (self.rows, groups, p.group), self.arena)
         codes.set_friendly_name(self.name)
         # A float zero point (exact Q4_1/Q4_K minimum) needs f32 arithmetic; f16 would round it.
         exact_zero = p.zero is not None and p.zero.dtype != np.uint8
         work = "f16" if p.scale.dtype == np.float16 and not exact_zero else "f32"
         x = ops.convert(codes, work)
         if exact_zero:
-            x = ops.subtract(x, constant(p.zero[..., None]))
+            x = ops.subtract(x, constant(p.zero[..., None], arena=self.arena))
         elif p.zero is not None and p.zero.max() < 16:
-            zero = constant(_pack_zero(p.zero), ov.Type.u4, (self.rows, groups, 1))
+            zero = constant(_pack_zero(p.zero), ov.Type.u4, (self.rows, groups, 1), self.arena)
             x = ops.subtract(x, ops.convert(zero, work))
         elif p.zero is not None:
-            zero = constant(p.zero[..., None])
+            zero = constant(p.zero[..., None], arena=self.arena)
             x = ops.subtract(x, ops.convert(zero, work))
-        scale = constant(p.scale[..., None])
+        scale = constant(p.scale[..., None], arena=self.arena)
         same = work == ov.Type(p.scale.dtype).get_type_name()
         x = ops.multiply(x, scale if same else ops.convert(scale, work))
         x = ops.reshape(x, ops.constant(np.array([self.rows, self.cols], np.int64)), False)
@@ -160,7 +167,8 @@ class Weight:
             return y.output(0)
         # The offsets' share: each group's offset times the sum of x over the group's columns.
         sums = ops.reduce_sum(self._grouped(x), ops.constant(np.int64(-1)), False)
-        return ops.add(y, ops.matmul(sums, constant(self.packed.offset), False, True)).output(0)
+        offset = constant(self.packed.offset, arena=self.arena)
+        return ops.add(y, ops.matmul(sums, offset, False, True)).output(0)
 
     def lookup(self, ids: ov.Output) -> ov.Output:
         """Rows ``ids`` [...] → [..., cols] (the embedding table's lookup)."""
@@ -169,7 +177,7 @@ class Weight:
         rows = ops.gather(table.matrix(), ids, axis).output(0)
         if table.packed.offset is None:
             return rows
-        offsets = ops.gather(constant(table.packed.offset), ids, axis)
+        offsets = ops.gather(constant(table.packed.offset, arena=table.arena), ids, axis)
         offsets = ops.unsqueeze(offsets, ops.constant(np.int64(-1)))
         whole = ops.concat([ops.shape_of(ids), ops.constant(np.array([self.cols], np.int64))], 0)
         return ops.reshape(ops.add(table._grouped(rows), offsets), whole, False).output(0)
@@ -179,7 +187,7 @@ class Weight:
         only a tied Q2_K vocabulary keeps both (llama.cpp writes a tied one as Q6_K)."""
         if self._table is None:
             table = gatherable(self.packed)
-            self._table = self if table is self.packed else Weight(table, self.name)
+            self._table = self if table is self.packed else Weight(table, self.name, self.arena)
         return self._table
 
     def _grouped(self, x: ov.Output) -> ov.Output:

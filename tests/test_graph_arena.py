@@ -1,0 +1,100 @@
+"""A graph whose constants live in a ConstantArena computes the same numbers, and the arena's pages
+leave the process once released without changing them."""
+
+from __future__ import annotations
+
+import errno
+import re
+import time
+
+import numpy as np
+import openvino as ov
+import pytest
+
+from ovpool.settings import Settings
+from ovpool.worker.gguf.model import GGUFModel
+from ovpool.worker.graph import arena as arena_module
+from ovpool.worker.graph.arena import ConstantArena, filesystem
+from ovpool.worker.graph.builder import build_model, compile_config
+
+IDS = np.array([[5, 9, 2, 7, 1, 3, 8]], np.int64)
+
+
+def logits(path, arena=None, settings=None):
+    s = Settings.coerce(settings or {})
+    core = ov.Core()
+    compiled = core.compile_model(build_model(GGUFModel.open(path), s, arena=arena), "CPU",
+                                  compile_config(s, "CPU", core))
+    request = compiled.create_infer_request()
+    n = IDS.shape[1]
+    feeds = {"input_ids": IDS, "attention_mask": np.ones((1, n), np.int64),
+             "position_ids": np.arange(n, dtype=np.int64)[None], "beam_idx": np.zeros(1, np.int32),
+             "logits_from": np.array([0], np.int64)}
+    return compiled, lambda: (request.reset_state(), request.infer(feeds)["logits"].copy())[1]
+
+
+def resident(arena: ConstantArena) -> int:
+    """Bytes of the arena's mappings resident in this process (from /proc/self/smaps)."""
+    starts = {np.frombuffer(m, np.uint8).ctypes.data for m in arena._maps}
+    total, inside = 0, False
+    for line in open("/proc/self/smaps"):
+        if re.match(r"^[0-9a-f]+-[0-9a-f]+ ", line):
+            inside = int(line.split("-")[0], 16) in starts
+        elif inside and line.startswith("Rss:"):
+            total += int(line.split()[1]) * 1024
+    return total
+
+
+@pytest.mark.parametrize("weight_type", ["Q4_1", "Q4_K", "Q8_0", "Q6_K", "F16"])
+def test_arena_constants_compute_the_same_logits_before_and_after_their_release(tiny_model, weight_type):
+    path = tiny_model("llama", weight_type, False, n_layers=2, n_embd=256, n_ff=768)
+    _, plain = logits(path)
+    expected = plain()
+    with ConstantArena.open() as arena:
+        arena.release_period_s = None  # released by hand here, so residency is exact
+        compiled, run = logits(path, arena)
+        assert arena.size > 0 and resident(arena) > 0  # the constants, just written
+        np.testing.assert_array_equal(run(), expected)
+        arena.release()
+        assert resident(arena) == 0
+        np.testing.assert_array_equal(run(), expected)  # bytes back from the page cache if read
+        del compiled, run
+
+
+def test_the_arena_releases_its_pages_by_itself(tiny_model, monkeypatch):
+    monkeypatch.setattr(arena_module, "RELEASE_PERIOD_S", 0.01)
+    with ConstantArena.open() as arena:
+        compiled, run = logits(tiny_model("llama", "Q4_1", False, n_layers=2, n_embd=256, n_ff=768), arena)
+        run()
+        deadline = time.monotonic() + 30  # a liveness bound, not a timing: one release is enough
+        while resident(arena) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert resident(arena) == 0
+        del compiled, run
+
+
+def test_a_file_that_cannot_grow_leaves_the_constants_in_memory(tiny_model, monkeypatch):
+    def full(*_):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    path = tiny_model("llama", "Q4_1", False, n_layers=2, n_embd=256, n_ff=768)
+    _, plain = logits(path)
+    monkeypatch.setattr(arena_module.os, "posix_fallocate", full)
+    with ConstantArena.open() as arena:
+        assert arena.tensor(ov.Type.f32, [4]) is None
+        _, run = logits(path, arena)
+        assert arena.size == 0
+        np.testing.assert_array_equal(run(), plain())
+
+
+def test_tmpfs_gets_no_arena_and_mount_points_are_matched_whole(tmp_path):
+    mounts = tmp_path / "mounts"
+    mounts.write_text("/dev/vda / ext4 rw 0 0\ntmpfs /tmp tmpfs rw 0 0\ntmpfs /run/user tmpfs rw 0 0\n"
+                      "/dev/vdb /tmpdata xfs rw 0 0\n")
+    assert filesystem("/tmp/x/y", mounts) == "tmpfs"
+    assert filesystem("/tmpdata/x", mounts) == "xfs"  # not /tmp's
+    assert filesystem("/home/u", mounts) == "ext4"
+    assert filesystem("/x", tmp_path / "missing") == ""
+    shm = "/dev/shm"
+    if filesystem(shm) == "tmpfs":
+        assert ConstantArena.open(shm) is None
