@@ -142,23 +142,20 @@ class Weight:
         groups = self.cols // p.group
         codes = constant(p.codes, _ELEMENT[p.element], (self.rows, groups, p.group), self.arena)
         codes.set_friendly_name(self.name)
-        # A float zero point (exact Q4_1/Q4_K minimum) needs f32 arithmetic; f16 would round it.
-        exact_zero = p.zero is not None and p.zero.dtype != np.uint8
-        work = "f16" if p.scale.dtype == np.float16 and not exact_zero else "f32"
-        x = ops.convert(codes, work)
-        if exact_zero:
+        # f32 arithmetic: a float zero point (exact Q4_1/Q4_K minimum) needs it (f16 would round
+        # it), and the CPU plugin computes with f32 scales anyway: handed f16 ones it keeps a
+        # converted copy per compiled model (SmolLM2: 16 MiB for each of the paged and decode graphs).
+        x = ops.convert(codes, "f32")
+        if p.zero is not None and p.zero.dtype != np.uint8:
             x = ops.subtract(x, constant(p.zero[..., None], arena=self.arena))
         elif p.zero is not None and p.zero.max() < 16:
             zero = constant(_pack_zero(p.zero), ov.Type.u4, (self.rows, groups, 1), self.arena)
-            x = ops.subtract(x, ops.convert(zero, work))
+            x = ops.subtract(x, ops.convert(zero, "f32"))
         elif p.zero is not None:
             zero = constant(p.zero[..., None], arena=self.arena)
-            x = ops.subtract(x, ops.convert(zero, work))
-        scale = constant(p.scale[..., None], arena=self.arena)
-        same = work == ov.Type(p.scale.dtype).get_type_name()
-        x = ops.multiply(x, scale if same else ops.convert(scale, work))
-        x = ops.reshape(x, ops.constant(np.array([self.rows, self.cols], np.int64)), False)
-        return (ops.convert(x, "f32") if work == "f16" else x).output(0)
+            x = ops.subtract(x, ops.convert(zero, "f32"))
+        x = ops.multiply(x, constant(p.scale[..., None].astype(np.float32), arena=self.arena))
+        return ops.reshape(x, ops.constant(np.array([self.rows, self.cols], np.int64)), False).output(0)
 
     def linear(self, x: ov.Output) -> ov.Output:
         """x [..., cols] @ W.T → [..., rows]."""
