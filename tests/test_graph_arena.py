@@ -14,6 +14,7 @@ import pytest
 from ovpool.settings import Settings
 from ovpool.worker.gguf.model import GGUFModel
 from ovpool.worker.graph import arena as arena_module
+from ovpool.worker.graph import loading
 from ovpool.worker.graph.arena import ConstantArena, filesystem
 from ovpool.worker.graph.builder import build_model, compile_config
 
@@ -26,20 +27,30 @@ def logits(path, arena=None, settings=None):
     compiled = core.compile_model(build_model(GGUFModel.open(path), s, arena=arena), "CPU",
                                   compile_config(s, "CPU", core))
     request = compiled.create_infer_request()
+    return compiled, lambda: run_stateful(request)
+
+
+def run_stateful(request: ov.InferRequest) -> np.ndarray:
     n = IDS.shape[1]
     feeds = {"input_ids": IDS, "attention_mask": np.ones((1, n), np.int64),
              "position_ids": np.arange(n, dtype=np.int64)[None], "beam_idx": np.zeros(1, np.int32),
              "logits_from": np.array([0], np.int64)}
-    return compiled, lambda: (request.reset_state(), request.infer(feeds)["logits"].copy())[1]
+    request.reset_state()
+    return request.infer(feeds)["logits"].copy()
 
 
 def resident(arena: ConstantArena) -> int:
-    """Bytes of the arena's mappings resident in this process (from /proc/self/smaps)."""
-    starts = {np.frombuffer(m, np.uint8).ctypes.data for m in arena._maps}
+    """Bytes of the arena's mappings resident in this process."""
+    return mapped_rss([np.frombuffer(m, np.uint8).ctypes.data for m in arena._maps])
+
+
+def mapped_rss(addresses) -> int:
+    """Resident bytes of the mappings holding ``addresses`` (from /proc/self/smaps)."""
     total, inside = 0, False
     for line in open("/proc/self/smaps"):
         if re.match(r"^[0-9a-f]+-[0-9a-f]+ ", line):
-            inside = int(line.split("-")[0], 16) in starts
+            lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+            inside = any(lo <= a < hi for a in addresses)
         elif inside and line.startswith("Rss:"):
             total += int(line.split()[1]) * 1024
     return total
@@ -98,3 +109,27 @@ def test_tmpfs_gets_no_arena_and_mount_points_are_matched_whole(tmp_path):
     shm = "/dev/shm"
     if filesystem(shm) == "tmpfs":
         assert ConstantArena.open(shm) is None
+
+
+def test_a_cache_hit_runs_on_its_blob_whose_pages_the_arena_releases(tiny_model, tmp_path):
+    path = tiny_model("llama", "Q4_1", False, n_layers=2, n_embd=256, n_ff=768)
+    settings = Settings.coerce({"attention": "sdpa"})
+    core = ov.Core()
+    kwargs = dict(cache_dir=tmp_path, cache_only=False)
+    with loading.load_graph(GGUFModel.open(path), settings, "CPU", core, **kwargs) as first:
+        assert first.outcome == "wrote"
+        expected = infer(first.compiled)
+    with loading.load_graph(GGUFModel.open(path), settings, "CPU", core, **kwargs) as hit:
+        assert hit.outcome == "hit" and hit.arena is not None
+        hit.arena.release_period_s = None
+        blob = hit.blob.pages
+        np.testing.assert_array_equal(infer(hit.compiled), expected)
+        assert mapped_rss([blob.ctypes.data]) > 0
+        hit.arena.release()
+        assert mapped_rss([blob.ctypes.data]) == 0
+        np.testing.assert_array_equal(infer(hit.compiled), expected)
+        del blob
+
+
+def infer(compiled: ov.CompiledModel) -> np.ndarray:
+    return run_stateful(compiled.create_infer_request())

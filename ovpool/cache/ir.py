@@ -51,6 +51,11 @@ class MappedWeights:
     def __init__(self, path: Path, offset: int):
         self.view = np.memmap(path, np.uint8, "c", offset=offset)  # copy-on-write: pages stay clean
 
+    @property
+    def pages(self) -> np.memmap | None:
+        """The mapping (None once closed)."""
+        return self.view
+
     def close(self) -> None:
         self.view = None  # unmapped once nothing else holds it
 

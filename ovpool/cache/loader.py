@@ -51,6 +51,9 @@ class Mapped(Protocol):
     """What holds a cache blob's memory map for a compiled model (prefetch.BlobImport,
     ovpool.cache.ir.MappedWeights)."""
 
+    @property
+    def pages(self) -> Any: ...  # its memory map (a NumPy view; None once closed)
+
     def close(self) -> None: ...
 
 

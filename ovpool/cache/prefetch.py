@@ -56,6 +56,11 @@ class BlobImport:
         self._checksum = pool.submit(crc32_of, self.blob)
         pool.shutdown(wait=False)  # the threads end with their work
 
+    @property
+    def pages(self) -> np.memmap | None:
+        """The blob's mapping (None once closed)."""
+        return self.blob
+
     def close(self) -> None:
         """Let go of the mapping: unmapped once the import's own threads are done with it too."""
         self.blob = None

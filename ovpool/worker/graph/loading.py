@@ -84,7 +84,7 @@ def load_graph(model: GGUFModel, settings: Settings, device: str, core: ov.Core,
                            build=lambda: graph.build_model(model, values, arena=arena),
                            cache_dir=cache_dir, cache_only=cache_only, hint=hint, early=early,
                            lock_timeout_s=settings.cache_lock_timeout_s)
-    return dataclasses.replace(result, arena=arena)
+    return _with_arena(result, arena)
 
 
 def load_paged(model: GGUFModel, settings: Settings, device: str, core: ov.Core, *,
@@ -111,7 +111,7 @@ def load_paged(model: GGUFModel, settings: Settings, device: str, core: ov.Core,
         result = load_compiled(core, identity=identity, device=device, config=config, build=build,
                                cache_dir=cache_dir, cache_only=cache_only, hint=hint, early=early,
                                lock_timeout_s=settings.cache_lock_timeout_s)
-    result = dataclasses.replace(result, arena=arena)
+    result = _with_arena(result, arena)
     if not decode_graph.wanted(settings.decode_graph, device, model.path):
         return result
 
@@ -126,6 +126,14 @@ def load_paged(model: GGUFModel, settings: Settings, device: str, core: ov.Core,
     threads = graph.decode_threads(settings, device)
     decode = decode_graph.DecodeGraph(source, core, device, graph.decode_config(config, threads))
     return dataclasses.replace(result, decode=decode)
+
+
+def _with_arena(result: LoadResult, arena: ConstantArena | None) -> LoadResult:
+    """``result`` owning ``arena`` (its built constants), which also releases the pages of the
+    cache file a hit runs on (ovpool.worker.graph.arena)."""
+    if arena is not None and result.blob is not None and result.blob.pages is not None:
+        arena.adopt(result.blob.pages)
+    return dataclasses.replace(result, arena=arena)
 
 
 def _compiled_from_ir(core: ov.Core, identity: GraphIdentity, device: str, config: dict, build,
