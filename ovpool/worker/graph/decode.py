@@ -8,9 +8,9 @@ KV-block inputs stay dynamic, and both graphs read and write the same blocks
 (ovpool.worker.generate.batch.PagedRunner sends each one-token pass of one sequence here), so a sequence
 prefills on the dynamic graph and decodes on this one.
 
-The price is a second compiled model (SmolLM2: ~+220 MiB RSS; it shares the dynamic graph's
-constants, but the CPU plugin lays the weights out for each) and a second compile (~2 s of CPU), so
-it is made on demand, on a thread of its own: by a warm-up (a worker's, once idle;
+The price is a second compiled model (SmolLM2: ~+130 MiB RSS with f32 scales, ~+220 before; it
+shares the dynamic graph's constants, but the CPU plugin lays the weights out for each) and a second
+compile (~2 s of CPU), so it is made on demand, on a thread of its own: by a warm-up (a worker's, once idle;
 ``Engine.warm_up``), which waits for it, or once an engine has run ``START_AFTER`` one-token passes
 without it, when it is likely to pay for itself. A process that generates a few tokens never compiles
 it (and never waits at exit for a compile it did not need). Until it is ready, one-token passes run
