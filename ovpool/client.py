@@ -133,6 +133,30 @@ class ClientBase:
 
 
 
+class Stream:
+    """One streamed request: an iterator of Deltas that also keeps the FINAL's Completion (finish
+    reason, usage, the context-limit note), which a streaming caller needs after the last token."""
+
+    def __init__(self, request_id: str, deltas: Iterator[Delta], sink: StreamSink):
+        self.request_id = request_id
+        self._deltas, self._sink = deltas, sink
+
+    def __iter__(self) -> Iterator[Delta]:
+        return self._deltas
+
+    def __next__(self) -> Delta:
+        return next(self._deltas)
+
+    def close(self) -> None:
+        """Stop reading; cancels the request unless it has ended."""
+        self._deltas.close()
+
+    @property
+    def completion(self) -> Completion | None:
+        """The finished Completion once the stream has ended normally, else None."""
+        return self._sink.completion
+
+
 class Client(ClientBase):
     """``with Client("tcp://127.0.0.1:5555") as c: c.complete("Hello", max_tokens=16)``."""
 
@@ -192,13 +216,14 @@ class Client(ClientBase):
         return self.submit(messages, **kwargs).result()
 
     def stream(self, prompt: str | list, *, model: str | None = None, timeout: float | None = None,
-               **sampling: Any) -> Iterator[Delta]:
-        """Tokens as they arrive; leaving the loop early cancels the request."""
+               **sampling: Any) -> Stream:
+        """Tokens as they arrive; leaving the loop early (or ``close()``) cancels the request;
+        ``.completion`` is the finished Completion once the loop ended."""
         msg = self._submit_msg(prompt, model, timeout, sampling, STREAM_WINDOW)
         items: queue.SimpleQueue = queue.SimpleQueue()
         sink = StreamSink(items.put)
         self._start(msg, sink)
-        return self._iterate(msg.request_id, items, sink)
+        return Stream(msg.request_id, self._iterate(msg.request_id, items, sink), sink)
 
     def _iterate(self, request_id: str, items: queue.SimpleQueue, sink: StreamSink) -> Iterator[Delta]:
         grants = credits(STREAM_WINDOW)

@@ -58,12 +58,13 @@ def test_sampling_flags_reach_the_request(monkeypatch):
     RecordingClient.calls = []
     result = CliRunner().invoke(main, ["complete", "hello", "--broker", "tcp://h:1", "--model", "m",
                                        "--max-tokens", "5", "--temperature", "0.7", "--top-k", "3",
-                                       "--top-p", "0.5", "--seed", "11", "--stop", "END", "--stop", "\n\n"])
+                                       "--top-p", "0.5", "--seed", "11", "--stop", "END", "--stop", "\n\n",
+                                       "--ignore-eos"])
     assert result.exit_code == 0 and result.output == "ok\n", result.output
     assert RecordingClient.calls == [
         ("connect", "tcp://h:1", "m"),
         ("complete", "hello", {"max_tokens": 5, "temperature": 0.7, "top_k": 3, "top_p": 0.5, "seed": 11,
-                               "stop": ["END", "\n\n"], "response_format": None})]
+                               "stop": ["END", "\n\n"], "ignore_eos": True, "response_format": None})]
 
 
 def test_generate_takes_the_same_sampling_flags(tiny_model):

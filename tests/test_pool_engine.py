@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 
 import pytest
@@ -57,8 +59,16 @@ def test_the_context_limit_is_said_in_the_completion_the_log_and_at_submit(tiny_
             Client(endpoint) as client:
         wait_for_workers(client, 1, timeout=120)
         out = client.complete(near, max_tokens=ctx, ignore_eos=True)
+        streamed = client.stream(near, max_tokens=ctx, ignore_eos=True)
+        text = "".join(d.text for d in streamed)
         with pytest.raises(errors.InvalidRequestError) as never_fits:
             client.complete(over, max_tokens=10)
+        cli = subprocess.run([sys.executable, "-m", "ovpool", "complete", "-", "--broker", endpoint,
+                              "--stream", "--ignore-eos", "--max-tokens", str(ctx)],
+                             input=near, capture_output=True, text=True, timeout=120)
+    assert text == out.text and streamed.completion.note == out.note
+    assert cli.returncode == 0 and cli.stdout == out.text + "\n"
+    assert cli.stderr.strip() == f"note: {out.note}"
     assert out.finish_reason == "length" and out.usage.completion_tokens == ctx - near_tokens
     assert out.note.startswith(f"stopped at the model's context of {ctx} tokens ({near_tokens} prompt +")
     assert f"a generation {out.note}" in log.read_text()

@@ -118,7 +118,7 @@ def read_prompt(prompt: str | None, prompt_file: Any) -> str:
 
 
 def sampling_options(func: Callable) -> Callable:
-    """Add --max-tokens, --temperature, --top-k, --top-p, --seed and --stop; the command gets
+    """Add --max-tokens, --temperature, --top-k, --top-p, --seed, --stop and --ignore-eos; the command gets
     ``sampling``: a dict of SamplingParams fields."""
 
     @click.option("--max-tokens", type=click.IntRange(1), default=128, show_default=True,
@@ -132,11 +132,12 @@ def sampling_options(func: Callable) -> Callable:
     @click.option("--seed", type=int, default=None,
                   help="Seed of the draw: the same seed gives the same tokens (with --temperature > 0).")
     @click.option("--stop", multiple=True, metavar="TEXT", help="Stop before this text; repeatable.")
+    @click.option("--ignore-eos", is_flag=True, help="Keep generating past end-of-sequence tokens.")
     @functools.wraps(func)
     def wrapper(*args: Any, max_tokens: int, temperature: float, top_k: int, top_p: float,
-                seed: int | None, stop: tuple[str, ...], **kwargs: Any) -> Any:
+                seed: int | None, stop: tuple[str, ...], ignore_eos: bool, **kwargs: Any) -> Any:
         sampling = {"max_tokens": max_tokens, "temperature": temperature, "top_k": top_k, "top_p": top_p,
-                    "seed": seed, "stop": list(stop)}
+                    "seed": seed, "stop": list(stop), "ignore_eos": ignore_eos}
         return func(*args, sampling=sampling, **kwargs)
 
     return wrapper

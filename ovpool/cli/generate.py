@@ -28,13 +28,12 @@ DECODE_GRAPH_MIN_TOKENS = 1024
 @prompt_options
 @click.option("--model", default="smollm2", show_default=True, help="GGUF path or alias.")
 @sampling_options
-@click.option("--ignore-eos", is_flag=True, help="Keep generating past end-of-sequence tokens.")
 @click.option("--device", default=None, help="OpenVINO device (default: the device setting, CPU).")
 @cache_dir_options
 @click.option("--cache-only", is_flag=True, default=None, help="Import from the cache or fail.")
 @response_format_options
 @settings_options
-def generate_command(prompt: str | list, model: str, sampling: dict, ignore_eos: bool, device: str | None,
+def generate_command(prompt: str | list, model: str, sampling: dict, device: str | None,
                      cache_dir: str | None, cache_only: bool | None, response_format: dict | None,
                      assignments: tuple[str, ...]) -> None:
     """Generate a continuation of PROMPT locally (PROMPT '-' reads stdin, '@FILE' reads FILE);
@@ -49,7 +48,7 @@ def generate_command(prompt: str | list, model: str, sampling: dict, ignore_eos:
     from ovpool.sampling_params import SamplingParams
     from ovpool.worker.engine import Engine
 
-    params = SamplingParams(**{**sampling, "stop": tuple(sampling["stop"])}, ignore_eos=ignore_eos,
+    params = SamplingParams(**{**sampling, "stop": tuple(sampling["stop"])},
                             response_format=response_format)
     with Engine(model, settings=settings, early=early) as engine:
         report = engine.load_report

@@ -149,16 +149,19 @@ def complete_command(prompt: str | list, broker: str | None, model: str, samplin
     sampling = {**sampling, "response_format": response_format}
     with Client(broker, model=model, timeout=timeout, settings=resolve_settings(**curve)) as client:
         if stream and not as_json:
-            for delta in client.stream(prompt, **sampling):
+            streamed = client.stream(prompt, **sampling)
+            for delta in streamed:
                 click.echo(delta.text, nl=False)
                 sys.stdout.flush()
             click.echo()
-            return
-        completion = (client.chat if isinstance(prompt, list) else client.complete)(prompt, **sampling)
+            completion = streamed.completion
+        else:
+            completion = (client.chat if isinstance(prompt, list) else client.complete)(prompt, **sampling)
     if as_json:
         emit_json(completion.to_dict())
         return
-    click.echo(completion.text)
+    if not stream:
+        click.echo(completion.text)
     if completion.note:
         click.echo(f"note: {completion.note}", err=True)
 
