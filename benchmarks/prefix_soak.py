@@ -19,7 +19,6 @@ from pathlib import Path
 from ovpool import Engine
 from ovpool.sampling_params import SamplingParams
 from ovpool.worker.events import Failed, Finished
-from ovpool.worker.generate.batch import PagedRunner
 from ovpool.worker.generate.batcher import Batcher
 from ovpool.worker.graph.cpu_class import CpuInfo
 
@@ -57,12 +56,10 @@ def main() -> None:
     parser.add_argument("--kv-cache-mb", type=int, default=64)
     parser.add_argument("--every", type=int, default=250)
     args = parser.parse_args()
-    with Engine(args.model, cache_dir="", settings={"attention": "paged"}) as engine:
+    settings = {"attention": "paged", "kv_cache_mb": args.kv_cache_mb, "prefix_cache": "on"}
+    with Engine(args.model, cache_dir="", settings=settings) as engine:
         print(CpuInfo.read(engine.core).describe())
-        runner = PagedRunner(engine.compiled, kv_cache_mb=args.kv_cache_mb,
-                             decode=engine.load_result.decode)
-        batcher = Batcher(engine, runner, max_running=8, prefill_chunk=engine.settings.prefill_chunk,
-                          prefix_cache="on")
+        batcher = Batcher.from_graph(engine, engine.paged_graph(), max_running=8)  # as a worker's
         params = SamplingParams(max_tokens=1, ignore_eos=True)
         running: set[str] = set()
         for i in range(args.prompts):
