@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from gguf import GGML_QUANT_SIZES, quants
@@ -9,8 +11,10 @@ from gguf import GGMLQuantizationType as T
 
 from ovpool.worker.gguf.blocks import unpack
 from ovpool.worker.gguf.quants import (
+    concat_rows,
     dequantize,
     gatherable,
+    group_sums,
     integer_zero,
     pack_crumbs,
     pack_nibbles,
@@ -156,3 +160,14 @@ def test_integer_zero_points_keep_the_weights_with_their_remainder(qtype, elemen
     exact = dequantize(packed)
     np.testing.assert_allclose(dequantize(rounded), exact, atol=1e-6 * np.abs(exact).max())
     assert integer_zero(unpack(T.Q4_0, random_blocks(T.Q4_0, 2, 64), (2, 64))).offset is None
+
+
+@pytest.mark.parametrize("qtype", [T.Q4_1, T.Q5_1])
+def test_group_sum_rows_under_a_weight_sum_each_column_group(qtype):
+    rounded = integer_zero(unpack(qtype, random_blocks(qtype, 4, 256, seed=7), (4, 256)))
+    stacked = concat_rows([rounded, group_sums(rounded)])
+    x = np.random.default_rng(0).standard_normal(256).astype(np.float32)
+    # Without the offsets: the plain integer-coded weights, then one sum per 32-column group.
+    plain = dequantize(replace(stacked, offset=None))
+    np.testing.assert_allclose(plain[:4], dequantize(replace(rounded, offset=None)))
+    np.testing.assert_allclose(plain[4:] @ x, x.reshape(8, 32).sum(1), rtol=1e-5)

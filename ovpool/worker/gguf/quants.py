@@ -7,7 +7,8 @@ A ``Packed`` weight of shape [rows, cols] means, for column c in group g = c // 
 
 ``zero`` and ``offset`` may be absent (zero). The codes, scales and zero points are what OpenVINO's
 CPU plugin fuses into its MatMul and Gather kernels (Convert codes, [Subtract zero point], Multiply
-scale); an offset adds ``groupsum(x) @ offset.T`` beside the MatMul (ovpool.worker.graph.weights):
+scale); an offset adds ``groupsum(x) @ offset.T`` beside the MatMul (ovpool.worker.graph.weights, with
+``group_sums``):
 ``integer_zero`` makes one where the plugin's int8 kernels need an integer zero point.
 u4/i4 codes are stored packed as OpenVINO expects: element 2i in the low nibble of byte i; u2
 codes four to a byte, element 4i + k in bits 2k, 2k + 1. ovpool.worker.gguf.blocks makes Packed
@@ -69,6 +70,18 @@ def concat_rows(parts: list[Packed]) -> Packed | None:
     rows = sum(p.shape[0] for p in parts)
     return Packed(cat([p.codes for p in parts]), first.element, (rows, first.shape[1]), first.group,
                   cat([p.scale for p in parts]), cat([p.zero for p in parts]), cat([p.offset for p in parts]))
+
+
+def group_sums(p: Packed) -> Packed:
+    """Rows in ``p``'s integer encoding (u4/u8 codes with integer zero points, as ``integer_zero``
+    makes them) that sum a vector over each of ``p``'s column groups: row g has code 1 on group g's
+    columns and 0 elsewhere, zero point 0, scale 1. Stacked under ``p`` (``concat_rows``), one MatMul
+    gives both ``x @ W.T`` and the group sums an offset needs."""
+    groups = p.shape[1] // p.group
+    ones = np.repeat(np.eye(groups, dtype=np.uint8), p.group, axis=1)
+    return Packed(pack_nibbles(ones) if p.element == "u4" else ones, p.element, (groups, p.shape[1]),
+                  p.group, np.ones((groups, groups), p.scale.dtype), np.zeros((groups, groups), np.uint8),
+                  np.zeros((groups, groups), np.float32))
 
 
 def requantize(p: Packed, scheme: str) -> Packed:

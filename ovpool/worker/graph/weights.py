@@ -22,6 +22,7 @@ from ovpool.worker.gguf.quants import (
     Packed,
     concat_rows,
     gatherable,
+    group_sums,
     integer_zero,
     permute_rows,
     requantize,
@@ -125,6 +126,7 @@ class Weight:
         self.rows, self.cols = packed.shape
         self._matrix: ov.Output | None = None
         self._table: Weight | None = None
+        self._sums: Weight | None = None
 
     def matrix(self) -> ov.Output:
         """The decompressed [rows, cols] f32 weight (a subgraph the plugin fuses, built once)."""
@@ -159,13 +161,25 @@ class Weight:
 
     def linear(self, x: ov.Output) -> ov.Output:
         """x [..., cols] @ W.T → [..., rows]."""
-        y = ops.matmul(x, self.matrix(), False, True)
         if self.packed.offset is None:
-            return y.output(0)
-        # The offsets' share: each group's offset times the sum of x over the group's columns.
-        sums = ops.reduce_sum(self._grouped(x), ops.constant(np.int64(-1)), False)
+            return ops.matmul(x, self.matrix(), False, True).output(0)
+        # The offsets' share: each group's offset times the sum of x over the group's columns. The
+        # sums come out of the main MatMul, as rows of ones under the weight (quants.group_sums):
+        # one ReduceSum node less per weight, a SmolLM2 decode step 4% faster (A/B in one process,
+        # AVX-512 VNNI/BF16), top-1 agreement the same. The int8 path quantizes x for those rows as
+        # for the others, an error far below the offset's own share.
+        groups = self.cols // self.packed.group
+        both = ops.matmul(x, self._summing().matrix(), False, True)
+        y, sums = ops.variadic_split(both, ops.constant(np.int64(-1)),
+                                     ops.constant(np.array([self.rows, groups], np.int64))).outputs()
         offset = constant(self.packed.offset, arena=self.arena)
         return ops.add(y, ops.matmul(sums, offset, False, True)).output(0)
+
+    def _summing(self) -> Weight:
+        """This weight with the group-sum rows under it (see ``linear``), made once."""
+        if self._sums is None:
+            self._sums = Weight(concat_rows([self.packed, group_sums(self.packed)]), self.name, self.arena)
+        return self._sums
 
     def lookup(self, ids: ov.Output) -> ov.Output:
         """Rows ``ids`` [...] → [..., cols] (the embedding table's lookup)."""
