@@ -20,6 +20,7 @@ from ovpool.worker.gguf.quants import (
     pack_nibbles,
     permute_rows,
     requantize,
+    rounded_zero,
     unpack_crumbs,
     unpack_nibbles,
     widen,
@@ -171,3 +172,15 @@ def test_group_sum_rows_under_a_weight_sum_each_column_group(qtype):
     plain = dequantize(replace(stacked, offset=None))
     np.testing.assert_allclose(plain[:4], dequantize(replace(rounded, offset=None)))
     np.testing.assert_allclose(plain[4:] @ x, x.reshape(8, 32).sum(1), rtol=1e-5)
+
+
+@pytest.mark.parametrize("qtype", [T.Q4_1, T.Q4_K])
+def test_rounded_zero_points_drop_the_remainder(qtype):
+    packed = unpack(qtype, random_blocks(qtype, 4, 256, seed=3), (4, 256))
+    rounded, kept = rounded_zero(packed), integer_zero(packed)
+    assert rounded.offset is None and rounded.zero.dtype == np.uint8
+    moved = (dequantize(rounded) - dequantize(packed)).reshape(4, -1, packed.group)
+    np.testing.assert_allclose(moved, np.broadcast_to(-kept.offset[..., None], moved.shape), atol=1e-5)
+    # Half a step at most, where the zero point lies inside the codes' range (else it is clipped).
+    inside = (kept.zero > 0) & (kept.zero < 15)
+    assert (np.abs(kept.offset) <= np.abs(packed.scale) / 2 * (1 + 1e-5))[inside].all() and inside.any()

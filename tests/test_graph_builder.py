@@ -6,12 +6,15 @@ from __future__ import annotations
 import numpy as np
 import openvino as ov
 import pytest
+from gguf import GGMLQuantizationType as T
 from gguf import GGUFWriter
 
 from ovpool.settings import Settings
 from ovpool.testing.reference import Reference
 from ovpool.testing.tiny import ARCHITECTURES, WEIGHT_TYPES
+from ovpool.worker.gguf.blocks import unpack
 from ovpool.worker.gguf.model import GGUFModel
+from ovpool.worker.gguf.quants import dequantize, rounded_zero
 from ovpool.worker.graph.builder import build_model, compile_config, model_ports, port_spec, resolve_auto
 
 EXACT = {"inference_precision": "f32", "kv_cache_precision": "f32"}
@@ -200,6 +203,22 @@ def test_integer_zero_points_with_their_remainder_match_the_reference(tiny_model
     ids = prompt(model)
     expected = Reference(model).logits(ids)
     np.testing.assert_allclose(score(request, ids), expected, atol=2e-4 * np.abs(expected).max())
+
+
+def test_rounded_zero_points_compute_the_rounded_weights(tiny_model):
+    # GenAI's form of Q4_1 (zero_points=rounded): the graph computes exactly the weights whose zero
+    # point was rounded, which are not the file's.
+    model, request = compile_graph(tiny_model("llama", "Q4_1", False), zero_points="rounded")
+    rounded = Reference(model)
+    for name, info in model.tensors.items():
+        if info.ggml_type == T.Q4_1:
+            packed = unpack(info.ggml_type, model.raw(name), info.shape)
+            rounded._cache[name] = dequantize(rounded_zero(packed))
+    ids = prompt(model)
+    expected, exact = rounded.logits(ids), Reference(model).logits(ids)
+    bound = 2e-4 * np.abs(expected).max()
+    np.testing.assert_allclose(score(request, ids), expected, atol=bound)
+    assert np.abs(exact - expected).max() > 10 * bound
 
 
 @pytest.mark.parametrize("weight_type,storage,element", [

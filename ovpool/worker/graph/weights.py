@@ -26,6 +26,7 @@ from ovpool.worker.gguf.quants import (
     integer_zero,
     permute_rows,
     requantize,
+    rounded_zero,
     widen,
 )
 from ovpool.worker.graph.arena import ConstantArena
@@ -91,6 +92,8 @@ def _packed(model: GGUFModel, name: str, head_size: int, encoding: Encoding) -> 
         packed = permute_rows(packed, rope_halves_order(packed.shape[0], head_size))
     if encoding.zero_points == "integer":
         packed = integer_zero(packed)
+    elif encoding.zero_points == "rounded":
+        packed = rounded_zero(packed)
     return widen(packed) if encoding.q4_storage == "i8" else packed
 
 
