@@ -199,10 +199,11 @@ class Weight:
     def _gather_table(self) -> Weight:
         """This weight, or a copy in a form the CPU plugin gathers compressed (quants.gatherable):
         only a tied Q2_K vocabulary keeps both (llama.cpp writes a tied one as Q6_K)."""
-        if self._table is None:
-            table = gatherable(self.packed)
-            self._table = self if table is self.packed else Weight(table, self.name, self.arena)
-        return self._table
+        if self._table is None and (table := gatherable(self.packed)) is not self.packed:
+            self._table = Weight(table, self.name, self.arena)
+        # Never ``self._table = self``: that cycle kept the table's unpacked codes alive until a
+        # garbage collection (SmolLM2's Q8_0 vocabulary: 27 MiB, held through the warm-up).
+        return self._table or self
 
     def _grouped(self, x: ov.Output) -> ov.Output:
         """x [..., cols] as [..., groups, group]."""
