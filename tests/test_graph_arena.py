@@ -111,8 +111,9 @@ def test_tmpfs_gets_no_arena_and_mount_points_are_matched_whole(tmp_path):
         assert ConstantArena.open(shm) is None
 
 
-def test_a_cache_hit_runs_on_its_blob_whose_pages_the_arena_releases(tiny_model, tmp_path):
+def test_a_cache_hit_runs_on_its_blob_whose_pages_the_arena_releases(tiny_model, tmp_path, monkeypatch):
     path = tiny_model("llama", "Q4_1", False, n_layers=2, n_embd=256, n_ff=768)
+    monkeypatch.setattr(arena_module, "RELEASE_PERIOD_S", None)  # released by hand: residency is exact
     settings = Settings.coerce({"attention": "sdpa"})
     core = ov.Core()
     kwargs = dict(cache_dir=tmp_path, cache_only=False)
@@ -121,7 +122,6 @@ def test_a_cache_hit_runs_on_its_blob_whose_pages_the_arena_releases(tiny_model,
         expected = infer(first.compiled)
     with loading.load_graph(GGUFModel.open(path), settings, "CPU", core, **kwargs) as hit:
         assert hit.outcome == "hit" and hit.arena is not None
-        hit.arena.release_period_s = None
         blob = hit.blob.pages
         np.testing.assert_array_equal(infer(hit.compiled), expected)
         assert mapped_rss([blob.ctypes.data]) > 0
