@@ -162,8 +162,11 @@ _SETTINGS = [
             "auto: paged, or sdpa where the paged graph cannot come from the cache",
             choices=("auto", "paged", "sdpa", "manual"), graph=True),
     Setting("stateful", bool, True, "keep the KV cache in OpenVINO state variables", graph=True),
-    Setting("kquant_requant", str, "none", "requantize K-quant weights (Q4_K, Q6_K) to another scheme",
-            choices=("none", "q4_asym32", "q8_sym32"), graph=True),
+    Setting("kquant_requant", str, "auto", "requantize K-quant weights (lossy) to 32-weight groups: "
+            "q8_sym32 or q4_asym32 (Q4_K and Q6_K), q6_k_q8_sym32 (Q6_K alone, so its 16-weight groups "
+            "no longer set every MatMul's int8 activation group to 16), or none; auto: q6_k_q8_sym32 "
+            "where the CPU quantizes activations to int8 (VNNI/AMX at bf16), none elsewhere",
+            choices=("auto", "none", "q4_asym32", "q8_sym32", "q6_k_q8_sym32"), graph=True),
     Setting("q4_storage", str, "auto", "how 4-bit codes (Q4_0, Q4_1, Q4_K) sit in the graph: i4 (packed) "
             "or i8 (one per byte, same values; the CPU plugin's first-inference set-up is ~3x faster, "
             "weights take twice the memory and decode reads twice the bytes); auto: i4",

@@ -124,8 +124,9 @@ def test_permute_rows_moves_every_per_row_array():
     np.testing.assert_array_equal(dequantize(permute_rows(packed, order)), dequantize(packed)[order])
 
 
-@pytest.mark.parametrize("scheme,element,steps", [("q8_sym32", "i8", 127), ("q4_asym32", "u4", 15)])
-@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K])
+@pytest.mark.parametrize("qtype,scheme,element,steps", [(T.Q4_K, "q8_sym32", "i8", 127),
+                                                       (T.Q4_K, "q4_asym32", "u4", 15),
+                                                       (T.Q6_K, "q4_asym32", "u4", 15)])
 def test_requantized_k_quants_stay_within_a_rounding_step(qtype, scheme, element, steps):
     packed = unpack(qtype, random_blocks(qtype, 4, 256), (4, 256))
     exact = dequantize(packed)
@@ -140,6 +141,23 @@ def test_requantized_k_quants_stay_within_a_rounding_step(qtype, scheme, element
     # the f16 rounding of the scale times the largest code.
     rounding = 0.5 if element == "i8" else 1.0
     assert (err <= step * (rounding + steps * 2.0**-11) + 1e-7).all()
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_q6_k_in_8_bit_groups_of_32_keeps_each_coarser_half_exactly(seed):
+    packed = unpack(T.Q6_K, random_blocks(T.Q6_K, 4, 512, seed=seed), (4, 512))
+    exact = dequantize(packed).reshape(4, -1, 2, 16)
+    again = requantize(packed, "q8_sym32")
+    assert (again.element, again.group, again.scale.dtype) == ("i8", 32, np.float32)
+    got = dequantize(again).reshape(exact.shape)
+    coarser = np.abs(packed.scale.reshape(4, -1, 2)).argmax(-1)[..., None, None]
+    # To float32 rounding: the scale is the coarser half's divided by m, times codes q * m.
+    np.testing.assert_allclose(np.take_along_axis(got, coarser, 2), np.take_along_axis(exact, coarser, 2),
+                               rtol=2**-22)
+    scale = again.scale[..., None, None]
+    assert (np.abs(got - exact) <= scale / 2 + 2**-21 * np.abs(exact)).all()  # the other half rounds
+    # The codes span at least 3/4 of i8's range (a whole multiple of the coarser half's step).
+    assert (scale <= np.abs(exact).max((-1, -2), keepdims=True) / 95 * (1 + 1e-6)).all()
 
 
 @pytest.mark.parametrize("qtype,requant,element", [(T.Q4_0, None, "i8"), (T.Q4_1, None, "i8"),

@@ -15,6 +15,7 @@ from ovpool.testing.tiny import ARCHITECTURES, WEIGHT_TYPES
 from ovpool.worker.gguf.blocks import unpack
 from ovpool.worker.gguf.model import GGUFModel
 from ovpool.worker.gguf.quants import dequantize, rounded_zero
+from ovpool.worker.graph import weights as W
 from ovpool.worker.graph.builder import build_model, compile_config, model_ports, port_spec, resolve_auto
 
 EXACT = {"inference_precision": "f32", "kv_cache_precision": "f32"}
@@ -135,7 +136,7 @@ def test_real_model_top1_agrees_with_the_reference(request, real_model):
 
 
 @pytest.mark.parametrize("scheme,max_error,min_correlation",
-                         [("q8_sym32", 0.02, 0.999), ("q4_asym32", 0.5, 0.9)])
+                         [("q8_sym32", 0.02, 0.999), ("q6_k_q8_sym32", 0.02, 0.999), ("q4_asym32", 0.5, 0.9)])
 def test_kquant_requant_stays_close_to_the_reference(tiny_model, scheme, max_error, min_correlation):
     model, request = compile_graph(tiny_model("llama", "Q6_K", False), kquant_requant=scheme)
     ids = prompt(model)
@@ -143,6 +144,16 @@ def test_kquant_requant_stays_close_to_the_reference(tiny_model, scheme, max_err
     got = score(request, ids)
     assert np.corrcoef(got.reshape(-1), expected.reshape(-1))[0, 1] >= min_correlation
     np.testing.assert_allclose(got, expected, atol=max_error * np.abs(expected).max())
+
+
+def test_q6_k_alone_is_requantized_by_its_choice(tiny_model):
+    q4_k, q6_k = (GGUFModel.open(tiny_model("llama", t, False)) for t in ("Q4_K", "Q6_K"))
+    name, q6_only = "blk.0.ffn_down.weight", W.Encoding(requant="q6_k_q8_sym32")
+    kept, again = W.load(q4_k, name, encoding=q6_only).packed, W.load(q4_k, name).packed
+    assert kept.element == again.element and np.array_equal(kept.codes, again.codes)
+    assert (W.load(q6_k, name, encoding=q6_only).packed.group, W.load(q6_k, name).packed.group) == (32, 16)
+    # No weight with 16-weight groups is left, so the int8 activation group stays the plugin's 32.
+    assert W.int8_groups(q6_k, q6_only) == {32} and W.int8_groups(q6_k) == {16}
 
 
 def f32_copy(source, path, changes: dict):

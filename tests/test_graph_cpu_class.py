@@ -30,18 +30,21 @@ def test_each_class_is_named_from_its_flags(cpu, name):
 @pytest.mark.parametrize("cpu", [AVX512_BF16, AMX])
 def test_int8_classes_at_bf16_take_integer_zero_points_and_no_decode_snippets(cpu):
     assert choose(cpu, "bf16") == cpu_class.Defaults(zero_points="integer", q4_storage="i4",
-                                                     int8_activations=True, decode_snippets=False)
+                                                     int8_activations=True, decode_snippets=False,
+                                                     kquant_requant="q6_k_q8_sym32")
 
 
 @pytest.mark.parametrize("cpu", [AVX2, AVX2_VNNI, AVX512_VNNI, AVX512_BF16, AMX])
 def test_f32_keeps_the_exact_float_zero_point_on_every_class(cpu):
     assert choose(cpu, "f32") == cpu_class.Defaults(zero_points="float", q4_storage="i4",
-                                                    int8_activations=False, decode_snippets=True)
+                                                    int8_activations=False, decode_snippets=True,
+                                                    kquant_requant="none")
 
 
 def test_bf16_without_an_int8_path_keeps_the_float_zero_point():
     no_vnni = CpuInfo("x", frozenset({"avx2", "avx512f", "avx512_bf16"}), frozenset({"BF16"}))
     assert choose(no_vnni, "bf16").zero_points == "float"
+    assert choose(no_vnni, "bf16").kquant_requant == "none"  # Q6_K's groups cost nothing there
 
 
 def test_the_decode_threads_setting_reaches_the_decode_config_and_no_thread_is_pinned():
@@ -58,8 +61,9 @@ def test_resolved_settings_and_compile_config_follow_the_class():
     core = ov.Core()
     bf16 = resolve_auto({"inference_precision": "bf16"}, "CPU", core, cpu=AVX512_BF16)
     assert (bf16["zero_points"], bf16["q4_storage"]) == ("integer", "i4")
+    assert bf16["kquant_requant"] == "q6_k_q8_sym32"
     exact = resolve_auto({"inference_precision": "f32"}, "CPU", core, cpu=AVX512_BF16)
-    assert exact["zero_points"] == "float"
+    assert (exact["zero_points"], exact["kquant_requant"]) == ("float", "none")
     assert resolve_auto({"inference_precision": "bf16", "zero_points": "float"}, "CPU", core,
                         cpu=AMX)["zero_points"] == "float"  # a setting wins over the class
     config = compile_config(bf16, "CPU", core, weight_groups={32, 16})

@@ -326,8 +326,8 @@ def resolve_auto(settings=None, device: str = "CPU", core: ov.Core | None = None
         if values[name] == "auto":
             values[name] = _type_name(core.get_property(device_type(device), prop))
     chosen = cpu_class.choose(cpu or CpuInfo.read(core), values["inference_precision"]) if on_cpu \
-        else cpu_class.Defaults("float", "i4", True, True)
-    for name in ("zero_points", "q4_storage"):
+        else cpu_class.Defaults("float", "i4", True, True, "none")
+    for name in ("zero_points", "q4_storage", "kquant_requant"):
         if values[name] == "auto":
             values[name] = getattr(chosen, name)
     return values

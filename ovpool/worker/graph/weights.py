@@ -53,6 +53,11 @@ def constant(array: np.ndarray, element: ov.Type | None = None, shape=None,
     return ops.constant(tensor, shared_memory=True)
 
 
+# The weight types each ``kquant_requant`` choice re-encodes (ovpool.worker.gguf.quants.requantize;
+# ``q6_k_q8_sym32``: Q6_K alone, in q8_sym32, Q4_K kept as it is).
+REQUANTIZED = {"q4_asym32": (T.Q4_K, T.Q6_K), "q8_sym32": (T.Q4_K, T.Q6_K), "q6_k_q8_sym32": (T.Q6_K,)}
+
+
 @dataclass(frozen=True)
 class Encoding:
     """How GGUF blocks become constants: the graph settings ``kquant_requant``, ``q4_storage`` and
@@ -86,8 +91,8 @@ def load_stacked(model: GGUFModel, names: list[str], head_sizes: list[int],
 def _packed(model: GGUFModel, name: str, head_size: int, encoding: Encoding) -> Packed:
     info = model.tensors[name]
     packed = unpack(info.ggml_type, model.raw(name), info.shape)
-    if encoding.requant != "none" and info.ggml_type in (T.Q4_K, T.Q6_K):
-        packed = requantize(packed, encoding.requant)
+    if info.ggml_type in REQUANTIZED.get(encoding.requant, ()):
+        packed = requantize(packed, encoding.requant.removeprefix("q6_k_"))
     if head_size:
         packed = permute_rows(packed, rope_halves_order(packed.shape[0], head_size))
     if encoding.zero_points == "integer":
@@ -102,7 +107,7 @@ def int8_groups(model: GGUFModel, encoding: Encoding = Encoding()) -> set[int]:
     is read): 16 for Q6_K, Q3_K and Q2_K (Q4_K and Q6_K: unless requantized to 32-weight groups),
     32 for the other block types (ovpool.worker.gguf.blocks)."""
     types = {info.ggml_type for info in model.tensors.values()} - {T.F32, T.F16, T.BF16}
-    if encoding.requant != "none":
+    if T.Q6_K in REQUANTIZED.get(encoding.requant, ()):
         types = {T.Q8_0 if t == T.Q6_K else t for t in types}
     return {16 if t in (T.Q6_K, T.Q3_K, T.Q2_K) else 32 for t in types}
 
