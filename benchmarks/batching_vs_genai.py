@@ -9,7 +9,7 @@ detokenizing, scheduling: what sampling adds to, measurable under load where wal
 ``--no-genai`` leaves GenAI out.
 
     .venv/bin/python benchmarks/batching_vs_genai.py [--model smollm2] [--levels 1,8,16]
-        [--max-tokens 64] [--repeats 2] [--sampling K=V,...] [--no-genai] [--json]
+        [--max-tokens 64] [--repeats 2] [--sampling K=V,...] [--no-genai] [--isa AVX2] [--json]
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import argparse
 import json
 import time
 
+from ovpool.bench import isa
 from ovpool.bench.local import run_all
 from ovpool.bench.peers import BatchedPipeline
 from ovpool.bench.sweep import PROMPTS
@@ -73,7 +74,10 @@ def main() -> None:
     p.add_argument("--sampling", default="", help="e.g. temperature=0.8,top_p=0.9")
     p.add_argument("--no-genai", action="store_true")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--isa", help="run both sides with AVX2 MatMul kernels on a bigger CPU "
+                   "(ovpool/bench/isa.py)")
     args = p.parse_args()
+    isa.emulate(args.isa)
     mt, levels = args.max_tokens, [int(x) for x in args.levels.split(",")]
     engine = Engine(args.model, cache_dir="")  # built, as GenAI builds (no cache hit)
     backend = EngineBackend(engine, slots=max(levels))
@@ -88,7 +92,7 @@ def main() -> None:
         systems["ovpool_sampled"] = ovpool(**{k: float(v) if "." in v else int(v) for k, v in
                                               (kv.split("=") for kv in args.sampling.split(","))})
     if not args.no_genai:
-        genai = BatchedPipeline(str(resolve_model_path(args.model)))
+        genai = BatchedPipeline(str(resolve_model_path(args.model)), properties=isa.peer_properties())
         systems["genai_cb"] = lambda n: genai.level(n, mt)
     for run in systems.values():
         run(2)  # warm-up
@@ -96,7 +100,7 @@ def main() -> None:
     runs = [{"concurrency": n, "repeat": r, **{k: measure(f, n, mt, host if k.startswith("ovpool") else None)
                                                for k, f in systems.items()}}
             for r in range(args.repeats) for n in levels]
-    cpu = CpuInfo.read(engine.core).describe()
+    cpu = isa.describe(CpuInfo.read(engine.core).describe())
     if args.json:
         print(json.dumps({"cpu": cpu, "runs": runs}, indent=2))
         return

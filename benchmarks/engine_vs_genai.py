@@ -4,7 +4,7 @@ benchmarks/engine_vs_llamacpp.py) on the same GGUF and device.
 Both sides run greedy, ignore_eos, no chat template, on the same prompt token ids.
 
     .venv/bin/python benchmarks/engine_vs_genai.py [--model smollm2] [--device CPU] [--peer genai]
-        [--json]
+        [--isa AVX2] [--json]
 
 * Load time (constructor, no compiled-model cache) and peak RSS: each side in ``--repeats`` fresh
   subprocesses of its own (alternating sides), medians. ovpool's decode graph
@@ -33,6 +33,8 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+from ovpool.bench import isa
 
 PEERS = ("genai", "llamacpp")
 METRICS = (("load_s", "load (s)", "lower"), ("ttft_s", "TTFT (s)", "lower"),
@@ -96,7 +98,7 @@ def load_genai(args: argparse.Namespace) -> tuple[float, Runner]:
 
     path = str(resolve_model_path(args.model))
     t0 = time.perf_counter()
-    pipe = genai.LLMPipeline(path, args.device)
+    pipe = genai.LLMPipeline(path, args.device, **isa.peer_properties())
     load_s = time.perf_counter() - t0
 
     class Stamps(genai.StreamerBase):
@@ -226,7 +228,7 @@ def host() -> str:
 
     from ovpool.worker.graph.cpu_class import CpuInfo
 
-    return CpuInfo.read(ov.Core()).describe()
+    return isa.describe(CpuInfo.read(ov.Core()).describe())
 
 
 def _ratio(ovpool: float, peer: float, better: str) -> float:
@@ -259,6 +261,8 @@ def parse_args(argv=None, peer: str = "genai", model: str = "smollm2") -> argpar
     p.add_argument("--rounds", type=int, default=8, help="alternating timed generations (best, "
                    "and the median of per-round ratios)")
     p.add_argument("--json", action="store_true", help="print every measurement and the summary")
+    p.add_argument("--isa", help="genai: run both sides with AVX2 MatMul kernels on a bigger CPU "
+                   "(ovpool/bench/isa.py)")
     p.add_argument("--child", choices=[*LOADERS, "paired"], help=argparse.SUPPRESS)
     p.add_argument("--ids", help=argparse.SUPPRESS)
     return p.parse_args(argv)
@@ -266,6 +270,9 @@ def parse_args(argv=None, peer: str = "genai", model: str = "smollm2") -> argpar
 
 def main(argv=None, peer: str = "genai", model: str = "smollm2") -> None:
     args = parse_args(argv, peer, model)
+    if args.isa and args.peer != "genai":
+        raise SystemExit("--isa: llama.cpp JITs nothing, its kernels are what it was built with")
+    isa.emulate(args.isa)  # the children inherit it
     if args.child:
         print(json.dumps(child_paired(args) if args.child == "paired" else child_load(args)))
         return

@@ -46,13 +46,13 @@ def single_stream(model_path: str, max_tokens: int, device: str = "CPU") -> dict
 class BatchedPipeline:
     """ContinuousBatchingPipeline: aggregate tokens/s with N prompts submitted together."""
 
-    def __init__(self, model_path: str, device: str = "CPU"):
+    def __init__(self, model_path: str, device: str = "CPU", properties: dict | None = None):
         import openvino_genai as genai
 
         scheduler = genai.SchedulerConfig()
         scheduler.cache_size = 1  # GiB of KV cache: plenty for 16 x (prompt + max_tokens)
         scheduler.enable_prefix_caching = False  # distinct prompts anyway; keep the comparison plain
-        self.pipe = genai.ContinuousBatchingPipeline(model_path, scheduler, device)
+        self.pipe = genai.ContinuousBatchingPipeline(model_path, scheduler, device, properties or {})
         self.pipe.generate(list(PROMPTS[:1]), [_config(4)])  # warm-up
 
     def level(self, concurrency: int, max_tokens: int) -> dict:
