@@ -107,7 +107,7 @@ def test_engine_takes_over_the_import_begun_from_its_hint(tiny_model, tmp_path):
     Engine(other, cache_dir=tmp_path).close()
     foreign = prefetch.start(other, "CPU", {}, tmp_path)  # another model's blob: not taken
     with Engine(model, cache_dir=tmp_path, early=foreign) as hit:
-        assert hit.load_report["outcome"] == "hit" and hit.compiled is not foreign.result()[0]
+        assert hit.load_report["outcome"] == "hit" and hit.load_result.blob is not foreign
         assert foreign.blob is None  # let go of as soon as the load did not take it
         assert hit.complete("Hello", max_tokens=5).token_ids == expected
 

@@ -88,3 +88,26 @@ def test_the_batcher_shares_the_engines_paged_graph(tiny_model):
         assert eng.warmed and backend.runs.warmed
         assert eng.load_result.decode.ready() is not None  # and it made their decode graph
         assert eng.complete("hello", max_tokens=3, ignore_eos=True).finish_reason == "length"
+
+
+def test_a_worker_lets_its_stateful_graph_go_once_it_batches(tiny_model, tmp_path):
+    """With a cache the engine starts on the stateful graph (a hit imports it); once the batcher
+    serves, single streams run on the batcher's paged graph and the stateful graph and its blob's
+    mapping go (a warm-cache SmolLM2 worker: 112 MiB less after its warm-up)."""
+    from ovpool.sampling_params import SamplingParams
+    from ovpool.worker.backend import EngineBackend, Finished
+
+    path, settings = tiny_model("llama", "Q8_0"), {**EXACT, "attention": "sdpa"}
+    with Engine(path, settings=settings, cache_dir=tmp_path):
+        pass  # writes the stateful graph's cache entry
+    with Engine(path, settings=settings, cache_dir=tmp_path) as eng:
+        stateful = eng.load_result
+        assert stateful.outcome == "hit" and stateful.blob.pages is not None
+        backend = EngineBackend(eng, slots=2)
+        assert backend.wait_batching()
+        assert eng.attention == "paged" and eng.compiled is backend.runs.runner.compiled
+        assert stateful.blob.pages is None and stateful not in eng._graphs
+        backend.add("r", "hello there", SamplingParams(max_tokens=5, ignore_eos=True))
+        batched = [ev for _ in range(8) for ev in backend.step() if isinstance(ev, Finished)]
+        alone = eng.complete("hello there", max_tokens=5, ignore_eos=True)
+        assert [f.completion.token_ids for f in batched] == [alone.token_ids]

@@ -30,7 +30,7 @@ import openvino as ov
 
 from ovpool.cache.fingerprint import stat_identity
 from ovpool.cache.store import CacheStore, crc32_of
-from ovpool.errors import CacheCorruptError, OvpoolError
+from ovpool.errors import CacheCorruptError, CacheError, OvpoolError
 from ovpool.models import resolve_model_path
 from ovpool.settings import Settings
 
@@ -62,7 +62,10 @@ class BlobImport:
         return self.blob
 
     def close(self) -> None:
-        """Let go of the mapping: unmapped once the import's own threads are done with it too."""
+        """Let go of the mapping: unmapped once the import's own threads are done with it too. The
+        compiled model goes first: its future here was the last reference to it in a worker that
+        had moved on to its batching graph (~250 MiB of a warm-cache SmolLM2 worker)."""
+        self._compiled = self._checksum = None
         self.blob = None
 
     def __enter__(self) -> BlobImport:
@@ -84,6 +87,8 @@ class BlobImport:
     def result(self) -> tuple[ov.CompiledModel, str]:
         """(compiled model, ``crc32:<hex>`` of the blob), once both threads are done; a blob
         OpenVINO cannot import raises CacheCorruptError."""
+        if self._compiled is None:
+            raise CacheError(f"the import of {self.path.name} was closed")
         checksum = self._checksum.result()
         return self._compiled.result(), checksum
 

@@ -205,6 +205,9 @@ class EngineBackend:
             except Exception as exc:  # the worker keeps serving without batching; say why, once
                 self.engine.load_report["batching"] = f"off: {exc}"
                 log.warning("continuous batching is off: %s; each request runs on its own", exc)
+        if self._batcher is not None and not self._interleaved.active:
+            # Every new request goes to the batcher: the graph the engine started on is unused.
+            self.engine.serve_on_paged()
 
     def wait_batching(self, timeout: float | None = None) -> bool:
         """Wait for the paged graph; whether new requests are now batched."""
@@ -252,6 +255,7 @@ class EngineBackend:
     def idle(self) -> None:
         if self.engine.settings.warm_up != "idle":
             return
+        self._take_batcher()  # first: a graph the batcher replaces is not worth setting up
         if not self.engine.warmed:
             self.engine.warm_up()
             log.info("kernels set up while idle in %.2f s", self.engine.load_report["seconds"]["warm-up"])

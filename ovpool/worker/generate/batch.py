@@ -8,6 +8,7 @@ single-stream path when it runs the paged graph (ovpool.worker.graph.loading).
 
 from __future__ import annotations
 
+import mmap
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -50,12 +51,11 @@ class PagedRunner:
     def grow(self, num_blocks: int) -> None:
         """Hold ``num_blocks`` blocks; those already there keep their contents."""
         # Zeroed, as GenAI does: vector kernels multiply the unused tail of a block by zero, and
-        # NaN garbage in fresh memory would survive that (NaN * 0 = NaN). One np.zeros for every
-        # layer: a calloc that large maps zero pages, which take no memory until a block is
-        # written (a worker's 256 MiB of blocks cost what its sequences use, not 256 MiB up front).
+        # NaN garbage in fresh memory would survive that (NaN * 0 = NaN). See zero_pages: they
+        # take no memory until a block is written.
         sizes = {name: num_blocks * int(np.prod(dims)) * kind.size
                  for name, (kind, dims) in self._layout.items()}
-        memory, start = np.zeros(sum(-(-n // 64) * 64 for n in sizes.values()), np.uint8), 0
+        memory, start = zero_pages(sum(-(-n // 64) * 64 for n in sizes.values())), 0
         self._memory = memory  # the tensors share it: kept alive here
         for name, (kind, dims) in self._layout.items():
             tensor = ov.Tensor(memory[start:start + sizes[name]], ov.Shape([num_blocks, *dims]), kind)
@@ -157,6 +157,18 @@ class PagedSession:
         self.past += n
         self.tokens.extend(ids)
         return logits
+
+
+def zero_pages(nbytes: int) -> np.ndarray:
+    """``nbytes`` of zeroed memory that takes none until written, 4 KiB at a time: an anonymous
+    mapping with huge pages off. np.zeros's memory did not: NumPy advises huge pages for arrays of
+    4 MiB and more, so writing one KV block faulted in 2 MiB around it, in every layer's tensor
+    (SmolLM2, AVX-512 VNNI/BF16 host: a worker's 256 MiB pool was 118 MiB resident after four
+    short requests, a single stream's 22.5 MiB 19 MiB after a warm-up)."""
+    memory = mmap.mmap(-1, max(nbytes, 1))
+    if hasattr(mmap, "MADV_NOHUGEPAGE"):  # Linux; elsewhere the system's default pages
+        memory.madvise(mmap.MADV_NOHUGEPAGE)
+    return np.frombuffer(memory, np.uint8, nbytes)
 
 
 def feeds(chunks: Sequence[Chunk], rows: Sequence[int] | None = None) -> dict[str, np.ndarray]:
