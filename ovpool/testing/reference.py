@@ -31,14 +31,20 @@ class Reference:
 
     def logits(self, ids) -> np.ndarray:
         """Teacher-forced logits [len(ids), vocab] for one sequence."""
+        return self.hidden(ids) @ self.head().T
+
+    def hidden(self, ids) -> np.ndarray:
+        """The output projection's input [len(ids), d] (after the final norm)."""
         h = self.h
         x = self.weight("token_embd.weight")[np.asarray(ids)] * np.float32(h.embed_scale)
         pos = np.arange(len(ids))
         for i in range(h.n_layers):
             x = self._block(i, x, pos)
-        x = self._norm(x, "output_norm.weight")
-        head = "token_embd.weight" if h.tied_embeddings else "output.weight"
-        return x @ self.weight(head).T
+        return self._norm(x, "output_norm.weight")
+
+    def head(self) -> np.ndarray:
+        """The output projection [vocab, d] (the embedding when tied)."""
+        return self.weight("token_embd.weight" if self.h.tied_embeddings else "output.weight")
 
     def _norm(self, x, name):
         x64 = x.astype(np.float64)
