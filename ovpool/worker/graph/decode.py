@@ -2,14 +2,18 @@
 
 OpenVINO's CPU plugin runs a graph whose shapes are all static without its per-node dynamic-shape
 work, splits in place, and fuses chains of element-wise ops into JIT "snippets" (which it does not
-do for dynamic shapes here): a SmolLM2 decode step at a 512-token context takes 10-14% less time on
-it than the same step on the dynamic paged graph (A/B alternating in one process). Only the
+do for dynamic shapes here): a SmolLM2 decode step at a 512-token context took 10-14% less time on
+it than the same step on the dynamic paged graph (A/B alternating in one process); at bf16, where
+it runs without snippets (cpu_class.Defaults.decode_snippets), the same A/B on the AVX-512
+VNNI/BF16 class (2026-12-01, two runs of 8 rounds of 128 tokens) gave 1.21-1.39x faster steps and
+1.30-1.34x less CPU per step, with the same tokens: it still pays for its memory. Only the
 KV-block inputs stay dynamic, and both graphs read and write the same blocks
 (ovpool.worker.generate.batch.PagedRunner sends each one-token pass of one sequence here), so a sequence
 prefills on the dynamic graph and decodes on this one.
 
-The price is a second compiled model (SmolLM2: ~+130 MiB RSS with f32 scales, ~+220 before; it
-shares the dynamic graph's constants, but the CPU plugin lays the weights out for each) and a second
+The price is a second compiled model (SmolLM2: ~+175 MiB RSS, ~154 at compile and ~23 at its first
+pass; it shares the dynamic graph's constants, but the CPU plugin's packed weights belong to one
+compiled model, ``m_socketWeights``, so it lays the weights out for each) and a second
 compile (~2 s of CPU), so it is made on demand, on a thread of its own: by a warm-up (a worker's, once idle;
 ``Engine.warm_up``), which waits for it, or once an engine has run ``START_AFTER`` one-token passes
 without it, when it is likely to pay for itself. A process that generates a few tokens never compiles
