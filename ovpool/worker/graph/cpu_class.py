@@ -23,8 +23,8 @@ ovpool asks for exactness, and only for integer zero points (``dnnl_fullyconnect
   (``kquant_requant=q6_k_q8_sym32``, lossy; exact f32 keeps Q6_K as it is). gemma3-270m (Q6_K
   in 9 of its 18 ffn_down tensors), decode steps A/B in one process on the 2 shared cores: 1.08x
   less CPU per step (its output projection 1.22x: activation groups of 32), teacher-forced top-1
-  agreement with the f32 graph over 1,800 positions 0.928 instead of 0.944 (llama.cpp on the same
-  file and positions: 0.903).
+  agreement with the f32 graph over 6,000 positions 0.927 instead of 0.943 (llama.cpp on the same
+  file and positions: 0.912; benchmarks/settings_ab.py).
 * 4-bit codes stored a byte each (``q4_storage=i8``) measured the same per step at 135M and 0.67x
   decode at 1.1B (twice the bytes read per token), for twice the weight memory: i4 on every class.
   (On AVX2 a byte per code once set its kernels up ~3x faster and decoded the same; the warm-up pays
