@@ -7,14 +7,13 @@ decode time.
 Agreement: teacher-forced top-1 of each side's logits against the exact graph's (f32 compute, f32
 KV cache) over ``--positions`` tokens of this repository's docs, in windows of 300. Decode: one
 generation per side after the same 512-token prompt, stepped in turn (which side goes first
-alternates), the process's CPU time of each step; medians per side and the median of the per-step
-ratios a/b, so a slow spell of a shared machine hits both sides of a pair alike.
+alternates), the process's CPU time and the wall time of each step; medians per side and the median
+of the per-step ratios a/b, so a slow spell of a shared machine hits both sides of a pair alike.
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 from pathlib import Path
 
@@ -42,20 +41,21 @@ def agreement(engines: dict[str, Engine], model: str, ids: list[int]) -> dict[st
             / len(ids) for side, e in engines.items()}
 
 
-def step_cpu_ms(engines: dict[str, Engine], prompt: list[int], steps: int) -> dict[str, list[float]]:
+def step_times(engines: dict[str, Engine], prompt: list[int], steps: int) -> dict[str, np.ndarray]:
+    """Per side, [steps, 2]: each decode step's CPU and wall milliseconds."""
     params = SamplingParams(max_tokens=steps + 1, ignore_eos=True)
     gens = {side: e.generation(prompt, params) for side, e in engines.items()}
     for gen in gens.values():
         gen.step()  # the prompt pass
-    times: dict[str, list[float]] = {side: [] for side in gens}
+    times: dict[str, list[tuple[float, float]]] = {side: [] for side in gens}
     for i in range(steps):
         for side in list(gens)[::-1] if i % 2 else list(gens):
-            start = time.process_time()
+            cpu, wall = time.process_time(), time.perf_counter()
             gens[side].step()
-            times[side].append(1000 * (time.process_time() - start))
+            times[side].append((1000 * (time.process_time() - cpu), 1000 * (time.perf_counter() - wall)))
     for gen in gens.values():
         gen.close()
-    return times
+    return {side: np.array(t) for side, t in times.items()}
 
 
 def main() -> None:
@@ -73,16 +73,16 @@ def main() -> None:
             e.warm_up()  # the decode graph, as a serving worker has it
         ids = doc_ids(engines["a"], max(args.positions, 512))
         agree = agreement(engines, args.model, ids[:args.positions])
-        times = step_cpu_ms(engines, ids[:512], args.steps)
+        times = step_times(engines, ids[:512], args.steps)
     finally:
         for e in engines.values():
             e.close()
     for side, s in sides.items():
-        median = statistics.median(times[side])
+        cpu, wall = np.median(times[side], axis=0)
         print(f"{side} {s or '(defaults)'}: top-1 agreement with f32 {agree[side]:.4f} over "
-              f"{args.positions} positions, CPU ms per decode step median {median:.2f}")
-    ratios = np.array(times["a"]) / np.array(times["b"])
-    print(f"CPU per step a/b, median of {args.steps} step pairs: {np.median(ratios):.3f}")
+              f"{args.positions} positions; per decode step median {cpu:.2f} CPU ms, {wall:.2f} ms")
+    cpu, wall = np.median(times["a"] / times["b"], axis=0)
+    print(f"a/b per step, median of {args.steps} step pairs: CPU {cpu:.3f}, wall {wall:.3f}")
 
 
 if __name__ == "__main__":
