@@ -263,6 +263,9 @@ class Client(ClientBase):
     def _start(self, msg: Submit, sink: Any) -> None:
         def start(now: float) -> list[Message]:
             self._pending.add(msg, sink, now)
+            if self._handshake.refused is not None:  # at connect time, before this request existed
+                self._pending.fail_all(self._handshake.refused)
+                return []
             return [msg]
 
         self._call(start)

@@ -292,7 +292,9 @@ class PendingRequests:
         if not self._up and now - max(self._down_since, self._waiting_since) >= self._connect_timeout_s:
             self.fail_all(self._unreachable())
             return []
-        if now - self._last_heard >= unavailable_s:
+        # Silence counts once a handshake completed: before that, connect_timeout_s decides (a CURVE
+        # broker's refusal can take seconds beside busy processes, and is not silence).
+        if self._up and now - self._last_heard >= unavailable_s:
             self.fail_all(errors.BrokerUnavailableError(
                 f"the broker at {self._broker} is connected but has not answered for"
                 f" {unavailable_s:.1f} s: it is stopped or far behind"))

@@ -115,6 +115,16 @@ def test_no_connection_within_connect_timeout_names_the_endpoint_and_no_curve_un
     assert "curve_server_key must hold that broker's public key" in str(rec.error)
 
 
+def test_silence_counts_only_once_a_handshake_completed():
+    p = PendingRequests(0.0, unavailable_s=3.0, broker="tcp://h:1", connect_timeout_s=60.0)
+    p.link(False, 0.0, tcp=True)  # accepted; the broker's security check still runs
+    rec = _waiting(p)
+    p.tick(30.0)
+    assert rec.error is None
+    p.tick(60.0)
+    assert "no ovpool handshake completed in 60 s" in str(rec.error)
+
+
 def test_a_dropped_connection_that_comes_back_in_time_keeps_the_requests():
     p = PendingRequests(0.0, broker="ipc:///tmp/b", connect_timeout_s=2.0)
     p.link(True, 0.0)
