@@ -135,6 +135,7 @@ class Weight:
         self._matrix: ov.Output | None = None
         self._table: Weight | None = None
         self._sums: Weight | None = None
+        self._offset: ov.Output | None = None
 
     def matrix(self) -> ov.Output:
         """The decompressed [rows, cols] f32 weight (a subgraph the plugin fuses, built once)."""
@@ -180,8 +181,7 @@ class Weight:
         both = ops.matmul(x, self._summing().matrix(), False, True)
         y, sums = ops.variadic_split(both, ops.constant(np.int64(-1)),
                                      ops.constant(np.array([self.rows, groups], np.int64))).outputs()
-        offset = constant(self.packed.offset, arena=self.arena)
-        return ops.add(y, ops.matmul(sums, offset, False, True)).output(0)
+        return ops.add(y, ops.matmul(sums, self._offsets(), False, True)).output(0)
 
     def _summing(self) -> Weight:
         """This weight with the group-sum rows under it (see ``linear``), made once."""
@@ -189,14 +189,22 @@ class Weight:
             self._sums = Weight(concat_rows([self.packed, group_sums(self.packed)]), self.name, self.arena)
         return self._sums
 
+    def _offsets(self) -> ov.Output:
+        """The [rows, groups] offsets as a constant, made once."""
+        if self._offset is None:
+            self._offset = constant(self.packed.offset, arena=self.arena).output(0)
+        return self._offset
+
     def lookup(self, ids: ov.Output) -> ov.Output:
         """Rows ``ids`` [...] → [..., cols] (the embedding table's lookup)."""
         table = self._gather_table()
         axis = ops.constant(np.int64(0))
-        rows = ops.gather(table.matrix(), ids, axis).output(0)
         if table.packed.offset is None:
-            return rows
-        offsets = ops.gather(constant(table.packed.offset, arena=table.arena), ids, axis)
+            return ops.gather(table.matrix(), ids, axis).output(0)
+        # The rows and offsets ``linear`` reads (the group-sum rows under them are never looked
+        # up), so that a tied vocabulary has one copy of its codes and offsets in the graph.
+        rows = ops.gather(table._summing().matrix(), ids, axis).output(0)
+        offsets = ops.gather(table._offsets(), ids, axis)
         offsets = ops.unsqueeze(offsets, ops.constant(np.int64(-1)))
         whole = ops.concat([ops.shape_of(ids), ops.constant(np.array([self.cols], np.int64))], 0)
         return ops.reshape(ops.add(table._grouped(rows), offsets), whole, False).output(0)
