@@ -134,11 +134,7 @@ class AsyncClient(ClientBase):
     def _start(self, msg: Submit, sink: Any) -> None:
         if not self._tasks:
             raise errors.BrokerUnavailableError("use `async with AsyncClient(...)` before sending")
-        self._pending.add(msg, sink, time.monotonic())
-        if self._handshake.refused is not None:
-            self._pending.fail_all(self._handshake.refused)
-            return
-        self._send([msg])
+        self._send(self._track(msg, sink, time.monotonic()))
 
     def _send(self, msgs: list[Message]) -> None:
         for msg in msgs:

@@ -113,6 +113,15 @@ class ClientBase:
             raise
         self._monitor = self._socket.get_monitor_socket()  # the one attached before connecting
 
+    def _track(self, msg: Submit, sink: Any, now: float) -> list[Message]:
+        """Wait for ``msg``'s answers; what to send for it: nothing once the broker refused this
+        peer's handshake, which it does at connect time, usually before any request exists."""
+        self._pending.add(msg, sink, now)
+        if self._handshake.refused is not None:
+            self._pending.fail_all(self._handshake.refused)
+            return []
+        return [msg]
+
     def _on_monitor(self, event: dict, now: float) -> None:
         """A socket-monitor event: the connection's state, and a refused handshake, which fails
         the requests now (libzmq does not retry it) instead of after connect_timeout_s."""
@@ -261,14 +270,7 @@ class Client(ClientBase):
     # -- I/O thread -----------------------------------------------------------------------------
 
     def _start(self, msg: Submit, sink: Any) -> None:
-        def start(now: float) -> list[Message]:
-            self._pending.add(msg, sink, now)
-            if self._handshake.refused is not None:  # at connect time, before this request existed
-                self._pending.fail_all(self._handshake.refused)
-                return []
-            return [msg]
-
-        self._call(start)
+        self._call(lambda now: self._track(msg, sink, now))
 
     def _abandon(self, request_id: str) -> list[Message]:
         self._pending.forget(request_id)
