@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ovpool import bounds
 from ovpool.errors import InvalidRequestError
 
 # Whitespace between JSON tokens: a space, or a newline and up to 20 spaces or tabs of indent, as
@@ -42,7 +43,11 @@ def normalize(fmt: Any) -> dict[str, Any] | None:
     if fmt is None:
         return None
     if not isinstance(fmt, dict) or fmt.get("type") not in _FIELDS:
-        raise _invalid(f"must be a map with a \"type\" of {sorted(_FIELDS)}, not {fmt!r:.100}")
+        given = f'type {bounds.describe(fmt.get("type"))}' if isinstance(fmt, dict) else bounds.describe(fmt)
+        raise _invalid(f"must be a map with a \"type\" of {sorted(_FIELDS)}, not {given}")
+    # What llguidance and msgpack can take, before either sees it: no int past 64 bits, no bytes,
+    # no lone surrogate, no NaN, bounded depth and size (bounds.MAX_FORMAT_SIZE).
+    bounds.json_value(fmt, "response_format")
     kind = fmt["type"]
     extra = set(fmt) - {"type", *_FIELDS[kind]}
     if extra:
@@ -110,4 +115,4 @@ def _grammar(fmt: dict[str, Any]) -> dict[str, Any]:
 
 
 def _invalid(why: str) -> InvalidRequestError:
-    return InvalidRequestError(f"response_format: {why}")
+    return InvalidRequestError(f"response_format: {why}", param="response_format")

@@ -8,12 +8,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ovpool import bounds
 from ovpool import response_format as formats
+from ovpool.bounds import MAX_LOGIT_BIAS, MAX_LOGPROBS, MAX_PENALTY, MAX_TEMPERATURE
 from ovpool.errors import InvalidRequestError
-
-MAX_LOGPROBS = 20      # top alternatives per token, as OpenAI's top_logprobs allows
-MAX_LOGIT_BIAS = 100.0  # |bias| is clipped to this, as OpenAI does
-MAX_PENALTY = 2.0      # |presence_penalty|, |frequency_penalty|: OpenAI's and vLLM's range
 
 _NUM, _INT = (float, int), (int,)
 
@@ -25,7 +23,7 @@ class SamplingParams:
     One position's float32 logits go through, in this order (vLLM's for steps 0-3):
 
     0. with a ``response_format``, every token it forbids goes to -inf (docs/structured-output.md);
-    1. ``logit_bias`` {token id: bias} is added (each bias clipped to [-100, 100]);
+    1. ``logit_bias`` {token id: bias in [-100, 100]} is added;
     2. ``repetition_penalty`` (Hugging Face / vLLM): every token of the prompt or of the output
        so far has a positive logit divided by it, a negative one multiplied (1 is off);
     3. ``frequency_penalty`` times the token's count in the output, and ``presence_penalty``
@@ -72,7 +70,9 @@ class SamplingParams:
             value = d[name]
             # Exact types: a bool is not an int here. NaN fails every range check.
             if type(value) not in types or not ok(value):
-                raise InvalidRequestError(f"sampling: {name} {why} (got {value!r})"[:300], param=name)
+                raise InvalidRequestError(f"sampling: {name} {why} (got {bounds.describe(value)})",
+                                          param=name)
+        bounds.logprob_entries(1, d["max_tokens"], d["logprobs"])
         d["response_format"] = formats.normalize(d["response_format"])
 
     @property
@@ -99,37 +99,46 @@ class SamplingParams:
 
 
 def _logit_bias(raw: Any) -> tuple[tuple[int, float], ...]:
-    """{id: bias} (ids as ints or digit strings) or ((id, bias), ...) as sorted, clipped pairs."""
+    """{id: bias} (ids as ints or ASCII digit strings) or ((id, bias), ...) as sorted pairs."""
     try:
         pairs = raw.items() if isinstance(raw, Mapping) else raw
-        if not isinstance(pairs, tuple | list | type({}.items())):
+        if not isinstance(pairs, tuple | list | _ITEMS) or len(pairs) > bounds.MAX_LOGIT_BIAS_ENTRIES:
             raise TypeError
         out: dict[int, float] = {}
         for token, bias in pairs:
-            if type(token) is str and token.isdecimal() and token.isascii():
+            if type(token) is str and 0 < len(token) <= _ID_DIGITS and token.isascii() and token.isdigit():
                 token = int(token)
-            if type(token) is not int or token < 0 or type(bias) not in _NUM or not math.isfinite(bias):
+            if type(token) is not int or not 0 <= token <= bounds.MAX_TOKEN_ID or type(bias) not in _NUM \
+                    or not -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS:
                 raise TypeError
-            out[token] = min(max(float(bias), -MAX_LOGIT_BIAS), MAX_LOGIT_BIAS)
+            out[token] = float(bias)
     except (TypeError, ValueError):
         raise InvalidRequestError(
-            "sampling: logit_bias must map token ids (integers >= 0, or their decimal strings) to "
-            f"finite numbers (clipped to [-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}]); got {raw!r}"[:300],
+            f"sampling: logit_bias must map token ids (integers in [0, {bounds.MAX_TOKEN_ID}] or their "
+            f"ASCII decimal strings; at most {bounds.MAX_LOGIT_BIAS_ENTRIES}) to numbers in "
+            f"[-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}]; got {bounds.describe(raw)}",
             param="logit_bias") from None
     return tuple(sorted(out.items()))
 
 
+_ID_DIGITS = len(str(bounds.MAX_TOKEN_ID))
+_ITEMS = type({}.items())
 _INF = math.inf
-# (field, accepted types, range check, what a valid value is).
+# (field, accepted types, range check, what a valid value is): bounds.py's ranges.
 _CHECKS = (
-    ("max_tokens", _INT, lambda v: v >= 1, "must be an integer >= 1"),
-    ("temperature", _NUM, lambda v: 0 <= v < _INF, "must be a number >= 0 (0 means greedy)"),
-    ("top_k", _INT, lambda v: v >= 0, "must be an integer >= 0 (0 disables it)"),
+    ("max_tokens", _INT, lambda v: 1 <= v <= bounds.MAX_TOKENS,
+     f"must be an integer in [1, {bounds.MAX_TOKENS}]"),
+    ("temperature", _NUM, lambda v: 0 <= v <= MAX_TEMPERATURE,
+     f"must be a number in [0, {MAX_TEMPERATURE:g}] (0 means greedy)"),
+    ("top_k", _INT, lambda v: 0 <= v <= bounds.MAX_TOP_K,
+     f"must be an integer in [0, {bounds.MAX_TOP_K}] (0 disables it)"),
     ("top_p", _NUM, lambda v: 0 < v <= 1, "must be a number in (0, 1] (1 disables it)"),
-    ("seed", (int, type(None)), lambda v: v is None or 0 <= v < 2**63,
+    ("seed", (int, type(None)), lambda v: v is None or 0 <= v < bounds.SEED_RANGE,
      "must be an integer in [0, 2**63) or None"),
-    ("stop", (tuple,), lambda v: all(type(s) is str and s for s in v),
-     "must be a string or a list of non-empty strings"),
+    ("stop", (tuple,), lambda v: len(v) <= bounds.MAX_STOP and all(
+        bounds.is_text(s) and 0 < len(s) <= bounds.MAX_STOP_CHARS for s in v),
+     f"must be a string or a list of at most {bounds.MAX_STOP} non-empty UTF-8 strings of at most "
+     f"{bounds.MAX_STOP_CHARS} characters"),
     ("ignore_eos", (bool,), lambda v: True, "must be true or false"),
     ("min_p", _NUM, lambda v: 0 <= v <= 1, "must be a number in [0, 1] (0 disables it)"),
     ("presence_penalty", _NUM, lambda v: -MAX_PENALTY <= v <= MAX_PENALTY,

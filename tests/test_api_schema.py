@@ -12,6 +12,7 @@ from ovpool.api import errors as api_errors
 from ovpool.api.keys import ApiKeys, parse
 from ovpool.api.schema import parse_chat, parse_completion
 from ovpool.api.server import parse_bind
+from ovpool.sampling_params import SamplingParams
 from ovpool.serve.spec import PoolSpec
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
@@ -37,8 +38,8 @@ def test_fields_map_onto_sampling_params():
                       "top_k": -1, "seed": 5, "stop": "\n", "n": 3, "ignore_eos": True}, max_tokens=100)
     assert [c.index for c in gen.choices] == [0, 1, 2]
     assert [c.sampling["seed"] for c in gen.choices] == [5, 6, 7]  # n choices, n seeds
-    assert gen.choices[0].sampling == {"max_tokens": 7, "temperature": 0.0, "top_p": 0.5, "top_k": 0,
-                                       "seed": 5, "stop": ["\n"], "ignore_eos": True}
+    assert SamplingParams(**gen.choices[0].sampling) == SamplingParams(
+        max_tokens=7, temperature=0.0, top_p=0.5, top_k=0, seed=5, stop=("\n",), ignore_eos=True)
     negative = parse_completion({"model": "m", "prompt": "p", "seed": -1})
     assert negative.choices[0].sampling["seed"] == 2**63 - 1
 
@@ -47,11 +48,9 @@ def test_sampler_fields_and_logprobs_map_onto_sampling_params():
     gen = parse_chat({**CHAT, "min_p": 0.1, "presence_penalty": 0.5, "frequency_penalty": -0.5,
                       "repetition_penalty": 1.2, "logit_bias": {"5": 2, "7": -100}, "logprobs": True,
                       "top_logprobs": 3}, max_tokens=8)
-    sampling = gen.choices[0].sampling
-    assert {k: sampling[k] for k in ("min_p", "presence_penalty", "frequency_penalty", "repetition_penalty",
-                                     "logit_bias", "logprobs")} == {
-        "min_p": 0.1, "presence_penalty": 0.5, "frequency_penalty": -0.5, "repetition_penalty": 1.2,
-        "logit_bias": {5: 2.0, 7: -100.0}, "logprobs": 3}
+    assert SamplingParams(**gen.choices[0].sampling) == SamplingParams(
+        max_tokens=8, temperature=1.0, min_p=0.1, presence_penalty=0.5, frequency_penalty=-0.5,
+        repetition_penalty=1.2, logit_bias=((5, 2.0), (7, -100.0)), logprobs=3)
     assert gen.logprobs == 3
     assert parse_chat({**CHAT, "logprobs": True}, 8).logprobs == 0
     assert parse_completion({"model": "m", "prompt": "p", "logprobs": 2}).choices[0].sampling["logprobs"] == 2

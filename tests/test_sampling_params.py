@@ -39,8 +39,8 @@ def test_bad_values_name_the_field_and_its_range(field, value, words):
         sampling_from_wire({field: value})
 
 
-def test_logit_bias_takes_int_or_string_ids_and_is_clipped():
-    p = SamplingParams(logit_bias={"7": 250, 3: -1.5, "12": -101.0})
+def test_logit_bias_takes_int_or_string_ids_in_range():
+    p = SamplingParams(logit_bias={"7": 100, 3: -1.5, "12": -100.0})
     assert p.logit_bias == ((3, -1.5), (7, 100.0), (12, -100.0))
     assert p.to_dict()["logit_bias"] == {"3": -1.5, "7": 100.0, "12": -100.0}
     assert SamplingParams(logit_bias=p.logit_bias) == p == SamplingParams.from_dict(p.to_dict())

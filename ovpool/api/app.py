@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -30,7 +29,7 @@ from ovpool.api import errors as api_errors
 from ovpool.api import responses, sse
 from ovpool.api.keys import ApiKeys
 from ovpool.api.metrics import ApiMetrics
-from ovpool.api.schema import Generate, parse_chat, parse_completion
+from ovpool.api.schema import MAX_BODY_BYTES, Generate, parse_chat, parse_completion, parse_json
 from ovpool.api.streams import ClientGone, Disconnects, Merged, fail_pending
 from ovpool.async_client import AsyncClient
 from ovpool.completion import Completion, Delta
@@ -59,6 +58,10 @@ def create_app(config: Config) -> Starlette:
 
 
 async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
+    return _http_response(exc)
+
+
+def _http_response(exc: HTTPException) -> JSONResponse:
     return JSONResponse(api_errors.http_body(exc.status_code, exc.detail), exc.status_code)
 
 
@@ -119,6 +122,8 @@ class _Api:
             response = await handler(request)
         except errors.OvpoolError as exc:
             response = _error(exc)
+        except HTTPException as exc:  # a body over MAX_BODY_BYTES
+            response = _http_response(exc)
         except ClientGone:
             self.metrics.finished(endpoint, _CLIENT_CLOSED, time.perf_counter() - started)
             return Response(status_code=_CLIENT_CLOSED)
@@ -237,7 +242,19 @@ def _endpoint(gen: Generate) -> str:
 
 
 async def _json(request: Request) -> Any:
-    try:
-        return json.loads(await request.body())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise errors.InvalidRequestError(f"the request body is not valid JSON: {exc}") from exc
+    """The request's JSON body, read only up to MAX_BODY_BYTES (413 past it)."""
+    declared = request.headers.get("content-length", "")
+    if declared.isascii() and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        raise _too_large()
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise _too_large()
+        chunks.append(chunk)
+    return parse_json(b"".join(chunks))
+
+
+def _too_large() -> HTTPException:
+    return HTTPException(413, f"the request body is over {MAX_BODY_BYTES:,} bytes "
+                              f"({MAX_BODY_BYTES >> 20} MiB), the most a request may send")
