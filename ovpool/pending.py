@@ -22,7 +22,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ovpool import errors, timing
+import msgpack
+
+from ovpool import bounds, errors, timing
 from ovpool.completion import Completion, Delta, TokenLogprobs
 from ovpool.protocol import (
     MAX_MESSAGE_BYTES,
@@ -121,37 +123,49 @@ def unwrap(item: Any) -> Delta | None:
 
 def make_submit(prompt_or_messages: str | list, model: str, timeout: float | None,
                 sampling: dict[str, Any], window: int = 0) -> Submit:
-    """A validated SUBMIT (``window`` > 0: a stream with that much credit); bad sampling parameters
-    or a message over the broker's limit raise InvalidRequestError here, before sending."""
+    """A validated SUBMIT (``window`` > 0: a stream with that much credit). Bad sampling parameters,
+    a prompt over ovpool.bounds, anything msgpack cannot encode, or a message over the broker's
+    limit raise InvalidRequestError naming the field here, before it is tracked or sent."""
     params = sampling_to_wire(SamplingParams(**sampling))
     if params["seed"] is None:  # fixed here so that a resend replays the same tokens
         params["seed"] = _seeds.getrandbits(63)
     if isinstance(prompt_or_messages, str):
-        prompt, messages = prompt_or_messages, None
+        prompt, messages = bounds.prompt(prompt_or_messages), None
     elif isinstance(prompt_or_messages, list):
-        prompt, messages = None, prompt_or_messages
+        prompt, messages = None, bounds.messages(prompt_or_messages)
     else:
         raise errors.InvalidRequestError(
-            f"prompt must be a str or a list of chat messages, not {type(prompt_or_messages).__name__}")
-    if timeout is not None and timeout <= 0:
-        raise errors.InvalidRequestError("timeout must be > 0 seconds (or None for no timeout)")
-    submit = Submit(_next_id(), model or "", params, prompt, messages, float(timeout or 0.0), window)
+            f"prompt must be a str or a list of chat messages, not {type(prompt_or_messages).__name__}",
+            param="prompt")
+    if timeout is not None and not 0 < timeout:  # NaN too
+        raise errors.InvalidRequestError("timeout must be > 0 seconds (or None for no timeout)",
+                                         param="timeout")
+    model = bounds.text(model or "", "model", bounds.MAX_NAME_CHARS)
+    submit = Submit(_next_id(), model, params, prompt, messages, float(timeout or 0.0), window)
     _check_size(submit)
     return submit
 
 
 def _check_size(submit: Submit) -> None:
-    """InvalidRequestError if ``submit`` is over protocol.MAX_MESSAGE_BYTES (the broker would refuse
-    it); encodes only prompts that could be (UTF-8 takes at most 4 bytes a character)."""
-    text = submit.prompt if submit.prompt is not None else submit.messages
-    chars = len(text) if isinstance(text, str) else sum(len(str(m)) for m in text)
-    if chars * 4 + 4096 < MAX_MESSAGE_BYTES:
-        return
-    size = len(encode(submit)[2])
+    """InvalidRequestError if ``submit`` cannot be encoded, naming the field, or if it is over
+    protocol.MAX_MESSAGE_BYTES (the broker would refuse it)."""
+    try:
+        size = len(encode(submit)[2])
+    except (ValueError, TypeError, OverflowError) as exc:  # msgpack: surrogates, ints past 64 bits...
+        field = next((name for name, value in submit.__dict__.items() if not _encodes(value)), None)
+        raise errors.InvalidRequestError(f"{field}: cannot be sent ({exc})", param=field) from None
     if size > MAX_MESSAGE_BYTES:
         raise errors.InvalidRequestError(
             f"the request is {size:,} bytes encoded, over the broker's limit of {MAX_MESSAGE_BYTES:,}"
             f" bytes ({MAX_MESSAGE_BYTES >> 20} MiB) per message; send a shorter prompt")
+
+
+def _encodes(value: Any) -> bool:
+    try:
+        msgpack.packb(value, use_bin_type=True)
+    except (ValueError, TypeError, OverflowError):
+        return False
+    return True
 
 
 # A random per-process prefix and a counter: unique ids without os.urandom per request.

@@ -8,7 +8,6 @@ from ovpool import errors, timing
 from ovpool.completion import Completion, Usage
 from ovpool.pending import PendingRequests, make_submit
 from ovpool.protocol import (
-    MAX_MESSAGE_BYTES,
     Cancel,
     Error,
     Final,
@@ -188,9 +187,3 @@ def test_a_resent_stream_gets_credit_for_the_replay_it_drops():
         p.on_message(Partial(sub.request_id, i, i, "x", i), 0.1)
     (resent,) = p.on_message(Pong([sub.request_id]), 0.2)
     assert resent.request_id == sub.request_id and resent.window == 8 + 3
-
-
-def test_a_prompt_over_the_message_limit_is_refused_before_sending():
-    with pytest.raises(errors.InvalidRequestError, match="67,108,864 bytes"):
-        make_submit("x" * (MAX_MESSAGE_BYTES + 1), "m", None, {})
-    assert make_submit("x" * (MAX_MESSAGE_BYTES // 8), "m", None, {}).prompt  # encoded only to check
