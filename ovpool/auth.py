@@ -1,8 +1,10 @@
 """CURVE encryption and authentication for the pool's sockets (pyzmq's zmq.auth).
 
-The broker holds a key pair and a directory of allowed public keys (one ``.key`` file per client
-or worker); peers hold their own key pair and the broker's public key. Key files are the ZeroMQ
-certificate format written by ``ovpool keys generate``.
+The broker holds a key pair and two directories of allowed public keys (one ``.key`` file per
+peer): its clients' (``curve_allowed_keys``) and its workers' (``curve_worker_keys``); a key's
+directory is its role (broker/roles.py). Peers hold their own key pair and the broker's public
+key. Key files are the ZeroMQ certificate format written by ``ovpool keys generate``; PoolKeys
+(ovpool/pool_keys.py) makes a pool's own set for one run.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import zmq
 import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
 
+from ovpool.broker import roles
 from ovpool.errors import AuthenticationError, ConfigError
 from ovpool.settings import Settings
 
@@ -34,7 +37,7 @@ def generate(directory: str | Path, name: str) -> tuple[Path, Path]:
     return Path(public), Path(secret)
 
 
-def _load(path: str, *, need_secret: bool) -> tuple[bytes, bytes | None]:
+def load_key(path: str, *, need_secret: bool) -> tuple[bytes, bytes | None]:
     try:
         public, secret = zmq.auth.load_certificate(path)
     except (OSError, ValueError) as exc:
@@ -52,44 +55,80 @@ def secure_peer(socket: zmq.Socket, settings: Settings) -> None:
     if not (mine and server):
         raise ConfigError("CURVE needs both curve_secret_key (this peer's pair) and curve_server_key"
                           " (the broker's public key)")
-    public, secret = _load(mine, need_secret=True)
+    public, secret = load_key(mine, need_secret=True)
     socket.curve_publickey, socket.curve_secretkey = public, secret
-    socket.curve_serverkey = _load(server, need_secret=False)[0]
+    socket.curve_serverkey = load_key(server, need_secret=False)[0]
 
 
 class ServerSecurity:
-    """The broker side: a CURVE server socket plus an authenticator thread checking client keys."""
+    """The broker side: a CURVE server socket plus an authenticator thread checking client keys.
+    ``roles`` maps each allowed key (its z85 public key, the ZAP User-Id of its messages) to the
+    roles it holds (broker/roles.py); None without CURVE, where every peer holds both."""
 
     def __init__(self, context: zmq.Context, settings: Settings):
         self.enabled = bool(settings.curve_secret_key)
+        self.roles: dict[str, int] | None = None
         self._context, self._settings = context, settings
         self._auth: ThreadAuthenticator | None = None
-        if settings.curve_allowed_keys and not self.enabled:
-            raise ConfigError("curve_allowed_keys needs curve_secret_key (the broker's key pair)")
+        for name in _ALLOWED:
+            if settings[name] and not self.enabled:
+                raise ConfigError(f"{name} needs curve_secret_key (the broker's key pair)")
 
     def __enter__(self) -> ServerSecurity:
         if self.enabled:
-            allowed = self._settings.curve_allowed_keys
-            if not allowed or not Path(allowed).is_dir():
-                raise ConfigError(f"curve_allowed_keys must be a directory of public keys, got {allowed!r}")
+            self.roles = roles.by_key(*(_public_keys(self._settings, name) for name in _ALLOWED))
             self._auth = ThreadAuthenticator(self._context)
             self._auth.start()
-            self._auth.configure_curve(domain="*", location=allowed)
+            self._auth.configure_curve_callback(domain="*", credentials_provider=_AllowedKeys(self.roles))
         return self
+
+    def mode(self) -> str:
+        """Which mode the broker runs in, for its start-up log line."""
+        if self.roles is None:
+            return "open: no CURVE, any peer that can connect may submit and register as a worker"
+        held = list(self.roles.values())
+        return (f"CURVE with roles: {sum(r & roles.CLIENT > 0 for r in held)} client key(s),"
+                f" {sum(r & roles.WORKER > 0 for r in held)} worker key(s)")
 
     def apply(self, socket: zmq.Socket, endpoint: str) -> None:
         if self.enabled:
-            public, secret = _load(self._settings.curve_secret_key, need_secret=True)
+            public, secret = load_key(self._settings.curve_secret_key, need_secret=True)
             socket.curve_publickey, socket.curve_secretkey = public, secret
             socket.curve_server = True
         elif not is_loopback(endpoint):
-            log.warning("binding %s without CURVE: anyone who can reach it can submit requests;"
-                        " see `ovpool keys generate`", endpoint)
+            log.warning("binding %s without CURVE: anyone who can reach it can submit requests, and"
+                        " register as a worker to read every prompt; see `ovpool keys generate`", endpoint)
 
     def __exit__(self, *exc: object) -> None:
         if self._auth is not None:
             self._auth.stop()
             self._auth = None
+
+
+# The broker's allowed-key directories, in the order roles.by_key takes them.
+_ALLOWED = {"curve_allowed_keys": "clients' (the HTTP API is a client)", "curve_worker_keys": "workers'"}
+
+
+def _public_keys(settings: Settings, name: str) -> list[str]:
+    """The z85 public keys in directory setting ``name``; a ConfigError says what it must hold."""
+    directory = settings[name]
+    if not directory or not Path(directory).is_dir():
+        raise ConfigError(f"CURVE needs {name}: a directory of the {_ALLOWED[name]} public .key files"
+                          f" (`ovpool keys generate`), got {directory!r}")
+    try:
+        return [key.decode("ascii") for key in zmq.auth.load_certificates(directory)]
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"cannot read the public keys in {name} {directory}: {exc}") from exc
+
+
+class _AllowedKeys:
+    """zmq.auth's credentials provider: a key the broker gave any role may connect."""
+
+    def __init__(self, allowed: dict[str, int]):
+        self._allowed = allowed
+
+    def callback(self, domain: str, key: bytes) -> bool:
+        return key.decode("ascii") in self._allowed
 
 
 def is_loopback(endpoint: str) -> bool:
@@ -147,3 +186,4 @@ def handshake_error(event: dict, broker: str) -> AuthenticationError:
     return AuthenticationError(
         f"security handshake with {broker} failed ({event['value']}): is CURVE configured on both"
         " sides (curve_secret_key and curve_server_key here)?")
+

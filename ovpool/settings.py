@@ -127,7 +127,10 @@ _SETTINGS = [
     Setting("max_new_tokens", int, 4096, "largest max_tokens a request may ask for", minimum=1),
     Setting("curve_secret_key", str, "", "this peer's CURVE key pair file (.key_secret; empty: no CURVE)"),
     Setting("curve_server_key", str, "", "the broker's CURVE public key file (clients and workers)"),
-    Setting("curve_allowed_keys", str, "", "broker: directory of public keys allowed to connect"),
+    Setting("curve_allowed_keys", str, "", "broker: directory of the public keys of its clients "
+            "(they may submit; the HTTP API is a client)"),
+    Setting("curve_worker_keys", str, "", "broker: directory of the public keys of its workers (they "
+            "may register and serve; CURVE needs both directories, one key's role is its directory)"),
     Setting("prefill_chunk", int, 256, "prompt tokens prefilled per step while others decode", minimum=1),
     Setting("warm_up", str, "idle", "when the device's one-time kernel set-up runs (a short prefill "
             "and a decode step): idle (a worker, once it is registered and nothing waits; a bare "

@@ -1,5 +1,6 @@
 """docs/operations.md's two-host CURVE recipe, run as written (on one host, with a null worker):
-its key commands make the broker's allowed/ directory, and its client command gets an answer."""
+its key commands make the broker's allowed/ and workers/ directories, and its client command gets
+an answer."""
 
 from __future__ import annotations
 
@@ -37,10 +38,11 @@ def test_the_scaling_out_recipe_works_as_written(tmp_path):
         subprocess.run(command.replace("ovpool ", f"{OVPOOL} ", 1) if command.startswith("ovpool")
                        else command, shell=True, cwd=tmp_path, check=True, capture_output=True)
     keys = tmp_path / "keys"
-    assert sorted(p.name for p in (keys / "allowed").iterdir()) == ["client.key", "worker.key"]
+    assert [p.name for p in (keys / "allowed").iterdir()] == ["client.key"]
+    assert [p.name for p in (keys / "workers").iterdir()] == ["worker.key"]
     step2 = re.search(r"`ovpool broker (--bind \S+ .*?)`", SCALING, re.S)[1].split()
     endpoint = free_endpoint()
-    bind = [endpoint if a.startswith("tcp://") else str(tmp_path / a) if a.startswith("keys/") else a
+    bind = [endpoint if a.startswith("tcp://") else re.sub(r"^(\w+=)?keys/", rf"\g<1>{tmp_path}/keys/", a)
             for a in step2]
     worker = ("--curve-secret-key", str(keys / "worker.key_secret"),
               "--curve-server-key", str(keys / "broker.key"))

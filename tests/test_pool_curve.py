@@ -1,4 +1,4 @@
-"""CURVE: only peers whose public key the broker allows can submit; loopback is the default."""
+"""CURVE: only peers whose public key the broker allows can connect; loopback is the default."""
 
 from __future__ import annotations
 
@@ -25,10 +25,9 @@ def keys(tmp_path):
     assert "keep it private" in out.stdout
     for name in ("worker", "client", "stranger"):
         generate(tmp_path, name)
-    allowed = tmp_path / "allowed"
-    allowed.mkdir()
-    for name in ("worker", "client"):
-        shutil.copy(tmp_path / f"{name}.key", allowed)
+    for name, allowed in (("client", "allowed"), ("worker", "workers")):
+        (tmp_path / allowed).mkdir()
+        shutil.copy(tmp_path / f"{name}.key", tmp_path / allowed)
     return tmp_path
 
 
@@ -42,7 +41,8 @@ def test_only_allowed_keys_can_submit(keys):
     endpoint = free_endpoint()
     with fast_heartbeats(0.1), \
             broker(endpoint, "--curve-secret-key", str(keys / "broker.key_secret"),
-                   "--curve-allowed-keys", str(keys / "allowed")), \
+                   "--curve-allowed-keys", str(keys / "allowed"),
+                   env={"OVPOOL_CURVE_WORKER_KEYS": str(keys / "workers")}), \
             null_worker(endpoint, extra=("--curve-secret-key", str(keys / "worker.key_secret"),
                                          "--curve-server-key", str(keys / "broker.key"))):
         with Client(endpoint, settings=_peer(keys, "client")) as client:

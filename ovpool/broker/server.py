@@ -1,8 +1,9 @@
 """The broker process: one ROUTER socket and one poll loop around the pure Router.
 
-The hot path decodes, routes and encodes; it never logs per message. Timers run at least every
-POLL_INTERVAL_S. The loop stops when ``stop`` is set (SIGTERM/SIGINT in the CLI) and, on the way
-out, tells the workers to register again with whichever broker comes next.
+The hot path decodes, checks the sender's role (broker/roles.py: under CURVE a client key cannot
+act as a worker, nor a worker key submit), routes and encodes; it never logs per message. Timers
+run at least every POLL_INTERVAL_S. The loop stops when ``stop`` is set (SIGTERM/SIGINT in the
+CLI) and, on the way out, tells the workers to register again with whichever broker comes next.
 """
 
 from __future__ import annotations
@@ -15,15 +16,17 @@ import zmq
 
 from ovpool import endpoint, timing
 from ovpool.auth import ServerSecurity
+from ovpool.broker import roles
 from ovpool.broker.router import Output, Router
-from ovpool.errors import ProtocolError
+from ovpool.errors import AuthenticationError, ProtocolError
 from ovpool.metrics import BrokerMetrics, BrokerObserver, MetricsServer
-from ovpool.protocol import MAX_MESSAGE_BYTES, Message, decode, encode, recv_frames, send_frames
+from ovpool.protocol import MAX_MESSAGE_BYTES, Error, Message, decode, encode, recv_frames, send_frames
 from ovpool.settings import Settings
 
 log = logging.getLogger(__name__)
 
 _DRAIN = 512               # messages handled between timer checks
+_NOBLOCK = int(zmq.NOBLOCK)
 
 
 class Broker:
@@ -36,6 +39,7 @@ class Broker:
         self._context = zmq.Context()
         self._security = ServerSecurity(self._context, self.settings)
         self._socket: zmq.Socket | None = None
+        self._refusals_logged: set[tuple[int, type]] = set()
         s = self.settings
         self.router = Router(now=time.monotonic(), queue_limit=s.queue_limit,
                              max_new_tokens=s.max_new_tokens, stream_stall_s=s.stream_stall_s,
@@ -68,7 +72,8 @@ class Broker:
             self.__exit__(None, None, None)
             raise
         self.endpoint = sock.last_endpoint.decode()
-        log.info("broker listening on %s (queue_limit=%d)", self.endpoint, self.settings.queue_limit)
+        log.info("broker listening on %s (queue_limit=%d; %s)", self.endpoint, self.settings.queue_limit,
+                 self._security.mode())
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -87,6 +92,7 @@ class Broker:
         poller.register(sock, zmq.POLLIN)
         next_tick = 0.0
         caught_up = True  # the last drain emptied the socket
+        receive = _receive_open if self._security.roles is None else self._receive_keyed
         while not stop.is_set():
             now = time.monotonic()
             if now >= next_tick:
@@ -101,12 +107,22 @@ class Broker:
             caught_up = False
             for _ in range(_DRAIN):
                 try:
-                    frames = recv_frames(sock)
+                    frames, held = receive(sock)
                 except zmq.Again:
                     caught_up = True
                     break
                 if len(frames) >= 2:
-                    self._route(frames, now)
+                    self._route(frames, held, now)
+
+    def _receive_keyed(self, sock: zmq.Socket) -> tuple[list[bytes], int]:
+        """A message and the roles of its sender's key: the ZAP User-Id, read per message (a
+        routing id is no identity: a departed peer's may be reused by another key)."""
+        first = sock.recv(_NOBLOCK, copy=False)
+        frames = [first.bytes, *recv_frames(sock)] if first.more else [first.bytes]
+        try:
+            return frames, self._security.roles.get(first.get("User-Id"), 0)
+        except zmq.ZMQError:  # no ZAP identity (cannot happen on a CURVE socket): no role
+            return frames, 0
 
     def _observe(self) -> None:
         workers = self.router.workers.values()
@@ -120,12 +136,15 @@ class Broker:
             [(w.info.worker_id, w.prefixes.prompt_tokens, w.prefixes.cached_prompt_tokens) for w in workers],
             c.prefix_hits, c.prefix_misses)
 
-    def _route(self, frames: list[bytes], now: float) -> None:
+    def _route(self, frames: list[bytes], held: int, now: float) -> None:
         peer = frames[0]
         try:
             msg = decode(frames[1:])
         except ProtocolError as exc:
             self._send(self.router.malformed(peer, exc))
+            return
+        if held != roles.ANY and not roles.allows(held, type(msg)):
+            self._send(self._refuse(peer, held, msg))
             return
         if len(frames[-1]) > MAX_MESSAGE_BYTES:
             log.warning("refused a %s of %d bytes (limit %d)", type(msg).__name__, len(frames[-1]),
@@ -137,6 +156,15 @@ class Broker:
             self._send_raw(out[0][0], frames[1:], msg)
         else:
             self._send(out)
+
+    def _refuse(self, peer: bytes, held: int, msg: Message) -> Output:
+        """A command this peer's key may not send: never routed, answered with an ERROR naming
+        why, logged once per kind of key and command (a bounded set)."""
+        why = roles.refusal(held, type(msg))
+        if (held, type(msg)) not in self._refusals_logged:
+            self._refusals_logged.add((held, type(msg)))
+            log.warning("refused a %s from peer %s: %s", type(msg).__name__, peer.hex(), why)
+        return [(peer, Error(getattr(msg, "request_id", ""), AuthenticationError.code, why))]
 
     def _handle(self, peer: bytes, msg: Message, now: float) -> Output:
         try:
@@ -158,3 +186,8 @@ class Broker:
             send_frames(self._socket, [peer, *frames])
         except zmq.ZMQError:
             pass  # a vanished peer: its requests end by its silence (Router), nobody is waiting
+
+
+def _receive_open(sock: zmq.Socket) -> tuple[list[bytes], int]:
+    """Without CURVE every peer holds every role."""
+    return recv_frames(sock), roles.ANY

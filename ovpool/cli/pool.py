@@ -242,7 +242,9 @@ def keys_group() -> None:
 @click.argument("directory", type=click.Path(file_okay=False))
 @click.option("--name", default="broker", show_default=True, help="File name stem of the key pair.")
 def keys_generate(directory: str, name: str) -> None:
-    """Write NAME.key (public: copy it to the broker's allowed directory) and NAME.key_secret."""
+    """Write NAME.key (public) and NAME.key_secret (private). The broker's directory of the public
+    key is the peer's role: curve_allowed_keys for a client (the HTTP API too), curve_worker_keys
+    for a worker."""
     from ovpool.auth import generate
 
     public, secret = generate(directory, name)

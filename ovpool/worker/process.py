@@ -1,20 +1,21 @@
-"""The worker process: one DEALER socket to the broker, a Backend doing the generation.
+"""The worker process: a link to the broker (ovpool.worker.link: the DEALER socket, heartbeats and
+reconnects on a thread of their own), a Backend doing the generation.
 
-The loop polls the socket without waiting while sessions are active (generation is the work;
-messages are handled between steps), and up to a heartbeat interval when idle. Every PARTIAL,
+The loop polls the link's pipe without waiting while sessions are active (generation is the work;
+messages are handled between steps), and up to a poll interval when idle. Every PARTIAL,
 FINAL and ERROR spends one message of credit (protocol.WORKER_WINDOW per connection, returned by
 the broker's CREDIT as it handles them); without credit the worker stops stepping until CREDIT
 comes, so a broker that routes slower than the worker generates slows the worker down instead of
-letting its send queue overflow (libzmq would drop, or block the heartbeats). A broker that is
-silent for the heartbeat expiry is presumed gone: the worker drops its sessions (the broker has
-re-dispatched them), reconnects with a doubling backoff and registers again. Stopping (SIGTERM
-in the CLI) hands unfinished requests back with DISCONNECT before the socket closes.
+letting its send queue overflow. A broker that is silent for the heartbeat expiry is presumed
+gone: the link reconnects with a doubling backoff and registers again, and the loop drops its
+sessions (the broker has re-dispatched them). Stopping (SIGTERM in the CLI) hands unfinished
+requests back with DISCONNECT before the socket closes. No message from the broker stops the loop:
+one that does not decode is dropped, a request that cannot start is answered with an ERROR.
 
 The backend's idle work (a worker's warm-up: compiling the decode graph, setting kernels up, about
 2 s on SmolLM2 and far more on a loaded host) runs on a thread of its own while the loop goes on
-heartbeating: run inline, it kept the loop from heartbeating for longer than the expiry, and the
-broker declared a freshly registered worker lost (seen in the pool tests at load ~15 on 2 cores).
-Requests that arrive meanwhile wait until it ends, since the backend is not thread-safe.
+serving messages: requests that arrive meanwhile wait until it ends, since the backend is not
+thread-safe.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import zmq
 
 from ovpool import endpoint, timing
 from ovpool.auth import secure_peer
-from ovpool.errors import OvpoolError
+from ovpool.errors import InferenceError, OvpoolError
 from ovpool.prefix_key import MAX_KEYS
 from ovpool.protocol import (
     WORKER_WINDOW,
@@ -55,6 +56,7 @@ from ovpool.protocol import (
 )
 from ovpool.settings import Settings
 from ovpool.worker.backend import Backend, Failed, Finished, Token
+from ovpool.worker.link import ACK, HEARTBEAT, MESSAGE, RECONNECTED, BrokerLink
 from ovpool.worker.prefix_report import PrefixReport
 
 log = logging.getLogger(__name__)
@@ -103,41 +105,29 @@ class Worker:
                            device=device, slots=backend.slots, host=host, pid=pid,
                            load=load_to_wire(load_report))
         self._context = zmq.Context()
-        self._socket: zmq.Socket | None = None
+        self._link: BrokerLink | None = None
+        self._socket: zmq.Socket | None = None  # the link's pipe
         self._active: dict[str, int] = {}  # request id -> the seq of its next PARTIAL
         self._credit = WORKER_WINDOW
-        self._backoff = timing.RECONNECT_MIN_S
-        self._broker_expires = 0.0
         self._idle_pool = ThreadPoolExecutor(1, thread_name_prefix="worker-idle")
         self._idle_work: Future | None = None
         self._deferred: dict[str, Request] = {}  # arrived while the idle work runs
         self._prefixes = PrefixReport(backend)
 
     def __enter__(self) -> Worker:
-        self._connect()
+        self._link = BrokerLink(self._context, self.broker, self.settings, self.ready)
+        self._link.start()
+        self._socket = self._link.pipe
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._idle_pool.shutdown(wait=True)  # the backend is closed after us: let its warm-up end
-        if self._socket is not None:
+        if self._link is not None:
             self._send(Disconnect(sorted([*self._active, *self._deferred])))
             self._drop_sessions()
-            self._socket.close(linger=int(timing.HEARTBEAT_INTERVAL_S * 1000))
-            self._socket = None
+            self._link.stop()
+            self._link = self._socket = None
         self._context.term()
-
-    def _connect(self) -> None:
-        if self._socket is not None:
-            self._socket.close(linger=0)
-        sock = self._context.socket(zmq.DEALER)
-        sock.linger = 0
-        sock.sndhwm = 0  # no libzmq limit: the credit bounds what is queued (WORKER_WINDOW + a step)
-        secure_peer(sock, self.settings)
-        sock.connect(self.broker)
-        self._socket = sock
-        self._credit = WORKER_WINDOW
-        self._broker_expires = time.monotonic() + timing.HEARTBEAT_EXPIRY_S + self._backoff
-        self._send(self.ready)
 
     def run(self, stop: threading.Event) -> None:
         log.info("worker %s serving %s with %d slots via %s", self.ready.worker_id, self.ready.models,
@@ -154,11 +144,9 @@ class Worker:
             if not self._warming() and self._active and self._credit > 0:
                 self._step()
             now = time.monotonic()
-            if now >= next_heartbeat:
-                self._send(self._prefixes.heartbeat())
+            if now >= next_heartbeat:  # the link repeats it while a step holds the loop
+                send_frames(self._socket, [HEARTBEAT, *encode(self._prefixes.heartbeat())])
                 next_heartbeat = now + timing.HEARTBEAT_INTERVAL_S
-            if now >= self._broker_expires:
-                self._reconnect()
 
     def _warming(self) -> bool:
         """Whether the backend's idle work still runs; once it has ended, start what waited for it
@@ -176,22 +164,30 @@ class Worker:
     def _receive(self) -> None:
         while True:
             try:
-                frames = recv_frames(self._socket)
+                kind, *frames = recv_frames(self._socket)
             except zmq.Again:
                 return
-            self._broker_expires = time.monotonic() + timing.HEARTBEAT_EXPIRY_S
-            self._backoff = timing.RECONNECT_MIN_S
+            if kind == RECONNECTED:  # the broker re-dispatches what this connection had
+                self._drop_sessions()
+                self._credit = WORKER_WINDOW
+                send_frames(self._socket, [ACK])
+                continue
             try:
                 self._handle(decode(frames))
             except OvpoolError as exc:
                 log.warning("dropped a message from the broker: %s", exc)
+            except Exception as exc:  # a bug one message reaches must not stop the worker
+                log.error("dropped a message from the broker that failed: %s: %s", type(exc).__name__, exc)
 
     def _handle(self, msg: Message) -> None:
         if isinstance(msg, Request):
+            if msg.request_id in self._active or msg.request_id in self._deferred:
+                log.warning("dropped a second REQUEST %r: it is already running", msg.request_id[:64])
+                return
             self._deferred[msg.request_id] = msg
             self._warming()  # starts it at once unless the idle work runs
-        elif isinstance(msg, Credit):
-            self._credit += msg.tokens
+        elif isinstance(msg, Credit):  # never past the window: a broker returns what it took
+            self._credit = min(self._credit + max(msg.tokens, 0), WORKER_WINDOW)
         elif isinstance(msg, Cancel):
             self._deferred.pop(msg.request_id, None)
             if self._active.pop(msg.request_id, None) is not None:
@@ -211,6 +207,9 @@ class Worker:
                              keys)
         except OvpoolError as exc:
             self._reply(Error(msg.request_id, exc.code, str(exc)))
+            return
+        except Exception as exc:  # a backend bug one request reaches fails that request only
+            self._reply(Error(msg.request_id, InferenceError.code, f"cannot start the request: {exc}"))
             return
         self._active[msg.request_id] = 0
         self._prefixes.started(msg, keys)
@@ -232,12 +231,6 @@ class Worker:
                 self._prefixes.ended(rid)
                 self._reply(Error(rid, ev.error.code, str(ev.error)))
 
-    def _reconnect(self) -> None:
-        log.warning("broker %s silent for %.1fs; reconnecting", self.broker, timing.HEARTBEAT_EXPIRY_S)
-        self._drop_sessions()
-        self._backoff = min(self._backoff * 2, timing.RECONNECT_MAX_S)
-        self._connect()
-
     def _drop_sessions(self) -> None:
         self._deferred.clear()  # the broker re-dispatches them
         for rid in self._active:
@@ -251,10 +244,4 @@ class Worker:
         self._send(msg)
 
     def _send(self, msg: Message) -> None:
-        # With no send limit (sndhwm 0) and a connected-or-connecting pipe, libzmq queues rather
-        # than refusing; Again would mean no pipe at all, during a reconnect, whose messages the
-        # broker re-dispatches anyway.
-        try:
-            send_frames(self._socket, encode(msg), zmq.NOBLOCK)
-        except zmq.Again:
-            log.warning("no connection to the broker: a %s was not sent", type(msg).__name__)
+        send_frames(self._socket, [MESSAGE, *encode(msg)])
