@@ -1,0 +1,97 @@
+"""Random JSON for every field of /v1/completions and /v1/chat/completions, sent as raw text (so
+1e999, NaN, lone surrogates and 20-digit ints arrive as a hostile client writes them), through the
+real app in front of a broker and a null worker: each example gets a 4xx or a 200 with OpenAI's
+error shape, never a 5xx nor an exception out of the app, and the next valid request still works."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from app_helpers import assert_still_serving, post, served_app
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+pytestmark = pytest.mark.slow  # several processes
+
+COMPLETION_FIELDS = ["model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "min_p",
+                     "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", "logprobs",
+                     "seed", "stop", "n", "stream", "stream_options", "echo", "ignore_eos",
+                     "response_format", "user", "timeout", "suffix", "best_of"]
+CHAT_FIELDS = [f for f in COMPLETION_FIELDS if f not in ("prompt", "echo", "suffix", "best_of")] + [
+    "messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice"]
+BASES = {"/v1/completions": {"model": '"m"', "prompt": '"one two"', "max_tokens": "2"},
+         "/v1/chat/completions": {"model": '"m"', "messages": '[{"role": "user", "content": "hi"}]',
+                                  "max_tokens": "2"}}
+
+# Raw JSON texts no json.dumps of a Python value writes, and edges of every range.
+SPECIAL = ["18446744073709551616", "-18446744073709551617", "9223372036854775808", "2147483648", "-1", "0",
+           "1", "20", "21", "128", "129", "1e999", "-1e999", "NaN", "Infinity", "-Infinity", "1e-400",
+           "2.0000001", "-2.5", "true", "false", "null", '""', '"\\ud800"', '"a\\udfffb"', '"\\u0000"',
+           '"\u00b2"', '"\u0661\u0662"', '{"\u00b2": 1}', '{"\u0661": 1}', '{"1": 1e999}',
+           '{"' + "9" * 5000 + '": 1}', '{"99999999999": 1}', "[]", "{}", '["\\ud800"]', '[""]',
+           '{"type": "json_schema", "schema": {"maximum": 36893488147419103232}}',
+           '{"type": "json_schema", "schema": {"enum": ["\\ud800"]}}',
+           '{"type": "regex", "pattern": "[0-9]+"}',
+           '{"type": "json_object"}', '{"type": "grammar", "lark": "start: \\"a\\""}', '{"include_usage": 1}',
+           '[{"role": "user", "content": [{"type": "text", "text": "\\ud800"}]}]',
+           '[{"role": "user", "content": [{"type": "image_url"}]}]']
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
+    lambda inner: st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=8), inner, max_size=5),
+    max_leaves=20).map(json.dumps)
+_nested = st.tuples(st.integers(1, 3000), st.sampled_from([("[", "]"), ('{"a": ', "}")])).map(
+    lambda t: t[1][0] * t[0] + "1" + t[1][1] * t[0])
+_huge = st.sampled_from([10**4, 10**6 + 1, 3 * 10**6]).map(lambda n: json.dumps("x" * n)) | \
+    st.sampled_from([300, 5000, 100_000]).map(lambda n: "[" + ",".join(['"s"'] * n) + "]") | \
+    st.sampled_from([301, 5000]).map(lambda n: json.dumps({str(i): 1 for i in range(n)}))
+_message = st.tuples(st.sampled_from(['"user"', '"\\ud800"', "1", "null"]) | _json,
+                     st.sampled_from(['"hi"', '"\\ud800"', "null", "[]"]) | _json).map(
+    lambda rc: f'{{"role": {rc[0]}, "content": {rc[1]}}}')
+_messages = st.lists(_message, min_size=0, max_size=4).map(lambda ms: "[" + ", ".join(ms) + "]")
+RAW = st.sampled_from(SPECIAL) | _json | st.integers(-(2**70), 2**70).map(str) | _nested | _huge | _messages
+
+
+def _body(base: dict[str, str], fields: dict[str, str]) -> str:
+    return "{" + ", ".join(f"{json.dumps(k)}: {v}" for k, v in {**base, **fields}.items()) + "}"
+
+
+@pytest.fixture(scope="module")
+def http():
+    with served_app() as client:
+        yield client
+
+
+def _check(http, path: str, fields: dict[str, str]) -> None:
+    response = post(http, _body(BASES[path], fields), path)
+    allowed = {504} if "timeout" in fields else set()  # the client asked for a (tiny) deadline
+    assert response.status_code < 500 or response.status_code in allowed, (fields, response.text[:500])
+    if response.status_code >= 400:
+        error = response.json()["error"]
+        assert set(error) == {"message", "type", "param", "code"}, error
+    assert_still_serving(http)
+
+
+FUZZ = settings(max_examples=150, deadline=None, derandomize=True,
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+
+@FUZZ
+@given(fields=st.dictionaries(st.sampled_from(COMPLETION_FIELDS), RAW, min_size=1, max_size=4))
+def test_fuzzed_completions_are_4xx_or_served(http, fields):
+    _check(http, "/v1/completions", fields)
+
+
+@FUZZ
+@given(fields=st.dictionaries(st.sampled_from(CHAT_FIELDS), RAW, min_size=1, max_size=4))
+def test_fuzzed_chat_completions_are_4xx_or_served(http, fields):
+    _check(http, "/v1/chat/completions", fields)
+
+
+@FUZZ
+@given(raw=st.sampled_from(SPECIAL) | _json | _nested | st.binary(max_size=64).map(repr))
+def test_fuzzed_whole_bodies_are_4xx(http, raw):
+    for path in BASES:
+        response = post(http, raw, path)
+        assert 400 <= response.status_code < 500, (raw[:200], response.text[:500])
+    assert_still_serving(http)
