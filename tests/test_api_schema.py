@@ -4,13 +4,15 @@ the bind address and serve's command lines for it."""
 from __future__ import annotations
 
 import logging
+import re
+from pathlib import Path
 
 import pytest
 
-from ovpool import errors
+from ovpool import bounds, errors
 from ovpool.api import errors as api_errors
 from ovpool.api.keys import ApiKeys, parse
-from ovpool.api.schema import parse_chat, parse_completion
+from ovpool.api.schema import MAX_BODY_BYTES, parse_chat, parse_completion
 from ovpool.api.server import parse_bind
 from ovpool.sampling_params import SamplingParams
 from ovpool.serve.spec import PoolSpec
@@ -170,3 +172,14 @@ def test_a_completion_note_is_shown_beside_its_finish_reason():
         assert "note" not in full(Reply(gen), [plain])["choices"][0]
         (last,) = last_chunk(Reply(gen), 0, noted)["choices"]
         assert last["finish_reason"] == "length" and last["note"] == note
+
+
+def test_the_documented_limits_are_the_enforced_ones():
+    doc = (Path(__file__).parents[1] / "docs" / "operations.md").read_text()
+    limits = doc[doc.index("**Limits.**"):doc.index("Errors are OpenAI's JSON")]
+    for value in (MAX_BODY_BYTES, bounds.MAX_JSON_DEPTH, bounds.MAX_PROMPT_CHARS, bounds.MAX_CHOICES,
+                  bounds.MAX_MESSAGES, bounds.MAX_NAME_CHARS, bounds.MAX_TOKENS, bounds.MAX_REQUEST_TOKENS,
+                  bounds.MAX_LOGPROB_ENTRIES, bounds.MAX_LOGPROBS, bounds.MAX_STOP, bounds.MAX_STOP_CHARS,
+                  bounds.MAX_LOGIT_BIAS_ENTRIES, bounds.MAX_FORMAT_SIZE, len(str(bounds.MAX_TOKEN_ID))):
+        assert re.search(rf"(?<![\d,]){value:,}(?![\d,])", limits), value
+    assert f"{MAX_BODY_BYTES >> 20} MiB" in limits and f"0-{bounds.MAX_TEMPERATURE:g}" in limits
