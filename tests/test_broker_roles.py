@@ -151,11 +151,13 @@ def test_a_client_key_cannot_register_as_a_worker(keys, curve_broker):
 
 
 def test_a_worker_key_cannot_submit(keys, curve_broker):
-    with Client(curve_broker, settings=keys.worker_settings()) as as_worker, \
+    # A CURVE handshake beside busy processes can take longer than the 2 s default.
+    patient = {**keys.worker_settings(), "connect_timeout_s": 60}
+    with Client(curve_broker, settings=patient) as as_worker, \
             pytest.raises(errors.AuthenticationError, match="a worker's.*SUBMIT.*curve_allowed_keys"):
         as_worker.complete("hi", model="m", max_tokens=1)
     with Client(curve_broker, settings=keys.client_settings()) as client:
-        status = client.status()
+        status = wait_for_workers(client, 0)
     assert status["queues"] == {} and status["counters"]["submitted"] == 0
 
 
