@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from ovpool.cli.common import timings_text
+from ovpool.errors import OvpoolError
 from ovpool.serve.child import terminate
 from ovpool.serve.spec import DEFAULT_MODEL
 from ovpool.settings import Settings
@@ -37,20 +38,20 @@ def ovpool(*args: str) -> None:
     subprocess.run([sys.executable, "-m", "ovpool", *args], check=True)
 
 
-def free_endpoint() -> str:
+def free_port() -> int:
     import socket
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return f"tcp://127.0.0.1:{s.getsockname()[1]}"
+        return s.getsockname()[1]
 
 
 @contextlib.contextmanager
-def serving(workdir: Path, endpoint: str) -> Iterator[subprocess.Popen]:
+def serving(workdir: Path, endpoint: str, http: str) -> Iterator[subprocess.Popen]:
     """`ovpool serve` in the background, its log in ``workdir``; SIGTERM on the way out."""
-    argv = [sys.executable, "-m", "ovpool", "serve", "--bind", endpoint,
-            "--state-file", str(workdir / "serve.json")]
-    print(f"$ ovpool serve --bind {endpoint}   (log: {workdir / 'serve.log'})", flush=True)
+    args = ["--bind", endpoint, "--http", http]
+    argv = [sys.executable, "-m", "ovpool", "serve", *args, "--state-file", str(workdir / "serve.json")]
+    print(f"$ ovpool serve {' '.join(args)}   (log: {workdir / 'serve.log'})", flush=True)
     with open(workdir / "serve.log", "wb") as log:
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
     try:
@@ -64,7 +65,8 @@ def wait_ready(proc: subprocess.Popen, workdir: Path) -> float:
     started, state_file = time.monotonic(), workdir / "serve.json"
     while time.monotonic() - started < READY_TIMEOUT_S:
         if proc.poll() is not None:
-            raise SystemExit(f"ovpool serve exited:\n{(workdir / 'serve.log').read_text()[-3000:]}")
+            raise SystemExit(f"ovpool serve exited with status {proc.returncode}:\n"
+                             f"{(workdir / 'serve.log').read_text()[-3000:]}")
         with contextlib.suppress(FileNotFoundError, json.JSONDecodeError):
             workers = json.loads(state_file.read_text())["workers"]
             if workers and all(w["state"] == "ready" for w in workers):
@@ -108,12 +110,20 @@ def ask(endpoint: str) -> None:
 
 
 def main() -> None:
-    endpoint = free_endpoint()
+    try:
+        run()
+    except (OvpoolError, subprocess.CalledProcessError) as exc:  # one line, not a traceback
+        raise SystemExit(f"demo failed: {exc}") from None
+
+
+def run() -> None:
+    # Free ports, not the defaults: another ovpool serve (or anything on 8000) must not break it.
+    endpoint, http = f"tcp://127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
     cache = Settings.resolve().cache_dir
     with tempfile.TemporaryDirectory(prefix="ovpool-demo-") as tmp:
         workdir = Path(tmp)
         say(f"starting ovpool serve: model {DEFAULT_MODEL} on CPU, cache {cache}")
-        with serving(workdir, endpoint) as proc:
+        with serving(workdir, endpoint, http) as proc:
             seconds = wait_ready(proc, workdir)
             report_load(workdir / "serve.log", seconds)
             ask(endpoint)

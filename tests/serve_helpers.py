@@ -15,6 +15,7 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from ovpool.client import Client
 from ovpool.serve.child import terminate
 
 # Fast heartbeats make backoff, readiness and expiry quick (every timing constant derives from it).
@@ -25,6 +26,15 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def taken_port() -> Iterator[int]:
+    """A port another server listens (and answers) on while the block runs."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        yield sock.getsockname()[1]
 
 
 def alive(pid: int) -> bool:
@@ -98,18 +108,44 @@ class Served:
 
         return wait_for(check, timeout, f"workers {want} (log:\n{self.output()[-3000:]})")
 
+    def wait_service(self, name: str, timeout: float = 30) -> dict:
+        """Serve's entry for its ``broker`` or ``http`` child once that one is ready."""
+        return wait_for(lambda: (e := self.state().get(name)) and e["state"] == "ready" and e, timeout,
+                        f"the {name} child to be ready (log:\n{self.output()[-3000:]})")
+
+    def client_keys(self) -> dict[str, str]:
+        """The pool's client key files, as serve's state file names them ({} when open)."""
+        published = wait_for(lambda: "client_keys" in (s := self.state()) and s, 30, "serve's state file")
+        return published["client_keys"]
+
+    def client(self, **settings: object) -> Client:
+        """A Client of the pool with its client keys (none when open)."""
+        return Client(self.endpoint, settings={**self.client_keys(), **settings})
+
     def output(self) -> str:
         return self.log.read_text(errors="replace")
 
 
+def run_serve(*args: str, env: dict[str, str] | None = None,
+              timeout: float = 60) -> tuple[subprocess.CompletedProcess, float]:
+    """``ovpool serve ARGS`` run to its end: (the finished process, its output merged, seconds)."""
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "ovpool", "serve", *args], stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, timeout=timeout,
+                          env={**os.environ, **FAST_ENV, **(env or {})})
+    return done, time.monotonic() - started
+
+
 @contextlib.contextmanager
-def serve(tmp_path: Path, *args: str, env: dict[str, str] | None = None,
-          http: bool = False) -> Iterator[Served]:
-    """``ovpool serve ARGS``; with ``http`` its HTTP API on a free port, else --no-http."""
+def serve(tmp_path: Path, *args: str, env: dict[str, str] | None = None, http: bool = False,
+          closed: bool = False) -> Iterator[Served]:
+    """``ovpool serve ARGS``; with ``http`` its HTTP API on a free port, else --no-http. ``closed``:
+    serve's default, its own CURVE keys (connect with ``Served.client``); else --open, so plain
+    clients connect."""
     port, http_port = free_port(), free_port() if http else None
     state_file, log = tmp_path / "serve.json", tmp_path / "serve.log"
     argv = [sys.executable, "-m", "ovpool", "serve", "--bind", f"tcp://127.0.0.1:{port}",
-            "--state-file", str(state_file),
+            "--state-file", str(state_file), *([] if closed else ["--open"]),
             *(["--http", f"127.0.0.1:{http_port}"] if http else ["--no-http"]), *args]
     with open(log, "wb") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,

@@ -6,11 +6,13 @@ test_serve_engine.py runs the real engine and cache.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
+import urllib.request
 
 import pytest
 from serve_helpers import alive, descendants, free_port, scrape, serve, unsupported_model, wait_for
@@ -22,10 +24,10 @@ pytestmark = pytest.mark.slow
 
 
 def test_three_workers_answer_and_sigterm_leaves_no_process(tmp_path):
-    with serve(tmp_path, "--workers", "3", "--backend", "null") as served:
+    with serve(tmp_path, "--workers", "3", "--backend", "null", closed=True) as served:
         workers = served.wait_states("ready")
         assert sorted(workers) == ["CPU#0", "CPU#1", "CPU#2"]
-        with Client(served.endpoint) as client:
+        with served.client() as client:
             assert client.complete("hello", max_tokens=4).usage.completion_tokens == 4
             status = client.status()
         assert {w["pid"] for w in status["workers"]} == {w["pid"] for w in workers.values()}
@@ -59,7 +61,7 @@ def test_killed_worker_is_restarted(tmp_path):
 def test_a_model_that_cannot_load_is_not_retried_and_its_error_reaches_status_and_clients(tmp_path):
     model = unsupported_model(tmp_path / "mamba.gguf")
     why = "architecture 'mamba' (general.architecture) is not supported"
-    with serve(tmp_path, "--model", str(model), "--workers", "1") as served:
+    with serve(tmp_path, "--model", str(model), "--workers", "1", "--keep-up-on-worker-failure") as served:
         failing = served.wait_states("failing", timeout=90)["CPU"]
         assert failing["restarts"] == 0 and failing["last_exit"] == errors.EXIT_PERMANENT
         assert why in failing["reason"] and "not retried" in failing["reason"]
@@ -82,20 +84,28 @@ def test_a_model_that_cannot_load_is_not_retried_and_its_error_reaches_status_an
         assert "CPU: failing: error: " in text
 
 
-def test_a_missing_model_file_is_reported_failing_without_retries(tmp_path):
-    with serve(tmp_path, "--model", str(tmp_path / "missing.gguf"), "--workers", "1") as served:
-        failing = served.wait_states("failing", timeout=90)["CPU"]
-    assert failing["restarts"] == 0 and "missing.gguf" in failing["reason"]
-
-
-def test_broker_that_cannot_bind_stops_serve_with_its_error(tmp_path):
-    with serve(tmp_path, "--workers", "1", "--backend", "null") as first:
-        first.wait_states("ready")
-        argv = [sys.executable, "-m", "ovpool", "serve", "--bind", first.endpoint, "--workers", "1",
-                "--no-http", "--backend", "null"]
-        second = subprocess.run(argv, capture_output=True, text=True, timeout=60)
-    assert second.returncode == 2
-    assert "broker exited" in second.stderr and "bind" in second.stderr
+def test_a_killed_broker_is_restarted_and_the_next_request_succeeds(tmp_path):
+    """Workers, the HTTP API and a client connected before the kill all reconnect to the new broker."""
+    with serve(tmp_path, "--workers", "1", "--backend", "null", http=True, closed=True) as served, \
+            served.client() as client:
+        served.wait_states("ready")
+        broker = served.wait_service("broker")
+        assert client.complete("before", max_tokens=2).usage.completion_tokens == 2
+        os.kill(broker["pid"], signal.SIGKILL)
+        after = wait_for(lambda: (b := served.state()["broker"])["restarts"] == 1 and b["state"] == "ready"
+                         and b, 30, f"the broker to come back (log:\n{served.output()[-3000:]})")
+        assert after["pid"] != broker["pid"] and after["last_exit"] == -signal.SIGKILL
+        assert served.proc.poll() is None
+        # The worker re-registers once it finds the broker silent (HEARTBEAT_EXPIRY_S): the request
+        # waits for it (broker grace), it does not fail.
+        assert client.complete("after", max_tokens=3).usage.completion_tokens == 3
+        body = json.dumps({"model": "smollm2", "prompt": "x", "max_tokens": 2}).encode()
+        request = urllib.request.Request(f"http://127.0.0.1:{served.http_port}/v1/completions", body,
+                                         {"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=30) as resp:
+            assert json.load(resp)["usage"]["completion_tokens"] == 2
+        assert served.workers()["CPU"]["restarts"] == 0  # the worker rode it out, not restarted
+    assert "the broker on" in served.output() and "restarted (pid" in served.output()
 
 
 def test_probe_reads_serve_state(tmp_path):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import socket
 import sys
+from pathlib import Path
 from typing import Any
 
 import click
@@ -22,6 +23,7 @@ from ovpool.cli.common import (
 )
 from ovpool.errors import BrokerUnavailableError
 from ovpool.serve import state
+from ovpool.serve.keys import CURVE_SETTINGS, ChildKeys, child_keys
 from ovpool.serve.spec import (
     DEFAULT_BIND,
     DEFAULT_HTTP,
@@ -29,6 +31,9 @@ from ovpool.serve.spec import (
     PoolSpec,
     parse_devices,
 )
+from ovpool.settings import lookup
+
+API_KEY_ENV = "OVPOOL_API_KEY"
 
 
 def _available_devices() -> list[str]:
@@ -78,13 +83,14 @@ def _status_fn(endpoint: str, settings: Any):
     return client, status
 
 
-def _publisher(state_file: str | None, client: Any):
-    """Serve's view goes to the state file (probes) and to the broker (`ovpool status`)."""
+def _publisher(state_file: str | None, client: Any, client_keys: dict[str, str]):
+    """Serve's view goes to the state file (probes; with the paths of the pool's client keys, for
+    this user's own tools: the file is 0600) and to the broker (`ovpool status`)."""
     pid = os.getpid()
 
     def publish(view: dict) -> None:
         if state_file:
-            state.write_state(state_file, view)
+            state.write_state(state_file, {**view, "client_keys": client_keys})
         client.report_supervised(view["host"], pid, view["workers"])
 
     return publish
@@ -115,33 +121,90 @@ def _publisher(state_file: str | None, client: Any):
 @click.option("--http", default=None, metavar="HOST:PORT",
               help=f"The OpenAI-compatible HTTP API (default {DEFAULT_HTTP} with a local broker).")
 @click.option("--no-http", is_flag=True, help="Do not start the HTTP API.")
-@click.option("--api-key", "api_keys", multiple=True, envvar="OVPOOL_API_KEY",
-              help="A Bearer key the HTTP API requires (repeatable; env OVPOOL_API_KEY, comma-separated).")
+@click.option("--api-key-file", default=None, type=click.Path(dir_okay=False), metavar="FILE",
+              help=f"Bearer keys the HTTP API requires, one a line (or comma-separated); also env "
+                   f"{API_KEY_ENV}. Never on a command line, where `ps` shows it.")
+@click.option("--api-key", "api_key_flag", multiple=True, hidden=True, expose_value=True)
+@click.option("--open", "open_pool", is_flag=True,
+              help="No CURVE: any process that can reach the broker may submit and serve. By default "
+                   "only serve's own processes (and the keys below) can join.")
+@click.option("--curve-secret-key", default=None, type=click.Path(dir_okay=False),
+              help="CURVE key pair (.key_secret): the local broker's (peers on other hosts hold its "
+                   "public key), or with --broker this host's.")
+@click.option("--curve-allowed-keys", default=None, type=click.Path(file_okay=False),
+              help="Local broker: directory of the public keys of clients on other hosts.")
+@click.option("--curve-worker-keys", default=None, type=click.Path(file_okay=False),
+              help="Local broker: directory of the public keys of workers on other hosts.")
+@click.option("--curve-server-key", default=None, type=click.Path(dir_okay=False),
+              help="With --broker: the broker's CURVE public key (.key).")
+@click.option("--keep-up-on-worker-failure", "keep_up", is_flag=True,
+              envvar="OVPOOL_KEEP_UP_ON_WORKER_FAILURE",
+              help="Keep serving (broker, HTTP API) when every worker has failed for good; by default "
+                   "serve then exits with status 2.")
 @settings_options
 def serve_command(devices: str | None, workers: int | None, bind: str, remote: str | None,
                   cache_dir: str | None, cache_only: bool | None, metrics_port: int | None,
-                  state_file: str | None, http: str | None, no_http: bool, api_keys: tuple[str, ...],
+                  state_file: str | None, http: str | None, no_http: bool, api_key_file: str | None,
+                  api_key_flag: tuple[str, ...], keep_up: bool, open_pool: bool,
                   served_names: tuple[str, ...], assignments: tuple[str, ...], **fields: Any) -> None:
     """Run a broker, one worker per device and the HTTP API on this host; Ctrl-C or SIGTERM stops
     them all."""
-    from ovpool.serve.pool import Pool
+    from ovpool.serve import preflight
 
+    if api_key_flag:
+        raise click.UsageError(f"--api-key would show the key to every local user (ps); put it in a "
+                               f"file for --api-key-file (mode 0600) or in {API_KEY_ENV}")
+    curve = {k: fields.pop(k) for k in CURVE_SETTINGS}
     settings = resolve_settings(assignments, cache_dir=cache_dir, cache_only=cache_only,
-                                metrics_port=metrics_port)
+                                metrics_port=metrics_port, **curve)
     if fields.get("backend") != "null":
         check_cache_dir(settings)
     spec = _spec(devices, workers, bind, remote, _http_bind(http, no_http, remote), settings,
-                 assignments=assignments, served_names=served_names, **fields)
+                 assignments=_without_curve(assignments), served_names=served_names, **fields)
+    api_keys = _api_keys(api_key_file)
+    preflight.check(spec)  # before any child: one line and status 2 for what no restart fixes
+    with child_keys(settings, local_broker=spec.bind is not None, open_pool=open_pool) as keys:
+        _echo_start(spec, remote, keys)
+        _run(spec, settings, keys, state_file, api_keys, keep_up)
+
+
+def _run(spec: PoolSpec, settings: Any, keys: ChildKeys, state_file: str | None, api_keys: list[str],
+         keep_up: bool) -> None:
+    from ovpool.serve.pool import Pool
+
+    base = {k: v for k, v in os.environ.items() if k != API_KEY_ENV}
+    http_env = {**base, **keys.env("client"), API_KEY_ENV: ",".join(api_keys)}
+    client, status = _status_fn(spec.endpoint, settings.replace(**keys.client))
+    publish = _publisher(state_file, client, keys.client)
+    with client, stop_on_signals() as stop, \
+            Pool(spec, status, publish, env={**base, **keys.env("worker")}, http_env=http_env,
+                 broker_env={**base, **keys.env("broker")}, keep_up=keep_up) as pool:
+        pool.run(stop)
+
+
+def _echo_start(spec: PoolSpec, remote: str | None, keys: ChildKeys) -> None:
     click.echo(f"ovpool serve: {spec.model} on {len(spec.devices)} worker(s) ({', '.join(spec.devices)}), "
-               f"broker {spec.endpoint}" + (" (remote)" if remote else "")
+               f"broker {spec.endpoint}" + (" (remote)" if remote else "") + f" ({keys.mode})"
                + f", cache {spec.cache_dir or 'off'}"
                + (f", HTTP API http://{spec.http}/v1" if spec.http else ""))
     sys.stdout.flush()
-    http_env = {**os.environ, "OVPOOL_API_KEY": ",".join(api_keys)}
-    client, status = _status_fn(spec.endpoint, settings)
-    with client, stop_on_signals() as stop, \
-            Pool(spec, status, _publisher(state_file, client), http_env=http_env) as pool:
-        pool.run(stop)
+
+
+def _without_curve(assignments: tuple[str, ...]) -> tuple[str, ...]:
+    """--set items for the workers' command lines: CURVE keys go through child_keys instead."""
+    return tuple(a for a in assignments if lookup(a.partition("=")[0]).name not in CURVE_SETTINGS)
+
+
+def _api_keys(path: str | None) -> list[str]:
+    """The HTTP API's keys: from --api-key-file (one a line) and the environment variable."""
+    values = [os.environ.get(API_KEY_ENV, "")]
+    if path:
+        try:
+            values += Path(path).read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError) as exc:
+            why = getattr(exc, "strerror", None) or exc
+            raise click.BadParameter(f"cannot read {path}: {why}", param_hint="--api-key-file") from None
+    return [key.strip() for value in values for key in value.split(",") if key.strip()]
 
 
 @click.command("probe")

@@ -1,9 +1,11 @@
 """The process layer of ``ovpool serve``: starts the children, feeds the Supervisor, publishes its view.
 
-``Pool`` owns the broker child (unless it joins a remote broker) and one ChildProcess per worker.
-Readiness comes from the broker itself: a worker is ready once the broker's status lists a worker
-with its host and pid, which is the only readiness a client cares about. The supervisor's view
-(including workers that never registered) goes to ``publish`` once per interval.
+``Pool`` owns the broker and HTTP API services (ovpool.serve.service; no broker when it joins a
+remote one) and one ChildProcess per worker. Readiness comes from the broker itself: a worker is
+ready once the broker's status lists a worker with its host and pid, which is the only readiness a
+client cares about. The supervisor's view (including workers that never registered) goes to
+``publish`` once per interval. Once every worker has failed for good serve ends (ConfigError)
+unless ``keep_up``: a pool that can never serve should not look alive.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from collections.abc import Callable
 from ovpool import timing
 from ovpool.errors import ConfigError
 from ovpool.serve.child import ChildProcess
-from ovpool.serve.http import HttpChild
+from ovpool.serve.service import Service
 from ovpool.serve.spec import PoolSpec, worker_names
 from ovpool.serve.supervisor import RestartPolicy, Supervisor, WorkerPhase
 
@@ -33,22 +35,23 @@ class Pool:
 
     def __init__(self, spec: PoolSpec, status: StatusFn, publish: PublishFn,
                  env: dict[str, str] | None = None, policy: RestartPolicy | None = None,
-                 clock: Callable[[], float] = time.monotonic, http_env: dict[str, str] | None = None):
-        self.spec = spec
+                 clock: Callable[[], float] = time.monotonic, http_env: dict[str, str] | None = None,
+                 broker_env: dict[str, str] | None = None, keep_up: bool = False):
+        self.spec, self.keep_up = spec, keep_up
         self._status, self._publish, self._env, self._clock = status, publish, env, clock
         self._devices = worker_names(list(spec.devices))
-        self.supervisor = Supervisor(self._devices, policy or RestartPolicy())
-        # The HTTP API child's environment may carry its API keys (kept off command lines).
-        self._http = (HttpChild(spec.api_argv(), spec.http, http_env or env, policy or RestartPolicy())
-                      if spec.http else None)
+        policy = policy or RestartPolicy()
+        self.supervisor = Supervisor(self._devices, policy)
+        # The services' environments may carry keys (kept off command lines).
+        self._broker = (Service("broker", f"the broker on {spec.bind}", spec.broker_argv(), spec.bind,
+                                broker_env or env, policy) if spec.bind is not None else None)
+        self._http = (Service("http", f"the HTTP API on http://{spec.http}/v1", spec.api_argv(), spec.http,
+                              http_env or env, policy) if spec.http else None)
         self._children: dict[str, ChildProcess] = {}
-        self._broker: ChildProcess | None = None
         self._broker_status: dict | None = None
         self._host = socket.gethostname()
 
     def __enter__(self) -> Pool:
-        if self.spec.bind is not None:
-            self._broker = ChildProcess("broker", self.spec.broker_argv(), env=self._env).__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -66,14 +69,15 @@ class Pool:
         self._publish_view()
 
     def run(self, stop: threading.Event) -> None:
-        """Supervise until ``stop`` is set; a broker that cannot start raises ConfigError."""
+        """Supervise until ``stop`` is set; a broker or HTTP API that keeps failing at start raises
+        ConfigError, every worker failing for good ConfigError (unless ``keep_up``)."""
         next_check = 0.0
         while not stop.is_set():
             now = self._clock()
-            self._check_broker()
-            if self._http is not None:
-                self._http.poll(now)
+            for service in self._services():
+                service.poll(now)
             self._reap(now)
+            self._check_failed()
             for name in self.supervisor.due(now):
                 self._spawn(name, now)
             if now >= next_check:
@@ -91,15 +95,20 @@ class Pool:
             workers.append({**entry, "worker_id": registered.get("id"), "load": registered.get("load")})
         view = {"host": self._host, "endpoint": self.spec.endpoint, "model": self.spec.model,
                 "updated": time.time(), "workers": workers}
-        if self._http is not None:
-            view["http"] = self._http.describe()
+        for service in self._services():
+            view[service.name] = service.describe()
         return view
 
-    def _check_broker(self) -> None:
-        if self._broker is None or self._broker.poll() is None:
+    def _services(self) -> list[Service]:
+        return [s for s in (self._broker, self._http) if s is not None]
+
+    def _check_failed(self) -> None:
+        entries = self.supervisor.view()
+        if self.keep_up or any(e["state"] != WorkerPhase.FAILING.value for e in entries):
             return
-        raise ConfigError(f"the broker exited with status {self._broker.poll()}: "
-                          f"{self._broker.last_error() or 'no output'}")
+        reasons = "; ".join(f"{e['name']}: {e['reason']}" for e in entries)
+        raise ConfigError(f"every worker failed and none will be restarted ({reasons}); "
+                          "pass --keep-up-on-worker-failure to keep serve running anyway")
 
     def _spawn(self, name: str, now: float) -> None:
         old = self._children.pop(name, None)
@@ -129,6 +138,8 @@ class Pool:
         return [w for w in (self._broker_status or {}).get("workers", []) if w.get("host") == self._host]
 
     def _check_ready(self) -> None:
+        if self._broker is not None and not self._broker.ready:
+            return  # no broker to ask (yet): a status call would only wait out its timeout
         self._broker_status = self._status()
         pids = {w.get("pid") for w in self._registered()}
         for name, child in self._children.items():
