@@ -8,6 +8,11 @@ histogram of decode speed.
 Per-worker cache outcome: a worker reports how it loaded its model in READY (``hit``: imported a
 cached blob; ``wrote``: compiled and exported; ``compiled``: compiled without a cache); each worker
 counts once (it sends READY again whenever the broker asks it to register again).
+
+Every label value comes from a bounded set, whatever peers send: a model label only for a model a
+worker registered (a request naming any other counts as ``unknown``), at most ``MAX_WORKER_LABELS``
+worker ids and ``MAX_DEVICE_LABELS`` devices (the rest count as ``other``), and per-worker prefix
+gauges only for the workers registered now.
 """
 
 from __future__ import annotations
@@ -18,6 +23,9 @@ from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from ovpool import errors
+from ovpool.bounds import MAX_NAME_CHARS
+from ovpool.broker.bounds import MAX_NAMES
 from ovpool.errors import ConfigError
 from ovpool.protocol import Error, Final, Partial, Ready, Request, Submit
 
@@ -32,6 +40,32 @@ _UNREGISTERED = ("starting", "backoff", "failing")
 # READY's load outcome → which cache counters it increments.
 _CACHE_EVENTS = {"hit": ("hits",), "wrote": ("misses", "writes"), "compiled": ("misses",),
                  "miss": ("misses",)}
+MAX_MODEL_LABELS = 256
+MAX_WORKER_LABELS = 1024
+MAX_DEVICE_LABELS = 64
+UNKNOWN_MODEL = "unknown"  # the model label of a request for a model no worker registered
+OTHER = "other"
+
+
+class LabelSet:
+    """At most ``limit`` distinct values of one label, the first ones seen; ``label`` maps any
+    other value to ``other``."""
+
+    def __init__(self, limit: int, other: str = OTHER):
+        self.limit, self.other = limit, other
+        self._seen: set[str] = set()
+
+    def __contains__(self, value: object) -> bool:
+        return type(value) is str and value in self._seen
+
+    def add(self, value: object) -> None:
+        if (type(value) is str and len(value) <= MAX_NAME_CHARS and value not in self._seen
+                and len(self._seen) < self.limit):
+            self._seen.add(value)
+
+    def label(self, value: object) -> str:
+        self.add(value)
+        return value if value in self._seen else self.other
 
 
 class BrokerMetrics:
@@ -69,6 +103,8 @@ class BrokerMetrics:
         self.prefix_routed = Gauge("ovpool_prefix_routed", "Dispatches of requests with route keys, "
                                    "by whether the chosen worker held part of the prompt (hit, miss)",
                                    ["outcome"], registry=r)
+        self._prefix_workers: set[str] = set()
+        self._workers, self._devices = LabelSet(MAX_WORKER_LABELS), LabelSet(MAX_DEVICE_LABELS)
 
     def set_queue_depth(self, model: str, depth: int) -> None:
         self.queue_depth.labels(model).set(depth)
@@ -96,15 +132,24 @@ class BrokerMetrics:
             self.workers.labels(state).set(counts.get(state, 0))
 
     def set_prefix(self, workers: Iterable[tuple[str, int, int]], hits: int, misses: int) -> None:
-        """Per worker (id, prompt tokens, cached prompt tokens); the router's hits and misses."""
+        """Per worker registered now (id, prompt tokens, cached prompt tokens), the others' series
+        removed; the router's hits and misses."""
+        now = set()
         for worker, prompt, cached in workers:
+            now.add(worker)
             self.prompt_tokens.labels(worker).set(prompt)
             self.cached_prompt_tokens.labels(worker).set(cached)
+        for gone in self._prefix_workers - now:
+            self.prompt_tokens.remove(gone)
+            self.cached_prompt_tokens.remove(gone)
+        self._prefix_workers = now
         self.prefix_routed.labels("hit").set(hits)
         self.prefix_routed.labels("miss").set(misses)
 
     def observe_worker_load(self, worker: str, device: str, outcome: str, seconds: float) -> None:
         """A worker's READY: how it got its compiled model and how long that took."""
+        worker, device = self._workers.label(worker), self._devices.label(device)
+        outcome = outcome if outcome in _CACHE_EVENTS else OTHER
         for event in _CACHE_EVENTS.get(outcome, ()):
             self.cache.labels(worker, device, event).inc()
         self.load_seconds.labels(device, outcome).observe(seconds)
@@ -124,31 +169,35 @@ class BrokerObserver:
         self._started: dict[str, tuple[str, float]] = {}  # request id -> (model, submit time)
         self._first_token: dict[str, float] = {}
         self._loads_seen: set[str] = set()  # worker ids: a READY sent again is the same load
+        self._models = LabelSet(MAX_MODEL_LABELS, UNKNOWN_MODEL)  # the names workers registered
+        self._depth_models: set[str] = set()  # the queue depth series set so far
 
     def incoming(self, msg: object, now: float) -> None:
         if isinstance(msg, Submit):
             self._started.setdefault(msg.request_id, (msg.model, now))
         elif isinstance(msg, Partial):  # from the worker: a request without a stream gets none
-            self._first_token.setdefault(msg.request_id, now)
+            if msg.request_id in self._started:
+                self._first_token.setdefault(msg.request_id, now)
         elif isinstance(msg, Ready):
             self._ready(msg)
 
     def outgoing(self, msg: object, now: float) -> None:
         if isinstance(msg, Final):
-            usage = msg.completion.get("usage") or {}
-            self._end(msg.request_id, "ok", now, usage.get("completion_tokens", 0))
-        elif isinstance(msg, Error) and msg.request_id:
-            self._end(msg.request_id, msg.code, now, 0)
+            usage = msg.completion.get("usage")
+            tokens = usage.get("completion_tokens") if type(usage) is dict else None
+            self._end(msg.request_id, "ok", now, tokens if type(tokens) is int and 0 < tokens < 2**53 else 0)
+        elif isinstance(msg, Error) and msg.request_id:  # a code this broker does not know: its family
+            self._end(msg.request_id, errors.from_wire(msg.code, "").code, now, 0)
         elif isinstance(msg, Request) and msg.request_id in self._started:
             # The submit may leave the model blank ("the only one served"); the dispatch names it.
             self._started[msg.request_id] = (msg.model, self._started[msg.request_id][1])
+            self._models.add(msg.model)
 
     def tick(self, queues: Mapping[str, Sized], workers: Iterable[tuple[int, int]],
              supervised: Iterable[Mapping] = ()) -> None:
         """Queue depth per model; registered workers as (in flight, slots) pairs: busy when every
         slot is taken; ``supervised`` (serve's reports) adds those starting, backing off or failing."""
-        for model, queue in queues.items():
-            self.metrics.set_queue_depth(model, len(queue))
+        self._queue_depths(queues)
         counts = dict.fromkeys(WORKER_STATES, 0)
         for inflight, slots in workers:
             counts["busy" if inflight >= slots else "ready"] += 1
@@ -157,12 +206,27 @@ class BrokerObserver:
                 counts[entry["state"]] += 1
         self.metrics.set_workers(counts)
 
+    def _queue_depths(self, queues: Mapping[str, Sized]) -> None:
+        """Per registered model, and the sum of the others as ``unknown``; a series set before
+        whose queue is gone now reads 0 (the broker drops the queues of models no longer served)."""
+        depths = dict.fromkeys(self._depth_models, 0)
+        for model, queue in queues.items():
+            label = model if model in self._models else UNKNOWN_MODEL
+            depths[label] = depths.get(label, 0) + len(queue)
+        for model, depth in depths.items():
+            self.metrics.set_queue_depth(model, depth)
+        self._depth_models = set(depths)
+
     def _ready(self, msg: Ready) -> None:
-        if msg.models and isinstance(msg.models[0], str):
+        for model in msg.models[:MAX_NAMES]:  # as many as the router registers
+            self._models.add(model)
+        if msg.models and msg.models[0] in self._models:
             self.metrics.add_model(msg.models[0])  # the primary name; the others are aliases
         outcome, seconds = msg.load.get("outcome"), msg.load.get("seconds")
-        if (isinstance(outcome, str) and isinstance(seconds, (int, float))
+        if (isinstance(outcome, str) and type(seconds) in (int, float)
                 and msg.worker_id not in self._loads_seen):
+            if len(self._loads_seen) >= MAX_WORKER_LABELS * 4:  # worker ids change with each start
+                self._loads_seen.clear()
             self._loads_seen.add(msg.worker_id)
             self.metrics.observe_worker_load(msg.worker_id, msg.device, outcome, seconds)
 
@@ -172,7 +236,8 @@ class BrokerObserver:
         if started is None:
             return
         model, t0 = started
-        self.metrics.observe_final(model or "unrouted", outcome, latency_s=now - t0,
+        label = model if model in self._models else UNKNOWN_MODEL
+        self.metrics.observe_final(label, outcome, latency_s=now - t0,
                                    ttft_s=None if first is None else first - t0, completion_tokens=tokens)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from broker_helpers import C1, C2, LATE, W1, W2, of, one_worker_router, ready, submit
 
 from ovpool import errors, timing
 from ovpool.broker.router import Router
@@ -27,27 +28,7 @@ from ovpool.protocol import (
     Supervised,
 )
 
-C1, C2, W1, W2 = b"client-1", b"client-2", b"worker-1", b"worker-2"
-LATE = 1000.0  # well past the broker's start-up grace
-
-
-def ready(slots=2, models=("m",)):
-    return Ready("w", list(models), "CPU", slots, "host", 1)
-
-
-def submit(rid, model="m", timeout_s=0.0, window=0, **params):
-    return Submit(rid, model, {"max_tokens": 4, **params}, prompt="hi", timeout_s=timeout_s, window=window)
-
-
-def of(out, cls):
-    return [(peer, m) for peer, m in out if isinstance(m, cls)]
-
-
-@pytest.fixture
-def router():
-    r = Router(now=0.0, queue_limit=2, max_new_tokens=100)
-    r.handle(W1, ready(), LATE)
-    return r
+router = pytest.fixture(one_worker_router, name="router")
 
 
 def test_requests_go_to_the_least_loaded_worker_with_a_free_slot(router):

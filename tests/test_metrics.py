@@ -7,7 +7,8 @@ import urllib.request
 import pytest
 from serve_helpers import scrape
 
-from ovpool.metrics import BrokerMetrics, MetricsServer
+from ovpool import timing
+from ovpool.metrics import BrokerMetrics, BrokerObserver, MetricsServer
 
 
 @pytest.fixture
@@ -150,3 +151,80 @@ def test_prefix_cache_tokens_per_worker_and_the_routers_prefix_hits(served):
     assert got[("ovpool_worker_cached_prompt_tokens", (("worker", "w2@h:2"),))] == 0
     assert got[("ovpool_prefix_routed", (("outcome", "hit"),))] == 7
     assert got[("ovpool_prefix_routed", (("outcome", "miss"),))] == 2
+
+
+def drive(router, observer, peer, msg, now):
+    """What the broker loop does with one message: observe it, route it, observe the replies."""
+    observer.incoming(msg, now)
+    for _, out in router.handle(peer, msg, now):
+        observer.outgoing(out, now)
+
+
+def tick(router, observer, now):
+    for _, out in router.tick(now):
+        observer.outgoing(out, now)
+    observer.tick(router.queues, [(len(w.inflight), w.info.slots) for w in router.workers.values()])
+
+
+def test_requests_for_2000_unknown_models_add_a_few_series_at_most():
+    from prometheus_client import generate_latest
+
+    from ovpool.broker.router import Router
+    from ovpool.protocol import Final, Ready, Submit
+
+    metrics = BrokerMetrics()
+    obs, router = BrokerObserver(metrics), Router(now=0.0)
+    drive(router, obs, b"w", Ready("w0", ["tiny"], "CPU", 4, "h", 1), 0.5)
+    drive(router, obs, b"c", Submit("ok", "tiny", {}, prompt="hi"), 0.5)
+    drive(router, obs, b"w", Final("ok", {"usage": {"completion_tokens": 3}}), 0.6)
+    tick(router, obs, 0.7)
+    before = len(generate_latest(metrics.registry))
+    for i in range(1000):  # a restarted broker's grace: some wait for their model, most fail at once
+        drive(router, obs, b"c", Submit(f"a{i}", f"nope-{i}", {}, prompt="hi"), 1.0)
+    tick(router, obs, 1.0)
+    tick(router, obs, timing.BROKER_GRACE_S + 2)  # the waiting ones fail after the grace
+    for i in range(1000):
+        drive(router, obs, b"c", Submit(f"b{i}", f"late-{i}", {}, prompt="hi"), timing.BROKER_GRACE_S + 3)
+    tick(router, obs, timing.BROKER_GRACE_S + 3)
+    text = generate_latest(metrics.registry).decode()
+    assert len(text) - before < 4096, f"{before} bytes before, {len(text)} after"
+    assert "nope-" not in text and "late-" not in text
+    assert metrics.registry.get_sample_value(
+        "ovpool_requests_total", {"model": "unknown", "outcome": "request.model_not_found"}) == 2000
+    assert metrics.registry.get_sample_value("ovpool_queue_depth", {"model": "unknown"}) == 0
+
+
+def test_hostile_worker_reports_get_a_bounded_set_of_labels():
+    from ovpool.metrics import MAX_DEVICE_LABELS, MAX_WORKER_LABELS, BrokerObserver
+    from ovpool.protocol import Error, Final, Ready, Submit
+
+    metrics = BrokerMetrics()
+    obs = BrokerObserver(metrics)
+    for i in range(3000):
+        load = {"outcome": f"o{i}", "seconds": 1.0}
+        obs.incoming(Ready(f"w{i}", [f"m{i}"], f"DEV{i}", 1, "h", i, load), 0.0)
+    obs.incoming(Submit("r1", "m1", {}, prompt="hi"), 1.0)
+    obs.outgoing(Final("r1", {"usage": [1]}), 2.0)  # malformed usage: counted, no tokens
+    obs.incoming(Submit("r2", "m1", {}, prompt="hi"), 1.0)
+    obs.outgoing(Final("r2", {"usage": {"completion_tokens": -5}}), 2.0)
+    obs.incoming(Submit("r3", "m1", {}, prompt="hi"), 1.0)
+    obs.outgoing(Error("r3", "request.made.up", "x"), 2.0)  # an unknown code counts as its family
+    labels = {}
+    for family in metrics.registry.collect():
+        for sample in family.samples:
+            for name, value in sample.labels.items():
+                labels.setdefault(name, set()).add(value)
+    assert len(labels["worker"]) == MAX_WORKER_LABELS + 1  # and "other"
+    assert len(labels["device"]) == MAX_DEVICE_LABELS + 1
+    assert labels["outcome"] <= {"ok", "request", "other"}
+    assert metrics.registry.get_sample_value("ovpool_requests_total", {"model": "m1", "outcome": "ok"}) == 2
+    assert metrics.registry.get_sample_value("ovpool_tokens_generated_total", {"model": "m1"}) is None
+
+
+def test_prefix_gauges_are_kept_only_for_the_workers_registered_now():
+    metrics = BrokerMetrics()
+    metrics.set_prefix([("w1@h:1", 10, 5), ("w2@h:2", 20, 0)], hits=0, misses=0)
+    metrics.set_prefix([("w2@h:2", 30, 1)], hits=1, misses=0)  # w1 left (or restarted as another pid)
+    value = metrics.registry.get_sample_value
+    assert value("ovpool_worker_prompt_tokens", {"worker": "w1@h:1"}) is None
+    assert value("ovpool_worker_prompt_tokens", {"worker": "w2@h:2"}) == 30

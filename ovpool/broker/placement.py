@@ -40,6 +40,12 @@ def _busy(w: RegisteredWorker) -> float:
     return len(w.inflight) / w.info.slots
 
 
+def _lost(job: Job) -> str:
+    return (f"request {job.request_id} lost its worker {job.attempts} times (each died, went silent or"
+            " made no progress while running it): it may be too expensive for the workers or crash"
+            " them; retry with a shorter prompt, fewer tokens or a simpler response_format")
+
+
 class Placement:
     def __init__(self, *, max_attempts: int, counters: Counters, prefix_routing: bool = True):
         self.max_attempts = max_attempts
@@ -69,6 +75,10 @@ class Placement:
 
     def queued(self, model: str) -> int:
         return len(self._queues.get(model, ()))
+
+    def unseen_models(self) -> int:
+        """Models requests wait for that no worker serves (yet): a restarted broker's grace."""
+        return sum(1 for m, q in self._queues.items() if q and not self.serves(m))
 
     def has_free_slot(self, model: str) -> bool:
         return any(len(w.inflight) < w.cap for w in self._by_model.get(model, ()))
@@ -100,7 +110,10 @@ class Placement:
         del self._jobs[job.request_id]
         worker = self._workers.get(job.worker) if job.worker is not None else None
         if worker is None:
-            self._queues[job.model].remove(job.request_id)
+            queue = self._queues[job.model]
+            queue.remove(job.request_id)
+            if not queue and not self.serves(job.model):  # a name no worker serves: keep no queue
+                del self._queues[job.model]
             return
         worker.inflight.discard(job.request_id)
         for model in worker.info.models:
@@ -118,10 +131,14 @@ class Placement:
         del self._workers[worker.identity]
         for model in worker.info.models:
             self._by_model[model].remove(worker)
+            if not self._by_model[model]:  # names come and go with workers: keep only served ones
+                del self._by_model[model]
         for rid in sorted(worker.inflight, key=lambda r: self._jobs[r].queued_at, reverse=True):
             self._requeue(self._jobs[rid], now, out, lost=lost)
         for model in worker.info.models:
             self._dispatch(model, out)
+            if not self.serves(model) and not self._queues.get(model, True):
+                del self._queues[model]
 
     def stall(self, job: Job, out: Output, now: float) -> None:
         """``job`` made no progress on its worker: cancel it there and requeue it at the head; its
@@ -162,13 +179,12 @@ class Placement:
             job.attempts -= 1  # handed back on purpose: not a failed attempt
         if job.attempts >= self.max_attempts:
             self.counters.failed += 1
-            out.append((job.client, Error(job.request_id, errors.WorkerLostError.code,
-                                          f"request lost its worker {job.attempts} times")))
+            out.append((job.client, Error(job.request_id, errors.WorkerLostError.code, _lost(job))))
             del self._jobs[job.request_id]
             return
         self.counters.requeued += 1
         job.waiting_since = now
-        self._queues[job.model].appendleft(job.request_id)
+        self._queues.setdefault(job.model, deque()).appendleft(job.request_id)
 
     def _adopt_unnamed(self) -> None:
         """Requests that named no model while none was served go to the only one served now."""

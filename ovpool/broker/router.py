@@ -7,6 +7,9 @@ placement rules (its Placement, the only code that changes queues and slots), th
   seeded tokens, and those already forwarded, by ``seq``, are dropped); a stream gets no more than
   its credit, the rest waits in its Streams (broker/streams.py), and FINAL/ERROR are never dropped;
 - a request id belongs to the client that sent it: another client's SUBMIT with it is refused;
+- no peer's message grows its state past broker/bounds.py's limits: a READY, LOAD_FAILED or
+  SUPERVISED over them is dropped (counted ``malformed``), a PARTIAL past its request's
+  max_tokens too (no honest worker sends one), and a LOAD_FAILED is forgotten after a while;
 - a worker's replies return it credit (protocol.WORKER_WINDOW) as they are handled;
 - a request that gets no token for ``progress_timeout_s`` goes to another worker (Placement.stall);
 - the broker frees a slot as soon as it sends CANCEL (the worker handles messages in order, so the
@@ -18,6 +21,7 @@ placement rules (its Placement, the only code that changes queues and slots), th
 from __future__ import annotations
 
 from ovpool import errors, timing
+from ovpool.broker import bounds
 from ovpool.broker.admission import Admission
 from ovpool.broker.placement import Placement
 from ovpool.broker.state import Counters, Job, LoadFailures, Output, RegisteredWorker, SupervisedHosts
@@ -137,6 +141,7 @@ class Router:
         self._expire_stalled_streams(now, out)
         self._expire_orphans(now, out)
         self.supervised.expire(now)
+        self.failures.expire(now, self.supervised)
         return out
 
     def status(self, now: float) -> dict:
@@ -181,8 +186,8 @@ class Router:
             out.append((peer, Error(msg.request_id, exc.code, str(exc))))
             return
         self.counters.submitted += 1
-        if msg.window > 0:
-            self.streams.open(job.request_id, peer, msg.window)
+        if msg.window > 0:  # no stream takes more PARTIALs than its max_tokens
+            self.streams.open(job.request_id, peer, min(msg.window, job.max_tokens))
         self.placement.submit(job, out)
 
     def _on_cancel(self, peer: bytes, msg: Cancel, now: float, out: Output) -> None:
@@ -202,12 +207,13 @@ class Router:
 
     def _on_ping(self, peer: bytes, msg: Ping, now: float, out: Output) -> None:
         out.append((peer, Pong([rid for rid in msg.request_ids
-                                if rid not in self.jobs and rid not in self.streams])))
+                                if type(rid) is str and rid not in self.jobs and rid not in self.streams])))
 
     def _on_supervised(self, peer: bytes, msg: Supervised, now: float, out: Output) -> None:
-        if not all(isinstance(w, dict) and all(isinstance(k, str) for k in w) for w in msg.workers):
+        if not bounds.fit_supervised(msg):
             out.extend(self.malformed(peer, errors.MalformedMessageError(
-                "Supervised.workers must be a list of maps with string keys")))
+                "Supervised.workers must be a list of maps of text and numbers"
+                f" (of size {bounds.MAX_REPORT_SIZE:,} at most)")))
             return
         self.supervised.update(msg, now)
 
@@ -217,22 +223,25 @@ class Router:
         old = self.workers.get(peer)
         if old is not None:  # registering again means it dropped whatever it was running
             self._drop_worker(old, now, out, lost=True)
-        if msg.slots < 1 or not msg.models or not all(isinstance(m, str) for m in msg.models):
+        info = bounds.fit_ready(msg)
+        if info is None or len(self.workers) >= bounds.MAX_WORKERS:
             self.counters.malformed += 1
             return
         self._told_to_register.discard(peer)
-        self.failures.registered(msg)
-        self.placement.add_worker(RegisteredWorker(peer, msg, expires=now + timing.HEARTBEAT_EXPIRY_S), out)
+        self.failures.registered(info)
+        self.placement.add_worker(RegisteredWorker(peer, info, expires=now + timing.HEARTBEAT_EXPIRY_S), out)
 
     def _on_partial(self, peer: bytes, msg: Partial, now: float, out: Output) -> None:
         job = self._job_on(peer, msg.request_id, out)
         if job is None:
             return
         job.progress_at = now
-        if msg.seq >= job.next_seq:
+        if job.next_seq <= msg.seq < job.max_tokens:
             job.next_seq = msg.seq + 1
             if msg.request_id in self.streams:
                 self.streams.partial(msg, now, out)
+        elif msg.seq >= job.max_tokens:
+            self.counters.malformed += 1
 
     def _on_end(self, peer: bytes, msg: Final | Error, now: float, out: Output) -> None:
         job = self._job_on(peer, msg.request_id, out)
@@ -267,6 +276,10 @@ class Router:
     def _on_load_failed(self, peer: bytes, msg: LoadFailed, now: float, out: Output) -> None:
         """A worker that could not load its model: what waits for its models (or for any, unnamed)
         with no other worker serving them fails now, saying why."""
+        msg = bounds.fit_load_failed(msg)
+        if msg is None:
+            self.counters.malformed += 1
+            return
         self.failures.record(msg, now)
         for model in [*msg.models, ""]:
             if self.placement.serves(model):
@@ -361,7 +374,7 @@ class Router:
     def _expire_orphans(self, now: float, out: Output) -> None:
         if now < self.started + timing.BROKER_GRACE_S:
             return
-        for model, queue in self.queues.items():
+        for model, queue in list(self.queues.items()):  # failing the last request drops its queue
             if self.placement.serves(model):
                 continue
             for rid in [r for r in queue if now - self.jobs[r].waiting_since >= timing.BROKER_GRACE_S]:

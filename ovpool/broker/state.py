@@ -11,14 +11,19 @@ from ovpool.protocol import LoadFailed, Message, Ready, Request, Supervised
 
 Output = list[tuple[bytes, Message]]  # what the routing core asks the server to send, in order
 
-_MAX_HOSTS = 1000  # supervisor reports kept at once; the stalest goes first
+_MAX_HOSTS = 1000  # supervisor reports (and load failures) kept at once; the stalest goes first
+# A LOAD_FAILED is kept this long, or as long as its host's ``ovpool serve`` reports that worker
+# failing: long enough to answer the requests of a restarted broker's grace with its reason, and
+# a forged one stops failing requests soon after its sender stops.
+LOAD_FAILED_EXPIRY_S = timing.BROKER_GRACE_S
 
 
 @dataclass
 class RegisteredWorker:
-    """``cap``: the slots the broker fills, at most the advertised ``info.slots``. A request that
-    makes no progress there lowers it to what the worker still runs; each FINAL raises it by one,
-    so a worker that stalls (or lies about its slots) stops attracting requests."""
+    """``cap``: the slots the broker fills, at most the advertised ``info.slots`` (which the broker
+    cuts to bounds.MAX_SLOTS). A request that makes no progress there lowers it to what the worker still
+    runs; each FINAL raises it by one, so a worker that stalls (or lies about its slots) stops
+    attracting requests."""
 
     identity: bytes
     info: Ready
@@ -53,6 +58,7 @@ class Job:
     next_seq: int = 0  # the seq of the next PARTIAL the client has not seen yet
     progress_at: float | None = None  # its latest PARTIAL (or first tick) on its current worker
     route: RouteKeys = NO_KEYS  # its prompt's route keys (the same as request.route_keys)
+    max_tokens: int = 1 << 63  # its sampling max_tokens: no honest worker sends more PARTIALs
 
     @property
     def request_id(self) -> str:
@@ -101,6 +107,14 @@ class SupervisedHosts:
         """Every supervised worker of every host, as ``{"host": ..., **entry}``."""
         return [{**w, "host": host} for host, (_, msg) in sorted(self._hosts.items()) for w in msg.workers]
 
+    def failing(self) -> set[tuple[str, str]]:
+        """(host, worker name) of each worker a supervisor reports failing."""
+        return {(host, w.get("name")) for host, (_, msg) in self._hosts.items() for w in msg.workers
+                if w.get("state") == "failing"}
+
+    def __len__(self) -> int:
+        return len(self._hosts)
+
 
 def _worker_name(worker_id: str) -> str:
     """``name@host:pid`` -> ``name``: one record per named worker of a host, whatever its pid."""
@@ -108,26 +122,45 @@ def _worker_name(worker_id: str) -> str:
 
 
 class LoadFailures:
-    """The latest LOAD_FAILED per (host, worker name); forgotten when that worker registers."""
+    """The latest LOAD_FAILED per (host, worker name) (bounds.fit_load_failed checked it).
+    Forgotten when that worker registers, when a READY serves one of its models, or
+    LOAD_FAILED_EXPIRY_S after it came while its host's ``ovpool serve`` does not report that
+    worker failing."""
 
     def __init__(self) -> None:
-        self._failed: dict[tuple[str, str], tuple[float, LoadFailed]] = {}
+        self._failed: dict[tuple[str, str], tuple[float, float, LoadFailed]] = {}  # (came, expires, msg)
 
     def record(self, msg: LoadFailed, now: float) -> None:
         key = (msg.host, _worker_name(msg.worker_id))
         if key not in self._failed and len(self._failed) >= _MAX_HOSTS:
             del self._failed[min(self._failed, key=lambda k: self._failed[k][0])]
-        self._failed[key] = (now, msg)
+        self._failed[key] = (now, now + LOAD_FAILED_EXPIRY_S, msg)
 
     def registered(self, msg: Ready) -> None:
-        self._failed.pop((msg.host, _worker_name(msg.worker_id)), None)
+        served = set(msg.models)
+        for key in [k for k, (_, _, m) in self._failed.items()
+                    if k == (msg.host, _worker_name(msg.worker_id)) or served.intersection(m.models)]:
+            del self._failed[key]
+
+    def expire(self, now: float, supervised: SupervisedHosts) -> None:
+        if not self._failed:
+            return
+        failing = supervised.failing()
+        for key, (came, expires, msg) in list(self._failed.items()):
+            if key in failing:
+                self._failed[key] = (came, now + LOAD_FAILED_EXPIRY_S, msg)
+            elif now >= expires:
+                del self._failed[key]
 
     def explain(self, model: str) -> str:
         """"worker X failed: why; ..." for the failures of ``model`` ("" : of any model), else ""."""
-        found = [m for _, m in self._failed.values() if not model or model in m.models]
+        found = [m for _, _, m in self._failed.values() if not model or model in m.models]
         return "; ".join(f"worker {m.worker_id} failed: {m.message}" for m in found)
 
     def entries(self, now: float) -> list[dict]:
         return [{"id": m.worker_id, "models": list(m.models), "device": m.device, "host": m.host,
                  "pid": m.pid, "code": m.code, "message": m.message, "age_s": round(now - t, 3)}
-                for t, m in self._failed.values()]
+                for t, _, m in self._failed.values()]
+
+    def __len__(self) -> int:
+        return len(self._failed)

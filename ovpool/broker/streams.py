@@ -6,6 +6,10 @@ finds no credit waits here, in order, and the stream's FINAL or ERROR waits behi
 them. So the broker's send queue to a client never holds more than the credit that client granted
 plus one end per stream: libzmq never reaches a high-water mark and nothing is dropped.
 
+A reader cannot have consumed more than it was sent, so a stream's credit never exceeds its
+window (a CREDIT for more is cut to it), and the Router opens no window wider than the request's
+max_tokens: a client that grants itself 10**9 tokens gets what an honest one gets.
+
 What waits here is bounded by design: at most max_tokens of one stream (the broker's
 max_new_tokens), and a stream whose reader takes nothing for ``stall_s`` while tokens wait is
 ended with ClientTooSlowError (by Router, which also stops its worker). A slow reader costs only
@@ -27,6 +31,7 @@ _NEVER = float("inf")
 class Stream:
     client: bytes
     credit: int
+    window: int  # the most credit it may hold (an honest reader's credit never exceeds its window)
     held: deque[Partial] = field(default_factory=deque)
     end: Final | Error | None = None  # the last message, once the worker sent it
     waiting_since: float = _NEVER  # when a token first found no credit (reset as credit comes)
@@ -48,7 +53,7 @@ class Streams:
         return None if s is None else s.client
 
     def open(self, request_id: str, client: bytes, window: int) -> None:
-        self._streams[request_id] = Stream(client, window)
+        self._streams[request_id] = Stream(client, window, window)
 
     def partial(self, msg: Partial, now: float, out: Output) -> None:
         """Forward ``msg`` now if its stream has credit, else keep it for when credit comes."""
@@ -74,7 +79,7 @@ class Streams:
         s = self._streams.get(request_id)
         if s is None or s.client != peer or tokens <= 0:
             return  # a stream that ended meanwhile, or credit from someone else's client
-        s.credit += tokens
+        s.credit = min(s.credit + tokens, s.window)
         while s.credit > 0 and s.held:
             s.credit -= 1
             out.append((s.client, s.held.popleft()))
