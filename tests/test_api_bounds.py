@@ -116,3 +116,28 @@ def test_a_body_over_the_cap_is_413(http):
 def test_a_prompt_at_the_cap_is_served(http):
     response = post(http, {**VALID, "prompt": "x" * MAX_PROMPT_CHARS})
     assert response.status_code == 200 and response.json()["usage"]["completion_tokens"] == 2
+
+
+def test_a_client_gone_before_its_body_ended_is_counted_not_a_traceback(http):
+    async def send_half_then_leave(app) -> list[dict]:
+        messages = [{"type": "http.request", "body": b'{"model": ', "more_body": True},
+                    {"type": "http.disconnect"}]
+        sent: list[dict] = []
+
+        async def receive() -> dict:
+            return messages.pop(0)
+
+        async def send(message: dict) -> None:
+            sent.append(message)
+
+        scope = {"type": "http", "method": "POST", "path": "/v1/completions", "root_path": "",
+                 "scheme": "http", "query_string": b"", "http_version": "1.1",
+                 "headers": [(b"content-type", b"application/json")],
+                 "server": ("testserver", 80), "client": ("testclient", 1)}
+        await app(scope, receive, send)  # an exception out of the app here is a traceback in the log
+        return sent
+
+    sent = http.portal.call(send_half_then_leave, http.app)
+    assert sent[0]["type"] == "http.response.start" and sent[0]["status"] == 499
+    assert 'ovpool_http_requests_total{endpoint="completions",status="499"}' in http.get("/metrics").text
+    assert_still_serving(http)
