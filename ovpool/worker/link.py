@@ -14,8 +14,9 @@ Frames on the pipe start with a kind: ``M`` a wire message (either way), ``H`` a
 drop them), ``A`` the loop has dropped them (until then the link discards the loop's messages,
 which are about sessions of the old connection), ``S`` stop (loop -> link, after its last message).
 
-A loop silent for ``STALL_S`` is presumed hung (no legitimate step is that long): the link stops
-heartbeating for it, so the broker re-dispatches its requests as for a dead worker.
+A loop silent for ``STALL_EXPIRIES`` heartbeat expiries (60 s; no legitimate step is that long) is
+presumed hung: the link stops heartbeating for it, so the broker re-dispatches its requests as for
+a dead worker.
 """
 
 from __future__ import annotations
@@ -35,10 +36,12 @@ from ovpool.settings import Settings
 log = logging.getLogger(__name__)
 
 MESSAGE, HEARTBEAT, RECONNECTED, ACK, STOP = b"M", b"H", b"R", b"A", b"S"
-# The link sends the loop's last heartbeat again once the loop is this late with a new one: later
-# than the loop's own interval (no duplicates while it keeps time), well within the expiry.
-_REPEAT_AFTER_S = timing.HEARTBEAT_INTERVAL_S * 1.5
-STALL_S = timing.HEARTBEAT_EXPIRY_S * 20
+# The link sends the loop's last heartbeat again once the loop is this many intervals late with a
+# new one: later than the loop's own interval (no duplicates while it keeps time), well within the
+# expiry. A loop silent for STALL_EXPIRIES heartbeat expiries is presumed hung (timing.X is read at
+# call time: tests shorten it).
+_REPEAT_AFTER = 1.5
+STALL_EXPIRIES = 20
 _ids = itertools.count()
 
 
@@ -90,17 +93,20 @@ class BrokerLink:
     def _run(self) -> None:
         poller = zmq.Poller()
         poller.register(self._end, zmq.POLLIN)
-        while True:
-            poller.register(self._dealer, zmq.POLLIN)  # a new DEALER after each reconnect
-            ready = dict(poller.poll(timing.POLL_INTERVAL_S * 1000))
-            if self._end in ready and not self._from_loop():
-                break
-            if self._dealer in ready:
-                self._from_broker()
-            self._on_time(time.monotonic())
-            poller.unregister(self._dealer)
-        self._dealer.close(linger=int(timing.HEARTBEAT_INTERVAL_S * 1000))
-        self._end.close(linger=0)
+        try:
+            while True:
+                dealer = self._dealer  # a reconnect below replaces it
+                poller.register(dealer, zmq.POLLIN)
+                ready = dict(poller.poll(timing.POLL_INTERVAL_S * 1000))
+                if self._end in ready and not self._from_loop():
+                    return
+                if dealer in ready:
+                    self._from_broker()
+                self._on_time(time.monotonic())
+                poller.unregister(dealer)
+        finally:  # every socket closed, or the worker's context.term() would wait forever
+            self._dealer.close(linger=int(timing.HEARTBEAT_INTERVAL_S * 1000))
+            self._end.close(linger=0)
 
     def _from_loop(self) -> bool:
         """Forward what the loop queued; False once it said stop (everything before it is sent)."""
@@ -136,8 +142,10 @@ class BrokerLink:
     def _on_time(self, now: float) -> None:
         if now >= self._broker_expires:
             self._reconnect()
-        elif (self._heartbeat is not None and now - self._last_beat >= _REPEAT_AFTER_S
-              and now - self._loop_heard < STALL_S):
+            return
+        late = now - self._last_beat >= _REPEAT_AFTER * timing.HEARTBEAT_INTERVAL_S
+        hung = now - self._loop_heard >= STALL_EXPIRIES * timing.HEARTBEAT_EXPIRY_S
+        if self._heartbeat is not None and late and not hung:
             self._beat()
 
     def _reconnect(self) -> None:
