@@ -42,7 +42,7 @@ def normalize(fmt: Any) -> dict[str, Any] | None:
     problem, also when llguidance finds the schema, regex or grammar malformed or unsatisfiable."""
     if fmt is None:
         return None
-    if not isinstance(fmt, dict) or fmt.get("type") not in _FIELDS:
+    if not isinstance(fmt, dict) or type(fmt.get("type")) is not str or fmt["type"] not in _FIELDS:
         given = f'type {bounds.describe(fmt.get("type"))}' if isinstance(fmt, dict) else bounds.describe(fmt)
         raise _invalid(f"must be a map with a \"type\" of {sorted(_FIELDS)}, not {given}")
     # What llguidance and msgpack can take, before either sees it: no int past 64 bits, no bytes,

@@ -90,11 +90,11 @@ class SamplingParams:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> SamplingParams:
-        unknown = set(d) - _FIELDS
+        # Names as text, whatever the keys are (a msgpack map's may be bytes or huge).
+        unknown = sorted(k[:40] if bounds.is_text(k) else bounds.describe(k) for k in d if k not in _FIELDS)
         if unknown:
             raise InvalidRequestError(
-                f"sampling: unknown parameter(s) {sorted(unknown)}; valid: {sorted(_FIELDS)}",
-                param=min(unknown))
+                f"sampling: unknown parameter(s) {unknown[:8]}; valid: {sorted(_FIELDS)}", param=unknown[0])
         return cls(**d)
 
 

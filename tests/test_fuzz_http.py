@@ -33,7 +33,8 @@ SPECIAL = ["18446744073709551616", "-18446744073709551617", "9223372036854775808
            '{"type": "json_schema", "schema": {"maximum": 36893488147419103232}}',
            '{"type": "json_schema", "schema": {"enum": ["\\ud800"]}}',
            '{"type": "regex", "pattern": "[0-9]+"}',
-           '{"type": "json_object"}', '{"type": "grammar", "lark": "start: \\"a\\""}', '{"include_usage": 1}',
+           '{"type": "json_object"}', '{"type": []}', '{"type": {"a": 1}}', '{"type": "text", "x": []}',
+           '{"type": "grammar", "lark": "start: \\"a\\""}', '{"include_usage": 1}',
            '[{"role": "user", "content": [{"type": "text", "text": "\\ud800"}]}]',
            '[{"role": "user", "content": [{"type": "image_url"}]}]']
 _json = st.recursive(

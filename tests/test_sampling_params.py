@@ -63,3 +63,30 @@ def test_every_field_survives_the_wire():
 
 def test_a_single_stop_string_is_one_stop_string():
     assert SamplingParams(stop="END").stop == ("END",)
+
+
+def test_a_wire_map_with_odd_keys_or_shapes_is_an_invalid_request():
+    with pytest.raises(errors.InvalidRequestError, match="unknown parameter.*'a bytes', 'y'"):
+        sampling_from_wire({b"x": 1, "y": 2, "max_tokens": 3})
+    for fmt in ({"type": []}, {"type": {"a": 1}}, {"type": "json_schema", "schema": {b"k": 1}}):
+        with pytest.raises(errors.InvalidRequestError) as info:
+            sampling_from_wire({"response_format": fmt})
+        assert info.value.param == "response_format"
+
+
+@pytest.mark.parametrize("field, value", [
+    ("max_tokens", 2**64), ("max_tokens", 2**31), ("top_k", 2**64), ("temperature", 3),
+    ("temperature", 2.0001), ("stop", ["\ud800"]), ("stop", ["s"] * 17), ("stop", ["s" * 1025]),
+    ("logit_bias", {"\u00b2": 1}), ("logit_bias", {"1" * 5000: 1}), ("logit_bias", {"5": 101}),
+    ("logit_bias", {str(i): 1 for i in range(301)}), ("logit_bias", {2**31: 1}),
+])
+def test_values_the_wire_cannot_carry_or_openai_refuses_are_invalid(field, value):
+    with pytest.raises(errors.InvalidRequestError) as info:
+        SamplingParams(**{field: value})
+    assert info.value.param == field
+
+
+def test_the_edges_of_each_range_are_accepted():
+    p = SamplingParams(max_tokens=2**31 - 1, top_k=2**31 - 1, temperature=2, stop=["s" * 1024] * 16,
+                       logit_bias={str(i): 100 for i in range(300)}, seed=2**63 - 1)
+    assert len(p.logit_bias) == 300 and p.to_dict()["max_tokens"] == 2**31 - 1
