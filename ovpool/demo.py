@@ -4,12 +4,14 @@ Starts ``ovpool serve`` with the default model on CPU, waits until its worker is
 prompt to the terminal, asks one chat question, shows ``ovpool status`` and ``ovpool cache ls``, and
 stops everything. The first run compiles the model and writes it to the cache
 (``model cache WROTE``); a second run imports it (``model cache HIT``) and is ready much sooner.
+Serve runs closed (its own CURVE keys): the demo's client takes the key files its state file names.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 import subprocess
 import sys
@@ -22,7 +24,7 @@ from ovpool.cli.common import timings_text
 from ovpool.errors import OvpoolError
 from ovpool.serve.child import terminate
 from ovpool.serve.spec import DEFAULT_MODEL
-from ovpool.settings import Settings
+from ovpool.settings import REGISTRY, Settings
 
 READY_TIMEOUT_S = 600
 _CACHE_LINE = re.compile(r"model cache (HIT|WROTE|MISS)\b.*")
@@ -32,10 +34,16 @@ def say(text: str) -> None:
     print(f"\n\033[1m== {text}\033[0m", flush=True)
 
 
-def ovpool(*args: str) -> None:
+def ovpool(*args: str, env: dict[str, str] | None = None) -> None:
     """Run an ovpool command the way a user would, showing the command line."""
     print(f"$ ovpool {' '.join(args)}", flush=True)
-    subprocess.run([sys.executable, "-m", "ovpool", *args], check=True)
+    subprocess.run([sys.executable, "-m", "ovpool", *args], check=True,
+                   env={**os.environ, **(env or {})})
+
+
+def client_keys(workdir: Path) -> dict[str, str]:
+    """The pool's client key files, which serve's state file names (serve runs closed)."""
+    return json.loads((workdir / "serve.json").read_text())["client_keys"]
 
 
 def free_port() -> int:
@@ -94,10 +102,10 @@ def stop(proc: subprocess.Popen) -> None:
     terminate(proc, grace_s=30)
 
 
-def ask(endpoint: str) -> None:
+def ask(endpoint: str, keys: dict[str, str]) -> None:
     from ovpool.client import Client
 
-    with Client(endpoint, model=DEFAULT_MODEL) as client:
+    with Client(endpoint, model=DEFAULT_MODEL, settings=keys) as client:
         say("streamed completion: 'The three primary colors are'")
         for delta in client.stream("The three primary colors are", max_tokens=40):
             print(delta.text, end="", flush=True)
@@ -126,9 +134,11 @@ def run() -> None:
         with serving(workdir, endpoint, http) as proc:
             seconds = wait_ready(proc, workdir)
             report_load(workdir / "serve.log", seconds)
-            ask(endpoint)
+            keys = client_keys(workdir)
+            ask(endpoint, keys)
             say("pool status")
-            ovpool("status", "--broker", endpoint)
+            ovpool("status", "--broker", endpoint,
+                   env={REGISTRY[name].env: value for name, value in keys.items()})
             say("compiled-model cache")
             ovpool("cache", "ls", "--cache-dir", str(cache))
             say("stopping (SIGTERM to ovpool serve)")

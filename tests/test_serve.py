@@ -30,7 +30,10 @@ def test_three_workers_answer_and_sigterm_leaves_no_process(tmp_path):
         with served.client() as client:
             assert client.complete("hello", max_tokens=4).usage.completion_tokens == 4
             status = client.status()
-        assert {w["pid"] for w in status["workers"]} == {w["pid"] for w in workers.values()}
+            assert {w["pid"] for w in status["workers"]} == {w["pid"] for w in workers.values()}
+            # serve's report (SUPERVISED) comes on its own connection: wait for the one that says ready.
+            wait_for(lambda: {s["name"]: s["state"] for s in client.status()["supervised"]}
+                     == dict.fromkeys(workers, "ready"), 10, "serve's report in status")
         children = descendants(served.proc.pid)
         assert len(children) >= 4  # broker + 3 workers
         started = time.monotonic()

@@ -91,7 +91,9 @@ def _publisher(state_file: str | None, client: Any, client_keys: dict[str, str])
     def publish(view: dict) -> None:
         if state_file:
             state.write_state(state_file, {**view, "client_keys": client_keys})
-        client.report_supervised(view["host"], pid, view["workers"])
+        # Flat entries: the broker keeps only maps of text and numbers (it has each load from READY).
+        client.report_supervised(view["host"], pid, [{k: v for k, v in w.items() if k != "load"}
+                                                     for w in view["workers"]])
 
     return publish
 
