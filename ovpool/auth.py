@@ -182,7 +182,7 @@ def handshake_error(event: dict, broker: str) -> AuthenticationError:
     if event["event"] == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
         return AuthenticationError(
             f"the broker at {broker} refused this peer's CURVE key; add its public .key file to the"
-            " broker's curve_allowed_keys directory")
+            " broker's curve_allowed_keys directory (a client) or curve_worker_keys (a worker)")
     return AuthenticationError(
         f"security handshake with {broker} failed ({event['value']}): is CURVE configured on both"
         " sides (curve_secret_key and curve_server_key here)?")

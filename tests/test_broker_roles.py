@@ -122,7 +122,7 @@ def _final(request_id: str) -> Final:
     return Final(request_id, Completion("ok", [1], "length", Usage(1, 1)).to_dict())
 
 
-def test_a_client_key_cannot_register_as_a_worker(keys, curve_broker):
+def test_a_client_key_cannot_register_as_a_worker(keys, curve_broker, caplog):
     context = zmq.Context()
     try:
         with Client(curve_broker, settings=keys.client_settings()) as client:
@@ -139,6 +139,9 @@ def test_a_client_key_cannot_register_as_a_worker(keys, curve_broker):
             assert "READY" in refused.message and "curve_worker_keys" in refused.message
             impostor.send(Heartbeat())
             assert "HEARTBEAT" in impostor.recv().message
+            impostor.send(_ready("impostor", slots=64))
+            assert "READY" in impostor.recv().message
+            assert caplog.text.count("refused a Ready") == 1  # once per kind of key and command
             status = client.status()
             assert [w["id"] for w in status["workers"]] == ["real"] and status["queues"] == {"m": 1}
             worker.send(_final(running.request_id))
