@@ -19,10 +19,10 @@ import zmq.asyncio
 from zmq.utils.monitor import recv_monitor_message
 
 from ovpool import errors, timing
-from ovpool.client import ClientBase, safe_decode
+from ovpool.client_base import ClientBase
 from ovpool.completion import Completion, Delta
 from ovpool.pending import STREAM_WINDOW, FutureSink, StreamSink, credits, unwrap
-from ovpool.protocol import Cancel, Credit, Message, Status, Submit, encode
+from ovpool.protocol import Cancel, Credit, Message, Status, Submit
 from ovpool.settings import Settings
 
 
@@ -59,7 +59,18 @@ class AsyncClient(ClientBase):
 
     async def __aenter__(self) -> AsyncClient:
         self._tasks = [asyncio.create_task(coro) for coro in (self._read(), self._timers(), self._watch())]
+        for task in self._tasks:
+            task.add_done_callback(self._task_done)
         return self
+
+    def _task_done(self, task: asyncio.Task) -> None:
+        """A task of the I/O loop ended: by aclose (cancelled), or by a bug that must not leave
+        anyone waiting (ClientBase._loop_failed)."""
+        if not task.cancelled() and task.exception() is not None and not self._stopped:
+            self._loop_failed(task.exception())
+
+    def _reading(self) -> bool:
+        return bool(self._tasks) and not any(task.done() for task in self._tasks)
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
@@ -69,9 +80,7 @@ class AsyncClient(ClientBase):
         futures and streams, and release the socket."""
         for task in self._tasks:
             task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await asyncio.gather(*self._tasks, return_exceptions=True)  # one may have failed: said already
         self._tasks = []
         left = self._pending.ids()
         self._send([Cancel(rid) for rid in left])
@@ -123,6 +132,7 @@ class AsyncClient(ClientBase):
         self._send([Cancel(getattr(request, "request_id", request))])
 
     async def status(self, timeout: float = 10.0) -> dict:
+        self._check_reading()
         future = asyncio.get_running_loop().create_future()
         self._pending.add_status_waiter(FutureSink(future), time.monotonic())
         self._send([Status()])
@@ -138,14 +148,14 @@ class AsyncClient(ClientBase):
 
     def _send(self, msgs: list[Message]) -> None:
         for msg in msgs:
-            with contextlib.suppress(zmq.Again):
-                self._socket.send_multipart(encode(msg), zmq.NOBLOCK)
+            if (frames := self._encoded(msg)) is not None:
+                with contextlib.suppress(zmq.Again):
+                    self._socket.send_multipart(frames, zmq.NOBLOCK)
 
     async def _read(self) -> None:
         while True:
-            msg = safe_decode(await self._socket.recv_multipart())
-            if msg is not None:
-                self._send(self._pending.on_message(msg, time.monotonic()))
+            frames = await self._socket.recv_multipart()
+            self._send(self._on_frames(frames, time.monotonic()))
 
     async def _timers(self) -> None:
         while True:

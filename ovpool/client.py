@@ -3,7 +3,9 @@
 Both talk to the broker through one DEALER socket and share ``PendingRequests`` for the protocol
 logic. ``Client`` owns a background I/O thread (zmq sockets are not thread-safe, so API calls hand
 it work through a queue and a wake-up pipe); ``AsyncClient`` runs the same in the event loop.
-Remote errors are raised as the same ovpool error classes the broker or worker raised.
+Remote errors are raised as the same ovpool error classes the broker or worker raised. What they
+share is ovpool.client_base: no message stops either's loop, and ``healthy`` / ``link_state()``
+say whether it runs.
 
 Flow control: a stream starts with ``STREAM_WINDOW`` tokens of credit and its reader returns half
 of it each time it has taken that many, so the broker never sends a stream more than its reader
@@ -25,121 +27,18 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import zmq
-import zmq.asyncio
 from zmq.utils.monitor import recv_monitor_message
 
-from ovpool import endpoint, errors, timing
-from ovpool.auth import HANDSHAKE_EVENTS, HandshakeWatch, secure_peer
+from ovpool import errors, timing
+from ovpool.client_base import ClientBase, LinkState, dealer
 from ovpool.completion import Completion, Delta
-from ovpool.pending import (
-    STREAM_WINDOW,
-    FutureSink,
-    PendingRequests,
-    StreamSink,
-    credits,
-    make_submit,
-    unwrap,
-)
-from ovpool.protocol import (
-    Cancel,
-    Credit,
-    Message,
-    Status,
-    Submit,
-    Supervised,
-    decode,
-    encode,
-    recv_frames,
-    send_frames,
-)
+from ovpool.pending import STREAM_WINDOW, FutureSink, StreamSink, credits, unwrap
+from ovpool.protocol import Cancel, Credit, Message, Status, Submit, Supervised, recv_frames, send_frames
 from ovpool.settings import Settings
 
+__all__ = ["Client", "LinkState", "Stream", "dealer"]  # dealer and LinkState: from client_base
+
 _READ_BATCH = 256  # messages read between the loop's other duties (~2 ms of decoding)
-# Socket-monitor events a client follows: the handshake's outcome, and TCP connects and drops.
-LINK_EVENTS = HANDSHAKE_EVENTS | int(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
-
-
-def dealer(context: zmq.Context, broker: str, settings: Settings, events: int = 0) -> zmq.Socket:
-    """A DEALER connected to ``broker``; with ``events``, its monitor socket (``get_monitor_socket``)
-    is attached before it connects, since a monitor attached later misses what already happened
-    (a loopback handshake can complete first: the client then never learned it was connected)."""
-    sock = context.socket(zmq.DEALER)
-    sock.linger = 0
-    # No libzmq limits: what the broker sends is bounded by the credit this client granted, and a
-    # DEALER at its high-water mark would block or refuse (a lost CANCEL or PING).
-    sock.sndhwm = sock.rcvhwm = 0
-    monitor = sock.get_monitor_socket(events) if events else None
-    try:
-        secure_peer(sock, settings)
-        sock.connect(broker)
-    except BaseException as exc:
-        if monitor is not None:
-            sock.disable_monitor()
-            monitor.close()
-        sock.close()
-        if isinstance(exc, zmq.ZMQError):
-            raise endpoint.translate(exc, "connect to the broker at", broker) from exc
-        raise
-    return sock
-
-
-def safe_decode(frames: list[bytes]) -> Message | None:
-    try:
-        return decode(frames)
-    except errors.ProtocolError:
-        return None  # a newer broker's message this client cannot read: its request times out
-
-
-class ClientBase:
-    def __init__(self, broker: str | None, model: str, timeout: float | None,
-                 settings: Settings | dict | None):
-        self.settings = Settings.coerce(settings)
-        self.broker = endpoint.check(broker or self.settings.broker)
-        self.model = model
-        self.timeout = timeout
-        s = self.settings
-        self._pending = PendingRequests(time.monotonic(), broker=self.broker,
-                                        connect_timeout_s=s.connect_timeout_s,
-                                        curve=bool(s.curve_secret_key or s.curve_server_key))
-        self._handshake = HandshakeWatch(self.broker)
-
-    def _open(self, context: zmq.Context) -> None:
-        """The context, the DEALER connected to the broker and its monitor socket."""
-        self._context = context
-        try:
-            self._socket = dealer(context, self.broker, self.settings, LINK_EVENTS)
-        except BaseException:
-            context.term()
-            raise
-        self._monitor = self._socket.get_monitor_socket()  # the one attached before connecting
-
-    def _track(self, msg: Submit, sink: Any, now: float) -> list[Message]:
-        """Wait for ``msg``'s answers; what to send for it: nothing once the broker refused this
-        peer's handshake, which it does at connect time, usually before any request exists."""
-        self._pending.add(msg, sink, now)
-        if self._handshake.refused is not None:
-            self._pending.fail_all(self._handshake.refused)
-            return []
-        return [msg]
-
-    def _on_monitor(self, event: dict, now: float) -> None:
-        """A socket-monitor event: the connection's state, and a refused handshake, which fails
-        the requests now (libzmq does not retry it) instead of after connect_timeout_s."""
-        kind = event["event"]
-        if kind == zmq.EVENT_CONNECTED:
-            self._pending.link(False, now, tcp=True)
-        elif kind == zmq.EVENT_DISCONNECTED:
-            self._pending.link(False, now)
-        else:
-            self._pending.link(kind == zmq.EVENT_HANDSHAKE_SUCCEEDED, now)
-            if self._handshake.on_event(event) is not None:
-                self._pending.fail_all(self._handshake.refused)
-
-    def _submit_msg(self, prompt: str | list, model: str | None, timeout: float | None,
-                    sampling: dict[str, Any], window: int = 0) -> Submit:
-        return make_submit(prompt, model if model is not None else self.model,
-                           timeout if timeout is not None else self.timeout, sampling, window)
-
 
 
 class Stream:
@@ -219,10 +118,22 @@ class Client(ClientBase):
         return future
 
     def complete(self, prompt: str, **kwargs: Any) -> Completion:
-        return self.submit(prompt, **kwargs).result()
+        return self._wait(self.submit(prompt, **kwargs), kwargs.get("timeout"))
 
     def chat(self, messages: list[dict[str, str]], **kwargs: Any) -> Completion:
-        return self.submit(messages, **kwargs).result()
+        return self._wait(self.submit(messages, **kwargs), kwargs.get("timeout"))
+
+    def _wait(self, future: concurrent.futures.Future, timeout: float | None) -> Completion:
+        """``future``'s Completion, never waiting much past the request's timeout: its local deadline
+        fails it at timeout + half a heartbeat, and this bound holds even if that cannot run."""
+        limit = timeout if timeout is not None else self.timeout
+        try:
+            return future.result(limit + timing.HEARTBEAT_INTERVAL_S if limit else None)
+        except concurrent.futures.TimeoutError:
+            with contextlib.suppress(errors.OvpoolError):
+                self.cancel(future)
+            raise errors.RequestTimeoutError(
+                f"request {future.request_id} got no answer within its timeout of {limit:g} s") from None
 
     def stream(self, prompt: str | list, *, model: str | None = None, timeout: float | None = None,
                **sampling: Any) -> Stream:
@@ -281,6 +192,12 @@ class Client(ClientBase):
             raise errors.BrokerUnavailableError("the client is closed")
         self._commands.put(command)
         self._wake()
+        # Checked after queueing: a loop that stopped before this ran its last drain later, so
+        # either that drain failed what the command added, or this raises (_loop).
+        self._check_reading()
+
+    def _reading(self) -> bool:
+        return self._thread.is_alive() and not self._closed.is_set()
 
     def _wake(self) -> None:
         # One byte per wake-up, not per command: the I/O thread clears the flag before it drains.
@@ -290,6 +207,18 @@ class Client(ClientBase):
                 os.write(self._wake_w, b"!")
 
     def _loop(self) -> None:
+        try:
+            self._serve()
+        except BaseException as exc:  # a bug: whoever waits, or calls later, learns it at once
+            self._loop_failed(exc)
+            with contextlib.suppress(queue.Empty):
+                while True:  # what was queued before _stopped was set: tracked, then failed
+                    command = self._commands.get_nowait()
+                    with contextlib.suppress(Exception):
+                        command(time.monotonic())
+            self._pending.fail_all(errors.BrokerUnavailableError(self._stopped))
+
+    def _serve(self) -> None:
         poller = zmq.Poller()
         poller.register(self._socket, zmq.POLLIN)
         poller.register(self._wake_r, zmq.POLLIN)
@@ -324,12 +253,11 @@ class Client(ClientBase):
                 frames = recv_frames(self._socket)
             except zmq.Again:
                 return False
-            msg = safe_decode(frames)
-            if msg is not None:
-                self._send(self._pending.on_message(msg, now))
+            self._send(self._on_frames(frames, now))
         return True
 
     def _send(self, msgs: list[Message]) -> None:
         for msg in msgs:
-            with contextlib.suppress(zmq.Again):
-                send_frames(self._socket, encode(msg), zmq.NOBLOCK)
+            if (frames := self._encoded(msg)) is not None:
+                with contextlib.suppress(zmq.Again):
+                    send_frames(self._socket, frames, zmq.NOBLOCK)

@@ -1,9 +1,47 @@
-"""What a generation returns, shared by the engine, the worker, the broker's replies and the client."""
+"""What a generation returns, shared by the engine, the worker, the broker's replies and the client.
+
+The ``from_*`` readers take a worker's output off the wire (the broker forwards it unchanged), so
+they trust no part of it: each known field is checked for its exact type and shape (a bool is not
+an int), fields a newer peer added are ignored at every depth, and anything else raises
+MalformedMessageError naming the field.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
+
+from ovpool.errors import MalformedMessageError
+
+_REQUIRED = object()
+_NUMBER = (float, int)
+
+
+def _take(d: dict, key: str, types: tuple[type, ...], where: str, default: Any = _REQUIRED) -> Any:
+    """``d[key]`` if its type is exactly one of ``types``; ``default`` when absent or None."""
+    value = d.get(key)
+    if value is None and default is not _REQUIRED:
+        return default
+    if key not in d:
+        raise MalformedMessageError(f"{where}.{key} is missing")
+    if type(value) not in types:
+        raise MalformedMessageError(f"{where}.{key} must be {' or '.join(t.__name__ for t in types)},"
+                                    f" got {type(value).__name__}")
+    return value
+
+
+def _ints(values: Any, where: str) -> list[int]:
+    if type(values) is not list or not all(type(v) is int for v in values):
+        raise MalformedMessageError(f"{where} must be a list of ints")
+    return values
+
+
+def _logprob(w: Any, where: str) -> Logprob:
+    """A ``[id, text, logprob, ...]`` entry (a newer peer's extra items ignored)."""
+    if type(w) is not list or len(w) < 3 or type(w[0]) is not int or type(w[1]) is not str \
+            or type(w[2]) not in _NUMBER:
+        raise MalformedMessageError(f"{where} must be [token id, text, logprob]")
+    return Logprob(w[0], w[1], float(w[2]))
 
 
 @dataclass(frozen=True)
@@ -30,8 +68,18 @@ class TokenLogprobs:
         return [c.token_id, c.text, c.logprob, [[t.token_id, t.text, t.logprob] for t in self.top]]
 
     @classmethod
-    def from_wire(cls, w: list) -> TokenLogprobs:
-        return cls(Logprob(w[0], w[1], w[2]), tuple(Logprob(*t) for t in w[3]))
+    def from_wire(cls, w: Any, where: str = "logprobs") -> TokenLogprobs:
+        """The inverse of ``to_wire``, from an untrusted peer (module docstring)."""
+        if type(w) is not list or len(w) < 4 or type(w[3]) is not list:
+            raise MalformedMessageError(f"{where} must be [token id, text, logprob, [top...]]")
+        return cls(_logprob(w, where), tuple(_logprob(t, f"{where}.top[{i}]") for i, t in enumerate(w[3])))
+
+    @classmethod
+    def list_from_wire(cls, ws: Any, where: str = "logprobs") -> tuple[TokenLogprobs, ...]:
+        """A PARTIAL's or FINAL's ``logprobs`` list."""
+        if type(ws) is not list:
+            raise MalformedMessageError(f"{where} must be a list")
+        return tuple(cls.from_wire(w, f"{where}[{i}]") for i, w in enumerate(ws))
 
 
 @dataclass(frozen=True)
@@ -55,6 +103,12 @@ class Usage:
     @property
     def total_tokens(self) -> int:
         return self.prompt_tokens + self.completion_tokens
+
+    @classmethod
+    def from_dict(cls, d: Any, where: str = "usage") -> Usage:
+        if type(d) is not dict:
+            raise MalformedMessageError(f"{where} must be a map")
+        return cls(_take(d, "prompt_tokens", (int,), where), _take(d, "completion_tokens", (int,), where))
 
 
 @dataclass(frozen=True)
@@ -83,9 +137,19 @@ class Completion:
                 "note": self.note}
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Completion:
+    def from_dict(cls, d: Any, where: str = "completion") -> Completion:
+        """The inverse of ``to_dict``, from an untrusted peer (module docstring); a timing that is
+        not a number is dropped (``timings`` is open to what a newer worker measures)."""
+        if type(d) is not dict:
+            raise MalformedMessageError(f"{where} must be a map")
         logprobs = d.get("logprobs")
-        return cls(text=d["text"], token_ids=list(d["token_ids"]), finish_reason=d["finish_reason"],
-                   usage=Usage(**d["usage"]), timings=dict(d.get("timings") or {}),
-                   logprobs=None if logprobs is None else [TokenLogprobs.from_wire(t) for t in logprobs],
-                   note=d.get("note") or "")
+        timings = _take(d, "timings", (dict,), where, {})
+        return cls(text=_take(d, "text", (str,), where),
+                   token_ids=_ints(d.get("token_ids"), f"{where}.token_ids"),
+                   finish_reason=_take(d, "finish_reason", (str,), where),
+                   usage=Usage.from_dict(d.get("usage"), f"{where}.usage"),
+                   timings={k: float(v) for k, v in timings.items()
+                            if type(k) is str and type(v) in _NUMBER},
+                   logprobs=None if logprobs is None
+                   else list(TokenLogprobs.list_from_wire(logprobs, f"{where}.logprobs")),
+                   note=_take(d, "note", (str,), where, ""))

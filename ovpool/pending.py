@@ -9,12 +9,20 @@ outstanding ids, PONG names the unknown ones) and fails requests on their local 
 connection to the broker comes within connect_timeout_s (none at all, or a dropped one that does
 not come back: a broker restarted within it gets them resent), when the broker says it shut down
 (SHUTDOWN), or when a connected broker stays silent.
+
+Replies carry a worker's output unchanged, so none is trusted: one that cannot be read or used
+fails only the request it names (MalformedMessageError, and a CANCEL to the broker) and is counted
+in ``malformed``; a SUBMIT that cannot be encoded fails alone and is forgotten, never resent.
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import contextlib
 import dataclasses
 import itertools
+import logging
 import random
 import uuid
 from collections import deque
@@ -56,7 +64,10 @@ class Sink(Protocol):
     def fail(self, exc: errors.OvpoolError) -> None: ...
 
 
+_log = logging.getLogger("ovpool.client")
 _seeds = random.Random()  # sampling seeds need no cryptographic strength
+# A future its caller cancelled (from another thread, for concurrent.futures) takes no result.
+_SETTLED = (concurrent.futures.InvalidStateError, asyncio.InvalidStateError)
 END = object()  # a stream's end marker
 # Tokens of credit a stream starts with; its reader returns half of it at a time. 256 tokens are
 # seconds of a real model's output and ~10 ms of a null worker's, so a reader that keeps up never
@@ -74,11 +85,13 @@ class FutureSink:
 
     def done(self, result: Any) -> None:
         if not self.future.done():
-            self.future.set_result(result)
+            with contextlib.suppress(*_SETTLED):
+                self.future.set_result(result)
 
     def fail(self, exc: errors.OvpoolError) -> None:
         if not self.future.done():
-            self.future.set_exception(exc)
+            with contextlib.suppress(*_SETTLED):
+                self.future.set_exception(exc)
 
 
 class StreamSink:
@@ -203,9 +216,16 @@ class PendingRequests:
         self._waiting_since = now  # since when something is outstanding
         # The connection, from the socket monitor: up once a handshake succeeded, down since when.
         self._up, self._was_up, self._tcp, self._down_since = False, False, False, now
+        self.heard_at: float | None = None  # when the broker last sent anything
+        self.malformed = 0  # messages from the broker this client could not read or use
 
     def __len__(self) -> int:
         return len(self._pending)
+
+    @property
+    def connected(self) -> bool:
+        """A handshake with the broker completed and the connection has not dropped since."""
+        return self._up
 
     def link(self, up: bool, now: float, tcp: bool = False) -> None:
         """The socket monitor's news: the handshake succeeded (``up``), the connection dropped, or
@@ -244,34 +264,75 @@ class PendingRequests:
 
     def on_message(self, msg: Message, now: float) -> list[Message]:
         """Deliver ``msg`` to its sink; returns messages to send back to the broker."""
-        self._last_heard = now
-        if isinstance(msg, Partial):
-            p = self._pending.get(msg.request_id)
-            if p is None or msg.seq < p.next_seq:
-                return []  # a request that ended, or a replay after a resend
-            if msg.seq > p.next_seq:
-                return self._gap(p, f"PARTIAL {msg.seq} came after {p.next_seq - 1}")
+        self._last_heard = self.heard_at = now
+        handle = _HANDLERS.get(type(msg))
+        try:
+            return handle(self, msg) if handle is not None else []
+        except Exception as exc:  # whatever is wrong with one reply, it fails its own request alone
+            return self.malformed_reply(getattr(msg, "request_id", ""), type(msg).__name__.upper(), exc)
+
+    def malformed_reply(self, request_id: str, what: str, exc: Exception) -> list[Message]:
+        """A message this client cannot read or use (``what``: its command): counted, and the
+        request it names (if any is outstanding) fails alone and is cancelled at the broker."""
+        self.malformed += 1
+        if self.malformed & (self.malformed - 1) == 0:  # the 1st, 2nd, 4th, ...: a flood logs little
+            _log.warning("dropped a malformed %s from the broker at %s (%s); %d so far",
+                         what, self._broker, exc, self.malformed)
+        p = self._pending.pop(request_id, None) if type(request_id) is str else None
+        if p is None:
+            return []
+        p.sink.fail(errors.MalformedMessageError(
+            f"request {request_id} got a malformed {what} from the broker at {self._broker} ({exc});"
+            " is a worker of another ovpool version in the pool?"))
+        return [Cancel(request_id)]
+
+    def unsendable(self, msg: Message, exc: Exception) -> None:
+        """``msg`` could not be encoded: a SUBMIT fails alone and is forgotten (never resent)."""
+        p = self._pending.pop(msg.request_id, None) if isinstance(msg, Submit) else None
+        if p is None:  # this client's own message: nothing waits on it but the log
+            _log.error("could not encode a %s for the broker: %r", type(msg).__name__, exc)
+            return
+        p.sink.fail(errors.InvalidRequestError(
+            f"request {msg.request_id} cannot be encoded for the broker ({exc}); check its prompt"
+            " and parameters"))
+
+    def _on_partial(self, msg: Partial) -> list[Message]:
+        p = self._pending.get(msg.request_id)
+        if p is None or msg.seq < p.next_seq:
+            return []  # a request that ended, or a replay after a resend
+        if msg.seq > p.next_seq:
+            return self._gap(p, f"PARTIAL {msg.seq} came after {p.next_seq - 1}")
+        if p.sink.streams:
+            logprobs = TokenLogprobs.list_from_wire(msg.logprobs, "PARTIAL.logprobs")
             p.next_seq += 1
-            if p.sink.streams:
-                p.sink.delta(Delta(msg.index, msg.token_id, msg.text,
-                                   tuple(TokenLogprobs.from_wire(t) for t in msg.logprobs)))
-        elif isinstance(msg, Final):
-            p = self._pending.get(msg.request_id)
-            if p is not None and p.submit.window and msg.partials != p.next_seq:
-                return self._gap(p, f"FINAL after {p.next_seq} of its {msg.partials} PARTIALs")
-            if p is not None:
-                del self._pending[msg.request_id]
-                p.sink.done(Completion.from_dict(msg.completion))
-        elif isinstance(msg, Error):
-            self._on_error(msg)
-        elif isinstance(msg, Pong):
-            return [self._resend(self._pending[r]) for r in msg.unknown if r in self._pending]
-        elif isinstance(msg, StatusReply) and self._status_waiters:
+            p.sink.delta(Delta(msg.index, msg.token_id, msg.text, logprobs))
+        else:
+            p.next_seq += 1
+        return []
+
+    def _on_final(self, msg: Final) -> list[Message]:
+        p = self._pending.get(msg.request_id)
+        if p is None:
+            return []
+        if p.submit.window and msg.partials != p.next_seq:
+            return self._gap(p, f"FINAL after {p.next_seq} of its {msg.partials} PARTIALs")
+        completion = Completion.from_dict(msg.completion, "FINAL.completion")
+        del self._pending[msg.request_id]
+        p.sink.done(completion)
+        return []
+
+    def _on_pong(self, msg: Pong) -> list[Message]:
+        return [self._resend(self._pending[r]) for r in msg.unknown if type(r) is str and r in self._pending]
+
+    def _on_status_reply(self, msg: StatusReply) -> list[Message]:
+        if self._status_waiters:
             self._status_waiters.popleft().done(msg.status)
-        elif isinstance(msg, Shutdown):
-            self.fail_all(errors.BrokerUnavailableError(
-                f"the broker at {self._broker} shut down before answering"
-                f"{f' ({msg.reason})' if msg.reason else ''}; start it again and resend"))
+        return []
+
+    def _on_shutdown(self, msg: Shutdown) -> list[Message]:
+        self.fail_all(errors.BrokerUnavailableError(
+            f"the broker at {self._broker} shut down before answering"
+            f"{f' ({msg.reason})' if msg.reason else ''}; start it again and resend"))
         return []
 
     def _gap(self, p: _Pending, what: str) -> list[Message]:
@@ -289,13 +350,14 @@ class PendingRequests:
             return p.submit
         return dataclasses.replace(p.submit, window=p.submit.window + p.next_seq)
 
-    def _on_error(self, msg: Error) -> None:
+    def _on_error(self, msg: Error) -> list[Message]:
         exc = errors.from_wire(msg.code, msg.message)
         p = self._pending.pop(msg.request_id, None)
         if p is not None:
             p.sink.fail(exc)
         elif not msg.request_id and self._status_waiters:
             self._status_waiters.popleft().fail(exc)
+        return []
 
     def tick(self, now: float) -> list[Message]:
         """Local deadlines, the connection, broker silence, and the periodic PING while anything is
@@ -345,3 +407,9 @@ class PendingRequests:
             p.sink.fail(exc)
         while self._status_waiters:
             self._status_waiters.popleft().fail(exc)
+
+
+# What each reply does; anything else a broker sends (a client's own commands) is ignored.
+_HANDLERS = {Partial: PendingRequests._on_partial, Final: PendingRequests._on_final,
+             Error: PendingRequests._on_error, Pong: PendingRequests._on_pong,
+             StatusReply: PendingRequests._on_status_reply, Shutdown: PendingRequests._on_shutdown}

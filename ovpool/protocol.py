@@ -306,6 +306,18 @@ def decode(frames: list[bytes]) -> Message:
     return cls(**_checked(cls, data))
 
 
+def request_id_of(frames: list[bytes]) -> str:
+    """The request a message of a known command names though ``decode`` refused it ("" if none),
+    so that its receiver can fail that request alone instead of leaving it waiting."""
+    try:
+        message_type(frames)
+        data = msgpack.unpackb(frames[2], raw=False, strict_map_key=False)
+    except Exception:  # a ProtocolError, or msgpack's several types for corrupt input
+        return ""
+    rid = data.get("request_id") if type(data) is dict else None
+    return rid if type(rid) is str else ""
+
+
 def _checked(cls: type, data: Any) -> dict[str, Any]:
     if type(data) is not dict:
         raise MalformedMessageError(f"{cls.__name__}: body must be a map")

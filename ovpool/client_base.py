@@ -1,0 +1,160 @@
+"""What Client (threads) and AsyncClient (asyncio) share: the DEALER, its monitor, and one I/O loop's
+handling of each message, whichever loop runs it.
+
+No message from the broker stops a client's loop: one that cannot be decoded or used fails only
+the request it names and is counted (``LinkState.malformed``); a SUBMIT that cannot be encoded
+fails alone, before the broker sees it, and is never resent. Should the loop stop anyway (a bug),
+everything waiting fails at once with the reason, later calls raise it, and ``healthy`` is False.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import zmq
+
+from ovpool import endpoint, errors
+from ovpool.auth import HANDSHAKE_EVENTS, HandshakeWatch, secure_peer
+from ovpool.pending import PendingRequests, make_submit
+from ovpool.protocol import Message, Submit, decode, encode, request_id_of
+from ovpool.settings import Settings
+
+_log = logging.getLogger("ovpool.client")
+# Socket-monitor events a client follows: the handshake's outcome, and TCP connects and drops.
+LINK_EVENTS = HANDSHAKE_EVENTS | int(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+
+
+def dealer(context: zmq.Context, broker: str, settings: Settings, events: int = 0) -> zmq.Socket:
+    """A DEALER connected to ``broker``; with ``events``, its monitor socket (``get_monitor_socket``)
+    is attached before it connects, since a monitor attached later misses what already happened
+    (a loopback handshake can complete first: the client then never learned it was connected)."""
+    sock = context.socket(zmq.DEALER)
+    sock.linger = 0
+    # No libzmq limits: what the broker sends is bounded by the credit this client granted, and a
+    # DEALER at its high-water mark would block or refuse (a lost CANCEL or PING).
+    sock.sndhwm = sock.rcvhwm = 0
+    monitor = sock.get_monitor_socket(events) if events else None
+    try:
+        secure_peer(sock, settings)
+        sock.connect(broker)
+    except BaseException as exc:
+        if monitor is not None:
+            sock.disable_monitor()
+            monitor.close()
+        sock.close()
+        if isinstance(exc, zmq.ZMQError):
+            raise endpoint.translate(exc, "connect to the broker at", broker) from exc
+        raise
+    return sock
+
+
+@dataclass(frozen=True)
+class LinkState:
+    """A client's link to its broker, for a health check (``Client.link_state()``)."""
+
+    reading: bool  # its I/O loop runs (Client: the thread; AsyncClient: its tasks): replies are read
+    connected: bool  # a handshake with the broker completed and the connection has not dropped since
+    heard_s: float | None  # seconds since the broker last sent this client anything; None: never
+    malformed: int  # messages from the broker dropped as unreadable, or that failed their request
+    stopped: str  # why the I/O loop stopped ("" while it runs or after a plain close)
+
+
+class ClientBase:
+    def __init__(self, broker: str | None, model: str, timeout: float | None,
+                 settings: Settings | dict | None):
+        self.settings = Settings.coerce(settings)
+        self.broker = endpoint.check(broker or self.settings.broker)
+        self.model = model
+        self.timeout = timeout
+        s = self.settings
+        self._pending = PendingRequests(time.monotonic(), broker=self.broker,
+                                        connect_timeout_s=s.connect_timeout_s,
+                                        curve=bool(s.curve_secret_key or s.curve_server_key))
+        self._handshake = HandshakeWatch(self.broker)
+        self._stopped = ""  # why the I/O loop stopped by an error
+
+    def _open(self, context: zmq.Context) -> None:
+        """The context, the DEALER connected to the broker and its monitor socket."""
+        self._context = context
+        try:
+            self._socket = dealer(context, self.broker, self.settings, LINK_EVENTS)
+        except BaseException:
+            context.term()
+            raise
+        self._monitor = self._socket.get_monitor_socket()  # the one attached before connecting
+
+    # -- health ---------------------------------------------------------------------------------
+
+    @property
+    def healthy(self) -> bool:
+        """Whether this client can take requests: its I/O loop runs (False once closed)."""
+        return self._reading()
+
+    def link_state(self) -> LinkState:
+        p = self._pending
+        heard = None if p.heard_at is None else round(time.monotonic() - p.heard_at, 3)
+        return LinkState(self._reading(), p.connected, heard, p.malformed, self._stopped)
+
+    def _reading(self) -> bool:
+        raise NotImplementedError
+
+    def _check_reading(self) -> None:
+        if self._stopped:
+            raise errors.BrokerUnavailableError(self._stopped)
+
+    def _loop_failed(self, exc: BaseException) -> None:
+        """The I/O loop ended by an error: fail what waits (and from now on, every later call)."""
+        self._stopped = (f"this client's I/O loop stopped ({type(exc).__name__}: {exc}); no reply can"
+                         " arrive: close the client and create a new one")
+        _log.error("%s", self._stopped)
+        _log.debug("the client's I/O loop stopped", exc_info=exc)
+        self._pending.fail_all(errors.BrokerUnavailableError(self._stopped))
+
+    # -- one message each way -------------------------------------------------------------------
+
+    def _on_frames(self, frames: list[bytes], now: float) -> list[Message]:
+        """One message from the broker; what to send back. No message, however malformed, raises."""
+        try:
+            msg = decode(frames)
+        except errors.ProtocolError as exc:  # a newer broker's message, or a broken one
+            return self._pending.malformed_reply(request_id_of(frames), "message", exc)
+        return self._pending.on_message(msg, now)
+
+    def _encoded(self, msg: Message) -> list[bytes] | None:
+        """``msg``'s frames; None if it cannot be encoded (a SUBMIT then fails alone, untracked)."""
+        try:
+            return encode(msg)
+        except Exception as exc:  # msgpack raises several types: ints over 64 bits, lone surrogates
+            self._pending.unsendable(msg, exc)
+            return None
+
+    def _track(self, msg: Submit, sink: Any, now: float) -> list[Message]:
+        """Wait for ``msg``'s answers; what to send for it: nothing once the broker refused this
+        peer's handshake, which it does at connect time, usually before any request exists."""
+        self._pending.add(msg, sink, now)
+        if self._handshake.refused is not None:
+            self._pending.fail_all(self._handshake.refused)
+            return []
+        return [msg]
+
+    def _on_monitor(self, event: dict, now: float) -> None:
+        """A socket-monitor event: the connection's state, and a refused handshake, which fails
+        the requests now (libzmq does not retry it) instead of after connect_timeout_s."""
+        kind = event["event"]
+        if kind == zmq.EVENT_CONNECTED:
+            self._pending.link(False, now, tcp=True)
+        elif kind == zmq.EVENT_DISCONNECTED:
+            self._pending.link(False, now)
+        else:
+            self._pending.link(kind == zmq.EVENT_HANDSHAKE_SUCCEEDED, now)
+            if self._handshake.on_event(event) is not None:
+                self._pending.fail_all(self._handshake.refused)
+
+    def _submit_msg(self, prompt: str | list, model: str | None, timeout: float | None,
+                    sampling: dict[str, Any], window: int = 0) -> Submit:
+        self._check_reading()
+        return make_submit(prompt, model if model is not None else self.model,
+                           timeout if timeout is not None else self.timeout, sampling, window)
