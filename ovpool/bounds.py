@@ -16,6 +16,9 @@ from typing import Any
 from ovpool.errors import InvalidRequestError
 
 INT_MIN, INT_MAX = -(2**63), 2**64 - 1  # what msgpack encodes: int64 and uint64
+# The least int a response_format may hold: llguidance 1.9 segfaults on an enum or const within
+# 512 of -2**63 (the whole process, whichever compiles it: the API, the broker, a worker).
+FORMAT_INT_MIN = INT_MIN + 1024
 MAX_TOKENS = 2**31 - 1   # max_tokens (a pool's max_new_tokens lowers it further)
 MAX_TOP_K = 2**31 - 1    # top_k: more than any vocabulary
 MAX_TOKEN_ID = 2**31 - 1  # logit_bias ids: 10 decimal digits at most
@@ -73,14 +76,15 @@ def is_text(value: Any) -> bool:
 
 
 def text(value: Any, param: str, max_chars: int = MAX_PROMPT_CHARS) -> str:
-    """``value`` if it is a str UTF-8 can encode of at most ``max_chars``, else a 400."""
-    if not is_text(value):
-        why = "a lone surrogate cannot be encoded as UTF-8" if type(value) is str else \
-            f"must be a string, got {type(value).__name__}"
-        raise InvalidRequestError(f"{param}: {why}", param=param)
+    """``value`` if it is a str UTF-8 can encode of at most ``max_chars``, else a 400 (the length
+    first: it costs nothing, encoding a long text does)."""
+    if type(value) is not str:
+        raise InvalidRequestError(f"{param}: must be a string, got {type(value).__name__}", param=param)
     if len(value) > max_chars:
         raise InvalidRequestError(f"{param}: {len(value):,} characters, more than {max_chars:,}",
                                   param=param)
+    if not is_text(value):
+        raise InvalidRequestError(f"{param}: a lone surrogate cannot be encoded as UTF-8", param=param)
     return value
 
 
@@ -142,8 +146,8 @@ def json_value(value: Any, param: str, max_size: int = MAX_FORMAT_SIZE) -> None:
             size += sum(map(len, item))
         elif not _scalar_ok(item):
             raise InvalidRequestError(f"{param}: holds {describe(item)}, which is not representable "
-                                      "(JSON values only: ints within 64 bits, finite numbers, UTF-8 "
-                                      "strings)", param=param)
+                                      "(JSON values only: ints in [-2**63 + 1024, 2**64), finite "
+                                      "numbers, UTF-8 strings)", param=param)
         size += 1 + (len(item) if type(item) is str else 0)
         if size > max_size:
             raise InvalidRequestError(f"{param}: larger than {max_size:,} (values plus characters)",
@@ -176,7 +180,7 @@ def _walk(value: Any) -> Iterator[tuple[Any, int]]:
 def _scalar_ok(item: Any) -> bool:
     kind = type(item)
     if kind is int:
-        return INT_MIN <= item <= INT_MAX
+        return FORMAT_INT_MIN <= item <= INT_MAX
     if kind is float:
         return math.isfinite(item)
     if kind is str:

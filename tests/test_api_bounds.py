@@ -66,6 +66,7 @@ def refused(http, raw: str | bytes, path: str = "/v1/completions", status: int =
     (completion(response_format=SCHEMA % '{"type": "integer", "maximum": 36893488147419103232}'),
      "response_format"),
     (completion(response_format=SCHEMA % f'{{"type": "string", "enum": ["{LONE}"]}}'), "response_format"),
+    (completion(response_format=SCHEMA % '{"enum": [-9223372036854775808]}'), "response_format"),  # segfault
     (completion(response_format=SCHEMA % ('{"items": ' * 70 + "{}" + "}" * 70)), "response_format"),
     (completion(n="128", max_tokens="4096"), "max_tokens"),
     (completion(n="32", max_tokens="4096", logprobs="20"), "logprobs"),

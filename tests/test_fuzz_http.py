@@ -32,6 +32,7 @@ SPECIAL = ["18446744073709551616", "-18446744073709551617", "9223372036854775808
            '{"' + "9" * 5000 + '": 1}', '{"99999999999": 1}', "[]", "{}", '["\\ud800"]', '[""]',
            '{"type": "json_schema", "schema": {"maximum": 36893488147419103232}}',
            '{"type": "json_schema", "schema": {"enum": ["\\ud800"]}}',
+           '{"type": "json_schema", "schema": {"const": -9223372036854775808}}',
            '{"type": "regex", "pattern": "[0-9]+"}',
            '{"type": "json_object"}', '{"type": []}', '{"type": {"a": 1}}', '{"type": "text", "x": []}',
            '{"type": "grammar", "lark": "start: \\"a\\""}', '{"include_usage": 1}',

@@ -85,3 +85,36 @@ def test_importing_the_client_does_not_import_llguidance():
     code = "import sys, ovpool.client, ovpool.async_client; print('llguidance' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           check=True).stdout.strip() == "False"
+
+
+def _deep(levels: int) -> dict:
+    schema: dict = {}
+    for _ in range(levels):
+        schema = {"items": schema}
+    return schema
+
+
+@pytest.mark.parametrize("schema, words", [
+    (_deep(100_000), "nested more than 64 levels"),  # checked without recursion: no RecursionError
+    ({"enum": ["x" * (1 << 20)]}, "larger than"),
+    ({"maximum": 2**64}, "integer of 65 bits"),
+    ({"minimum": -(2**63) - 1}, "integer of 64 bits"),
+    ({"enum": [-(2**63) + 1]}, "-9223372036854775807"),  # llguidance 1.9 segfaulted on it
+    ({"items": {"const": {"a": -(2**63)}}}, "-9223372036854775808"),
+    ({"maximum": float("inf")}, "inf"),
+    ({"enum": [b"raw"]}, "bytes"),
+    ({"enum": ["\ud800"]}, "UTF-8 cannot encode"),
+    ({"properties": {"\ud800": {}}}, "keys must be UTF-8"),
+    ({"properties": {b"k": {}}}, "keys must be UTF-8"),
+])
+def test_a_constraint_the_wire_cannot_carry_is_refused_before_llguidance(schema, words):
+    with pytest.raises(errors.InvalidRequestError, match=words) as info:
+        SamplingParams(response_format={"type": "json_schema", "schema": schema})
+    assert info.value.param == "response_format"
+
+
+def test_a_constraint_at_the_edges_is_taken():
+    edges = {"enum": [-(2**63) + 1024, 2**64 - 1]}
+    fmt = SamplingParams(response_format={"type": "json_schema", "schema": edges}).response_format
+    assert fmt["schema"] == edges
+    assert SamplingParams(response_format={"type": "json_schema", "schema": _deep(60)}).response_format
