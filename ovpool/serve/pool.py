@@ -10,6 +10,7 @@ unless ``keep_up``: a pool that can never serve should not look alive.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import signal
 import socket
@@ -42,9 +43,11 @@ class Pool:
         self._devices = worker_names(list(spec.devices))
         policy = policy or RestartPolicy()
         self.supervisor = Supervisor(self._devices, policy)
-        # The services' environments may carry keys (kept off command lines).
+        # The services' environments may carry keys (kept off command lines). A crashed broker
+        # restarts at once: clients wait only connect_timeout_s (2 s) for a dropped connection.
+        broker_policy = dataclasses.replace(policy, backoff_min_s=timing.POLL_INTERVAL_S)
         self._broker = (Service("broker", f"the broker on {spec.bind}", spec.broker_argv(), spec.bind,
-                                broker_env or env, policy) if spec.bind is not None else None)
+                                broker_env or env, broker_policy) if spec.bind is not None else None)
         self._http = (Service("http", f"the HTTP API on http://{spec.http}/v1", spec.api_argv(), spec.http,
                               http_env or env, policy) if spec.http else None)
         self._children: dict[str, ChildProcess] = {}
