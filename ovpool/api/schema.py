@@ -111,16 +111,21 @@ def _generate(body: dict, chat: bool, prompts: list, max_tokens: int, logprobs: 
     base = {"max_tokens": max_tokens, **_sampling(body)}
     if logprobs is not None:
         base["logprobs"] = logprobs
+    return Generate(chat, model, _choices(base, prompts, n), n, stream, _include_usage(body, stream), echo,
+                    logprobs, _timeout(body))
+
+
+def _choices(base: dict[str, Any], prompts: list, n: int) -> list[Choice]:
+    """n choices per prompt from the SamplingParams arguments ``base``, checked once here; with a
+    seed, choice j of a prompt has seed + j."""
     seed = base.pop("seed", None)
-    fmt = SamplingParams(**base).response_format  # every sampling field checked, once
+    fmt = SamplingParams(**base).response_format
     base.pop("response_format", None)
     if fmt is not None:
         base["response_format"] = fmt  # canonical: checked again where the request is made
-    choices = [Choice(i * n + j, prompt, {**base, "seed": None if seed is None else
-                                          (seed + j) % bounds.SEED_RANGE})
-               for i, prompt in enumerate(prompts) for j in range(n)]
-    return Generate(chat, model, choices, n, stream, _include_usage(body, stream), echo, logprobs,
-                    _timeout(body))
+    seeds = [None if seed is None else (seed + j) % bounds.SEED_RANGE for j in range(n)]
+    return [Choice(i * n + j, prompt, {**base, "seed": seeds[j]})
+            for i, prompt in enumerate(prompts) for j in range(n)]
 
 
 def _sampling(body: dict) -> dict[str, Any]:
