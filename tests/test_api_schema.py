@@ -12,7 +12,7 @@ import pytest
 from ovpool import bounds, errors
 from ovpool.api import errors as api_errors
 from ovpool.api.keys import ApiKeys, parse
-from ovpool.api.schema import MAX_BODY_BYTES, parse_chat, parse_completion
+from ovpool.api.schema import MAX_BODY_BYTES, parse_chat, parse_completion, parse_json
 from ovpool.api.server import parse_bind
 from ovpool.sampling_params import SamplingParams
 from ovpool.serve.spec import PoolSpec
@@ -183,3 +183,23 @@ def test_the_documented_limits_are_the_enforced_ones():
                   bounds.MAX_LOGIT_BIAS_ENTRIES, bounds.MAX_FORMAT_SIZE, len(str(bounds.MAX_TOKEN_ID))):
         assert re.search(rf"(?<![\d,]){value:,}(?![\d,])", limits), value
     assert f"{MAX_BODY_BYTES >> 20} MiB" in limits and f"0-{bounds.MAX_TEMPERATURE:g}" in limits
+
+
+@pytest.mark.parametrize("raw, param, words", [
+    (b"[" * 100_000 + b"]" * 100_000, None, "nests more than 64"),  # the C decoder's RecursionError
+    (b'{"a": ' + b"[" * 64 + b"]" * 64 + b"}", "a", "more than 64 levels"),  # parsed, walked iteratively
+    (b'{"max_tokens": ' + b"9" * 5000 + b"}", None, "not valid JSON"),  # Python's 4,300-digit limit
+    (b'{"prompt": "\xff"}', None, "not valid JSON"),
+    (b'{"prompt": ', None, "not valid JSON"),
+])
+def test_a_body_json_cannot_hold_is_a_400(raw, param, words):
+    with pytest.raises(errors.InvalidRequestError, match=words) as info:
+        parse_json(raw)
+    assert info.value.param == param
+
+
+def test_a_body_at_the_nesting_cap_parses():
+    nested: list = []
+    for _ in range(62):
+        nested = [nested]
+    assert parse_json(b'{"a": ' + b"[" * 63 + b"]" * 63 + b"}") == {"a": nested}  # 64 levels with the body
