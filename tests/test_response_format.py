@@ -118,3 +118,16 @@ def test_a_constraint_at_the_edges_is_taken():
     fmt = SamplingParams(response_format={"type": "json_schema", "schema": edges}).response_format
     assert fmt["schema"] == edges
     assert SamplingParams(response_format={"type": "json_schema", "schema": _deep(60)}).response_format
+
+
+@pytest.mark.parametrize("fmt", [
+    {"type": "json_schema", "schema": {"enum": [b"raw bytes"]}},  # issue 24: a traceback, no answer
+    {"type": "json_schema", "schema": {"enum": [-(2**63)]}},  # would segfault the broker in llguidance
+    {"type": []},
+])
+def test_the_broker_answers_a_raw_submit_it_cannot_use_with_an_error(fmt):
+    router = Router(now=0.0, queue_limit=2, max_new_tokens=100)
+    router.handle(b"w", Ready("w", ["m"], "CPU", 1, "host", 1), 1000.0)
+    (peer, err), = router.handle(b"c", Submit("x", "m", {"response_format": fmt}, prompt="p"), 1000.0)
+    assert peer == b"c" and isinstance(err, Error) and err.code == errors.InvalidRequestError.code
+    assert "response_format" in err.message
