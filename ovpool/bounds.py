@@ -95,7 +95,8 @@ def prompt(value: Any, param: str = "prompt") -> str:
 
 def messages(value: Any, param: str = "messages") -> list:
     """Chat messages: at most MAX_MESSAGES maps with a string ``role`` and ``content`` (and
-    ``name``, if given), their contents within MAX_PROMPT_CHARS together."""
+    ``name``, if given), their contents within MAX_PROMPT_CHARS together; any other field (it
+    reaches the chat template) a JSON value (``json_value``)."""
     if type(value) is not list or not value or len(value) > MAX_MESSAGES:
         raise InvalidRequestError(f'{param}: must be a list of 1 to {MAX_MESSAGES} {{"role": ..., '
                                   '"content": ...}} maps', param=param)
@@ -108,6 +109,8 @@ def messages(value: Any, param: str = "messages") -> list:
         total += len(text(message.get("content"), f"{param}[{i}].content"))
         if "name" in message:
             text(message["name"], f"{param}[{i}].name", MAX_NAME_CHARS)
+        if len(message) > 2 + ("name" in message):
+            json_value(message, f"{param}[{i}]")
     if total > MAX_PROMPT_CHARS:
         raise InvalidRequestError(f"{param}: {total:,} characters of content, more than "
                                   f"{MAX_PROMPT_CHARS:,}", param=param)

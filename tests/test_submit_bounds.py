@@ -41,8 +41,8 @@ def test_text_the_wire_cannot_carry_names_the_field():
     assert param_of("hi", model=LONE) == "model"
     assert param_of([{"role": "user", "content": LONE}]) == "messages[0].content"
     assert param_of([{"role": LONE, "content": "x"}]) == "messages[0].role"
-    assert param_of([{"role": "user", "content": "x", "extra": {1, 2}}]) == "messages"  # msgpack's refusal
-    assert param_of([{"role": "user", "content": "x", "extra": 2**64}]) == "messages"
+    assert param_of([{"role": "user", "content": "x", "extra": 2**64}]) == "messages[0]"
+    assert param_of([{"role": "user", "content": "x", "extra": b"raw"}]) == "messages[0]"
 
 
 def test_a_prompt_over_the_cap_is_refused_and_one_at_it_is_sent():
@@ -53,8 +53,18 @@ def test_a_prompt_over_the_cap_is_refused_and_one_at_it_is_sent():
     assert decode(encode(at_cap)).prompt == at_cap.prompt
 
 
+def test_what_msgpack_refuses_names_its_field_instead_of_raising_msgpacks_error():
+    with pytest.raises(errors.InvalidRequestError, match="window: cannot be sent") as info:
+        make_submit("hi", "m", None, {}, window=2**64)  # no bound of its own: the encode finds it
+    assert info.value.param == "window"
+    with pytest.raises(errors.InvalidRequestError) as info:
+        make_submit("hi", "m", float("nan"), {})
+    assert info.value.param == "timeout"
+
+
 def test_a_submit_over_the_message_limit_counts_every_field():
     # Fields a chat template may read (beyond role and content) count too: the whole SUBMIT is measured.
-    big = [{"role": "user", "content": "x", "context": "y" * (MAX_MESSAGE_BYTES + 1)}]
+    message = {"role": "user", "content": "x", "context": "y" * 1_000_000}  # each within the bounds
+    big = [message] * (MAX_MESSAGE_BYTES // 1_000_000 + 1)
     with pytest.raises(errors.InvalidRequestError, match="67,108,864 bytes"):
         make_submit(big, "m", None, {})
