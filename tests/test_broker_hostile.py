@@ -176,7 +176,7 @@ def _deep(levels):
             prompt="p"), "response_format"),
     (Submit("r", "m", {"response_format": {"type": "json_schema", "schema": _deep(100)}}, prompt="p"),
      "response_format"),
-    (Submit("r", "m", {"response_format": {"type": ["json_schema"]}}, prompt="p"), "params"),
+    (Submit("r", "m", {"response_format": {"type": ["json_schema"]}}, prompt="p"), "response_format"),
     (Submit("r", "m", {"stop": ["x"] * (bounds.MAX_STOP + 1)}, prompt="p"), "stop"),
     (Submit("r", "m", {}, prompt="x" * (bounds.MAX_PROMPT_CHARS + 1)), "prompt"),
     (Submit("r", "m", {}, messages=[{"role": "user", "content": "x"}] * (bounds.MAX_MESSAGES + 1)),
@@ -204,3 +204,14 @@ def test_a_request_that_keeps_losing_its_worker_fails_saying_why(router):
     assert err.code == errors.WorkerLostError.code
     assert "lost its worker 3 times" in err.message and "too expensive" in err.message
     assert (W1, Cancel("r")) not in out
+
+
+def test_a_validator_failing_on_input_it_never_expected_fails_that_request_alone(router, monkeypatch):
+    def choke(params):
+        raise RecursionError("maximum recursion depth exceeded")
+
+    monkeypatch.setattr("ovpool.broker.admission.sampling_from_wire", choke)
+    (peer, err), = router.handle(C1, submit("r"), LATE)
+    assert peer == C1 and err.code == errors.InvalidRequestError.code
+    assert err.message == ("params: not valid sampling parameters"
+                           " (RecursionError: maximum recursion depth exceeded)")

@@ -298,3 +298,18 @@ def test_shutdown_tells_the_workers_to_register_again_and_the_clients_it_is_gone
     assert of(out, Disconnect) == [(W1, Disconnect())]
     bye = Shutdown("stopped by a signal")
     assert of(out, Shutdown) == [(C1, bye), (C2, bye)]
+
+
+def test_a_worker_a_stall_left_drawing_nothing_takes_requests_again_once_it_replies():
+    """A long step stalled its only request; without this it would never get one again (only a
+    FINAL raises its cap, and it runs nothing)."""
+    r = Router(now=0.0, progress_timeout_s=2.0)
+    r.handle(W1, ready(slots=4), LATE)
+    r.handle(C1, submit("r", timeout_s=100), LATE)
+    r.tick(LATE + 0.1)
+    r.handle(W1, Heartbeat(), LATE + 2)
+    r.tick(LATE + 2.2)
+    assert r.workers[W1].cap == 0 and of(r.handle(C1, submit("s"), LATE + 2.3), Request) == []
+    out = r.handle(W1, Partial("r", 0, 5, "a", 0), LATE + 3)  # its step ended: a token of the old run
+    assert (W1, Cancel("r")) in out and [m.request_id for _, m in of(out, Request)] == ["r"]
+    assert r.workers[W1].cap == 1

@@ -142,13 +142,23 @@ class Placement:
 
     def stall(self, job: Job, out: Output, now: float) -> None:
         """``job`` made no progress on its worker: cancel it there and requeue it at the head; its
-        worker gets no new request until one of those it still runs finishes."""
+        worker gets no new request until one of those it still runs finishes (or, if it runs
+        none, until it replies at all: ``replied``)."""
         worker = self._workers[job.worker]
         out.append((worker.identity, Cancel(job.request_id)))
         worker.inflight.discard(job.request_id)
         worker.cap = len(worker.inflight)
         self._requeue(job, now, out, lost=True)
         self._dispatch(job.model, out)
+
+    def replied(self, worker: RegisteredWorker, out: Output) -> None:
+        """A reply from ``worker`` (even for a request it no longer runs): its loop runs, so one a
+        stall left drawing nothing takes one request again (its FINALs raise that); else it
+        would get none for good."""
+        if not worker.cap:
+            worker.cap = 1
+            for model in worker.info.models:
+                self._dispatch(model, out)
 
     def finished_on(self, worker: RegisteredWorker, job: Job, answer: str) -> None:
         """``job`` ended well on ``worker`` with ``answer``: it may take one more at once again,

@@ -11,7 +11,8 @@ placement rules (its Placement, the only code that changes queues and slots), th
   SUPERVISED over them is dropped (counted ``malformed``), a PARTIAL past its request's
   max_tokens too (no honest worker sends one), and a LOAD_FAILED is forgotten after a while;
 - a worker's replies return it credit (protocol.WORKER_WINDOW) as they are handled;
-- a request that gets no token for ``progress_timeout_s`` goes to another worker (Placement.stall);
+- a request that gets no token for ``progress_timeout_s`` goes to another worker (Placement.stall),
+  and that worker draws no new request until it replies again (Placement.replied);
 - the broker frees a slot as soon as it sends CANCEL (the worker handles messages in order, so the
   cancel lands before the next request);
 - a request that names no model goes to the only model served; a restarted broker queues requests
@@ -106,6 +107,8 @@ class Router:
             return self.malformed(peer, errors.MalformedMessageError(
                 f"{type(msg).__name__} is not a message the broker accepts"))
         handler(peer, msg, now, out)
+        if worker is not None and not worker.cap and isinstance(msg, _REPLIES):  # it stalled, and is back
+            self.placement.replied(worker, out)
         return out
 
     def malformed(self, peer: bytes, exc: errors.ProtocolError) -> Output:
