@@ -1,6 +1,8 @@
-"""Expensive work does not take a worker out: a step longer than the heartbeat expiry, with a real
-broker process, leaves the worker registered and nothing requeued (the link thread heartbeats
-meanwhile). Asserted on the broker's counters and worker list, never on wall-clock gaps."""
+"""Expensive work does not take a worker out, with a real broker process: a step longer than the
+heartbeat expiry (the link thread heartbeats meanwhile), and on SmolLM2 a pathological regex and a
+grammar with no base case (issue 24: 90 s and 48.6 s of a worker's loop), each answered alone with
+an error naming response_format while other streams on the worker run to their end. Asserted on
+the broker's counters and worker list, never on wall-clock gaps."""
 
 from __future__ import annotations
 
@@ -9,9 +11,10 @@ import threading
 import time
 from collections.abc import Iterator
 
-from ovpool import timing
+from ovpool import errors, timing
 from ovpool.client import Client
-from ovpool.testing.pool import broker, fast_heartbeats, free_endpoint, wait_for_workers
+from ovpool.completion import Completion
+from ovpool.testing.pool import PoolProcess, broker, fast_heartbeats, free_endpoint, wait_for_workers
 from ovpool.worker.backend import Backend, NullBackend
 from ovpool.worker.process import Worker
 
@@ -57,4 +60,37 @@ def test_a_step_longer_than_the_heartbeat_expiry_does_not_get_the_worker_declare
         status = client.status()
     assert backend.blocked == 1 and done.usage.completion_tokens == 3
     assert status["counters"]["requeued"] == 0 and status["counters"]["completed"] == 1
+    assert [w["id"] for w in status["workers"]] == [w["id"] for w in before]
+
+
+PATHOLOGICAL = {"repetition": {"type": "regex", "pattern": "a{1000000}"},
+                "no base case": {"type": "grammar", "lark": 'start: "a" start'}}
+
+
+def outcome(future) -> Completion | errors.OvpoolError:
+    try:
+        return future.result(timeout=600)
+    except errors.OvpoolError as exc:
+        return exc
+
+
+def test_pathological_constraints_are_answered_alone_and_the_worker_stays(smollm2_path):
+    endpoint = free_endpoint()
+    with broker(endpoint), PoolProcess("worker", "--broker", endpoint, "--model", str(smollm2_path),
+                                       "--served-name", "smollm2", "--slots", "4"), \
+            Client(endpoint, model="smollm2") as client:
+        before = wait_for_workers(client, 1, timeout=300)["workers"]
+        free = [client.submit(f"Count to {i}.", max_tokens=40, ignore_eos=True) for i in (5, 9)]
+        hard = {name: client.submit("Write the letter a.", max_tokens=16, response_format=fmt)
+                for name, fmt in PATHOLOGICAL.items()}
+        answers = {name: outcome(f) for name, f in hard.items()}
+        done = [outcome(f) for f in free]
+        status = client.status()
+    for name, got in answers.items():
+        if isinstance(got, errors.OvpoolError):
+            assert isinstance(got, errors.InvalidRequestError) and "response_format" in str(got), (name, got)
+        else:  # served: the text keeps to the constraint
+            assert set(got.text) <= {"a"} and got.finish_reason == "length", (name, got.text)
+    assert all(isinstance(c, Completion) and c.usage.completion_tokens == 40 for c in done), done
+    assert status["counters"]["requeued"] == 0
     assert [w["id"] for w in status["workers"]] == [w["id"] for w in before]

@@ -11,6 +11,7 @@ prompt begins with that session's tokens (a chat's next turn) computes only the 
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -87,6 +88,7 @@ class Engine:
         self._idle: list[Session | PagedSession] = []
         self._paged: LoadResult | None = None  # the paged graph handed out by ``paged_graph``
         self._vocabulary = None  # for constrained decoding, made on the first request with one
+        self._vocabulary_lock = threading.Lock()
         self._prefix_auto: str | None = None  # what prefix_cache=auto means here, once known
         self.warmed = False
         if self.settings.warm_up == "load":
@@ -228,10 +230,16 @@ class Engine:
         """The Constraint of ``params.response_format`` on this model's vocabulary; None without one."""
         if params.response_format is None:
             return None
-        if self._vocabulary is None:
-            with _phase(self.load_report["seconds"], "structured-output vocabulary"):
-                self._vocabulary = Vocabulary(self.tokenizer)
-        return self._vocabulary.constraint(params.response_format, ignore_eos=params.ignore_eos)
+        return self.vocabulary().constraint(params.response_format, ignore_eos=params.ignore_eos)
+
+    def vocabulary(self) -> Vocabulary:
+        """This model's vocabulary for constrained decoding, built on first use (a batcher's
+        constraint thread may ask for it while a single stream does)."""
+        with self._vocabulary_lock:
+            if self._vocabulary is None:
+                with _phase(self.load_report["seconds"], "structured-output vocabulary"):
+                    self._vocabulary = Vocabulary(self.tokenizer)
+            return self._vocabulary
 
     def stream(self, prompt: Prompt, **sampling: Any) -> Iterator[Delta]:
         with self.generation(prompt, SamplingParams.from_dict(sampling)) as gen:

@@ -8,6 +8,8 @@ decodes. A request whose sequence outgrows the whole KV cache fails with a clear
 prefix cache (``Engine.prefix_cache``) a request reuses the KV blocks of any earlier sequence its
 tokens begin with (docs/prefix-caching.md); ``held_route_keys`` and the prompt-token counters are
 what the worker reports of it to the broker.
+A request with a response_format waits, unscheduled, while its constraint is built on another
+thread (constraint.Preparer): a costly regex or grammar never holds up the other requests' steps.
 The Batcher is handed its compiled graph (``Engine.paged_graph``, through ``from_graph``); the
 Engine loads, owns and closes it.
 """
@@ -23,7 +25,7 @@ from ovpool.errors import InferenceError, InvalidRequestError, OvpoolError
 from ovpool.sampling_params import SamplingParams
 from ovpool.worker.events import Event, Failed, Finished, Token
 from ovpool.worker.generate.batch import PagedRunner, PagedSession
-from ovpool.worker.generate.constraint import masks_for
+from ovpool.worker.generate.constraint import Constraint, Preparer, masks_for
 from ovpool.worker.generate.generation import Generation
 from ovpool.worker.generate.scheduler import Scheduler
 from ovpool.worker.generate.session import warm_up
@@ -47,6 +49,8 @@ class Batcher:
                                    caching=mode != "off", exact=mode == "on",
                                    seed=_graph_seed(engine, runner))
         self._generations: dict[str, Generation] = {}
+        self._preparer = Preparer()
+        self._unprepared: dict[str, tuple[list[int], SamplingParams, tuple[bytes, ...]]] = {}
         self.warmed = False
 
     def warm_up(self) -> None:
@@ -72,7 +76,7 @@ class Batcher:
 
     @property
     def active(self) -> int:
-        return len(self._generations)
+        return len(self._generations) + len(self._unprepared)
 
     @property
     def prompt_tokens(self) -> int:
@@ -95,13 +99,33 @@ class Batcher:
             raise InvalidRequestError(
                 f"the prompt has {len(ids)} tokens but the KV cache holds "
                 f"{self.scheduler.num_blocks * self.scheduler.block_size} positions; raise kv_cache_mb")
-        h = self.engine.hparams
+        if params.response_format is None:
+            self._schedule(request_id, ids, params, tuple(route_keys), None)
+            return
+        self._unprepared[request_id] = (ids, params, tuple(route_keys))
+        self._preparer.submit(request_id, self.engine.vocabulary, params.response_format, params.ignore_eos)
+
+    def _schedule(self, request_id: str, ids: list[int], params: SamplingParams,
+                  route_keys: tuple[bytes, ...], constraint: Constraint | None) -> None:
         self._generations[request_id] = Generation(None, None, ids, params, self.engine.tokenizer,
-                                                   context_length=h.context_length,
-                                                   constraint=self.engine.constraint(params))
+                                                   context_length=self.engine.hparams.context_length,
+                                                   constraint=constraint)
         self.scheduler.add(request_id, ids, route_keys)
 
+    def _prepared(self) -> list[Event]:
+        """Schedule the requests whose constraint is built; fail those whose build failed."""
+        events: list[Event] = []
+        for rid, outcome in self._preparer.take():
+            ids, params, keys = self._unprepared.pop(rid)
+            if isinstance(outcome, OvpoolError):
+                events.append(Failed(rid, outcome))
+            else:
+                self._schedule(rid, ids, params, keys, outcome)
+        return events
+
     def cancel(self, request_id: str) -> None:
+        if self._unprepared.pop(request_id, None) is not None:
+            self._preparer.cancel(request_id)
         self.scheduler.finish(request_id)
         gen = self._generations.pop(request_id, None)
         if gen is not None:
@@ -109,9 +133,11 @@ class Batcher:
 
     def step(self) -> list[Event]:
         """One forward pass for every scheduled request; the events it produced."""
+        events = self._prepared()
         plan = self.scheduler.plan()
-        events: list[Event] = [self._exhausted(rid) for rid in plan.exhausted]
+        events += [self._exhausted(rid) for rid in plan.exhausted]
         if not plan.chunks:
+            self._preparer.wait(0.05)  # nothing to run but builds: the worker loop would spin
             return events
         sampled = [c.seq_id for c in plan.chunks if c.sample]
         masks = masks_for([self._generations[rid].constraint for rid in sampled])

@@ -10,16 +10,49 @@ GIL) while the forward pass runs, and applies them over the batch in NumPy.
 
 EOS is allowed exactly when the constraint is complete (llguidance's mask holds it then); a
 constraint that admits no more text ends its sequence with finish reason ``stop`` at once.
+
+A constraint's cost is bounded (issue 24: ``a{1000000}`` kept SmolLM2's worker busy for minutes,
+a grammar with no base case 48 s): llguidance's limits (``_limits``) cap the regex analysis and the
+Earley items of every mask; a matcher built and its first mask computed in more than
+``BUDGET_S`` is refused; a matcher that hits a limit later fails its sequence. All of them are an
+InvalidRequestError naming response_format. ``Preparer`` builds constraints on a thread of its own
+(llguidance drops the GIL), so the batched step never waits for one.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 
 import numpy as np
 
 from ovpool import response_format as formats
-from ovpool.errors import InferenceError, InvalidRequestError
+from ovpool.errors import InferenceError, InvalidRequestError, OvpoolError
+
+# How long building a matcher and its first mask may take. Every constraint of the tests takes
+# 1-150 ms on SmolLM2 (2 busy AVX2 cores); a{1000000} under the limits below ~0.8 s.
+BUDGET_S = 2.0
+# llguidance's initial_lexer_fuel (default 1,000,000) also bounds the regex expressions a lexer may
+# build: a{1000000}'s first mask took 113 s at 100,000, 0.74 s at 10,000 (SmolLM2, busy AVX2), and
+# every schema, regex and grammar of the tests needs less. step_max_items (default 50,000) bounds
+# an Earley step: `start: "a" start` took 97 s at the default, under 1 s at 5,000.
+_LEXER_FUEL = 10_000
+_STEP_ITEMS = 5_000
+
+
+def _limits():
+    import llguidance
+
+    # verbose_errors off: the error names the limit, not the parser state and grammar (kilobytes).
+    return llguidance.LLParserLimits(initial_lexer_fuel=_LEXER_FUEL, step_max_items=_STEP_ITEMS,
+                                     verbose_errors=False)
+
+
+def _too_complex(why: str) -> InvalidRequestError:
+    return InvalidRequestError(f"response_format is too complex for this worker ({why.splitlines()[0]});"
+                               " simplify it (fewer or smaller repetitions, a grammar whose rules end)",
+                               param="response_format")
 
 
 class _GGUFTokens:
@@ -57,13 +90,22 @@ class Vocabulary:
         self.executor = llguidance.LLExecutor()
 
     def constraint(self, fmt: dict, ignore_eos: bool = False) -> Constraint:
-        """A matcher for a canonical ``fmt``; a grammar llguidance refuses is an InvalidRequestError."""
+        """A matcher for a canonical ``fmt``, its first mask computed (so the step that uses it
+        does not pay for the lexer's set-up); a grammar llguidance refuses, or one over the limits
+        or BUDGET_S, is an InvalidRequestError."""
         import llguidance
 
-        matcher = llguidance.LLMatcher(self.lltokenizer, formats.grammar(fmt), log_level=0)
+        start = time.perf_counter()
+        matcher = llguidance.LLMatcher(self.lltokenizer, formats.grammar(fmt), log_level=0, limits=_limits())
         if matcher.is_error():
-            raise InvalidRequestError(f"response_format: {matcher.get_error()}")
-        return Constraint(self, matcher, ignore_eos)
+            raise InvalidRequestError(f"response_format: {matcher.get_error()}", param="response_format")
+        constraint = Constraint(self, matcher, ignore_eos)
+        MaskBatch([constraint]).compute()
+        constraint.check()
+        spent = time.perf_counter() - start
+        if spent > BUDGET_S:
+            raise _too_complex(f"its first token mask took {spent:.1f} s, more than {BUDGET_S} s")
+        return constraint
 
 
 class Constraint:
@@ -74,6 +116,12 @@ class Constraint:
         self.vocabulary, self.matcher = vocabulary, matcher
         self.blocked_eos = vocabulary.eos_ids if ignore_eos else []
 
+    def check(self) -> None:
+        """Raise InvalidRequestError if the matcher hit a limit (its mask then allows nothing but
+        what it had reached: sampling from it would end the output early, not fail it)."""
+        if self.matcher.is_error():
+            raise _too_complex(self.matcher.get_error())
+
     def masked(self, logits: np.ndarray) -> np.ndarray:
         """``logits`` [vocab] with every token the constraint forbids at -inf (a new array)."""
         batch = MaskBatch([self])
@@ -82,9 +130,8 @@ class Constraint:
 
     def advance(self, token: int) -> bool:
         """Take the chosen ``token``; whether the output is now complete."""
-        if not self.matcher.consume_token(token):
-            raise InferenceError(f"structured output: token {token} broke the constraint: "
-                                 f"{self.matcher.get_error()}")
+        if not self.matcher.consume_token(token):  # its mask allowed it: a limit was hit
+            raise _too_complex(self.matcher.get_error())
         return self.matcher.is_stopped()
 
 
@@ -124,3 +171,58 @@ class MaskBatch:
         sub[~allowed] = -np.inf
         out[self.rows] = sub
         return out
+
+
+class Preparer:
+    """Constraints built on a thread of their own, so that the batched step never waits for one:
+    ``submit`` a request's build, ``take`` the finished ones (a Constraint, or the OvpoolError that
+    fails the request). A build still running BUDGET_S after it started fails its request at once;
+    its thread finishes it (llguidance cannot be interrupted; its limits bound how long)."""
+
+    def __init__(self) -> None:
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="constraint")
+        self._jobs: dict[str, tuple[Future, list[float]]] = {}
+
+    def __len__(self) -> int:
+        return len(self._jobs)
+
+    def submit(self, request_id: str, vocabulary: Callable[[], Vocabulary], fmt: dict,
+               ignore_eos: bool) -> None:
+        """``vocabulary`` (the model's, built on first use) is not part of the budget."""
+        started: list[float] = []
+
+        def build() -> Constraint:
+            vocab = vocabulary()
+            started.append(time.monotonic())
+            return vocab.constraint(fmt, ignore_eos)
+
+        self._jobs[request_id] = (self._pool.submit(build), started)
+
+    def cancel(self, request_id: str) -> None:
+        self._jobs.pop(request_id, None)
+
+    def wait(self, timeout: float) -> None:
+        """Wait up to ``timeout`` for a build to end (a step with nothing else to do)."""
+        if self._jobs:
+            wait([future for future, _ in self._jobs.values()], timeout, return_when="FIRST_COMPLETED")
+
+    def take(self) -> list[tuple[str, Constraint | OvpoolError]]:
+        now, out = time.monotonic(), []
+        for rid, (future, started) in list(self._jobs.items()):
+            if future.done():
+                out.append((rid, _outcome(future)))
+            elif started and now - started[0] > BUDGET_S:
+                out.append((rid, _too_complex(f"building it took more than {BUDGET_S} s")))
+            else:
+                continue
+            del self._jobs[rid]
+        return out
+
+
+def _outcome(future: Future) -> Constraint | OvpoolError:
+    exc = future.exception()
+    if exc is None:
+        return future.result()
+    if isinstance(exc, OvpoolError):
+        return exc
+    return InferenceError(f"structured output: cannot build the constraint: {exc}")

@@ -78,8 +78,9 @@ class Generation:
 
         A Generation driven from outside (a batched forward pass) is built with session=None.
         """
-        if self.constraint is not None and not masked:
-            logits = self.constraint.masked(logits)
+        if self.constraint is not None:
+            logits = logits if masked else self.constraint.masked(logits)
+            self.constraint.check()  # a mask past llguidance's limits fails the request
         token = self._sampler.choose(logits)
         if self._logprobs is not None and token not in self._eos:
             self._token_logprobs.append(self._logprobs.of(logits, token))
