@@ -38,16 +38,21 @@ server_key_option = click.option("--curve-server-key", default=None, type=click.
               help="Serve Prometheus /metrics on this port (setting metrics_port; 0: off).")
 @secret_option
 @click.option("--curve-allowed-keys", default=None, type=click.Path(file_okay=False),
-              help="Directory of public keys allowed to connect (enables CURVE with --curve-secret-key).")
+              help="Directory of client public keys (the HTTP API's too) allowed to submit"
+                   " (enables CURVE with --curve-secret-key).")
+@click.option("--curve-worker-keys", default=None, type=click.Path(file_okay=False),
+              help="Directory of worker public keys allowed to register (needed with CURVE).")
 @settings_options
 def broker_command(bind: str, queue_limit: int | None, metrics_port: int | None, curve_secret_key: str | None,
-                   curve_allowed_keys: str | None, assignments: tuple[str, ...]) -> None:
+                   curve_allowed_keys: str | None, curve_worker_keys: str | None,
+                   assignments: tuple[str, ...]) -> None:
     """Run the broker: queues, routing, heartbeats and re-dispatch (stop with SIGTERM or Ctrl-C)."""
     from ovpool.broker.server import Broker
 
     settings = resolve_settings(assignments, queue_limit=queue_limit, metrics_port=metrics_port,
                                 curve_secret_key=curve_secret_key,
-                                curve_allowed_keys=curve_allowed_keys)
+                                curve_allowed_keys=curve_allowed_keys,
+                                curve_worker_keys=curve_worker_keys)
     with stop_on_signals() as stop, Broker(bind, settings) as broker:
         broker.serve(stop)
 
