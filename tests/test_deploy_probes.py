@@ -1,11 +1,15 @@
-"""deploy/kubernetes: the HTTP API is probed on /health (which reports its link to the broker;
-/metrics answered while that link was dead), and the broker's CURVE keys sit by role."""
+"""deploy/kubernetes: the HTTP API is probed on its health routes (ready: /health, the pool can
+serve; live: /health/live, its broker client reads; /metrics answered while that client was dead),
+and the broker's CURVE keys sit by role."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import yaml
+
+from ovpool.api.app import Config, create_app
+from ovpool.api.keys import ApiKeys
 
 KUBE = Path(__file__).resolve().parent.parent / "deploy" / "kubernetes"
 
@@ -21,8 +25,10 @@ def _container(manifest: str, name: str) -> tuple[dict, dict]:
 
 def test_the_http_api_is_live_and_ready_by_its_health_endpoint():
     api, _ = _container("api.yaml", "api")
-    assert {probe: api[probe]["httpGet"]["path"] for probe in ("livenessProbe", "readinessProbe")} == {
-        "livenessProbe": "/health", "readinessProbe": "/health"}
+    paths = {probe: api[probe]["httpGet"]["path"] for probe in ("livenessProbe", "readinessProbe")}
+    assert paths == {"livenessProbe": "/health/live", "readinessProbe": "/health"}
+    routes = {route.path for route in create_app(Config("tcp://127.0.0.1:1", {}, ApiKeys(), 1)).routes}
+    assert set(paths.values()) <= routes
 
 
 def test_the_broker_gets_client_and_worker_keys_in_their_own_directories():

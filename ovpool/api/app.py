@@ -1,8 +1,12 @@
 """The OpenAI-compatible HTTP API as a Starlette app in front of the broker (one AsyncClient).
 
 Routes: ``GET /v1/models``, ``POST /v1/completions``, ``POST /v1/chat/completions`` (streamed as
-server-sent events with ``stream: true``), ``GET /health``, ``GET /metrics``. ``/v1/*`` needs a
-Bearer key when keys are configured; health and metrics stay open for probes and scrapers.
+server-sent events with ``stream: true``), ``GET /health`` (ready: the link to the broker is up and
+a worker registered), ``GET /health/live`` (this process is of use: its broker client still reads
+replies), ``GET /metrics``. ``/v1/*`` needs a Bearer key when keys are configured; health and
+metrics stay open for probes and scrapers. Should the broker client's I/O loop ever stop, the app
+records why in ``app.state.link_lost`` and server.run exits, so the process's supervisor starts a
+fresh one instead of keeping a process that answers every request with 503.
 
 A request is admitted (or refused with its HTTP status) before any byte of a stream is sent: the
 first token, or the error that came instead of it, decides the status. A client that disconnects
@@ -13,6 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -24,7 +30,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from ovpool import errors
+from ovpool import errors, timing
 from ovpool.api import errors as api_errors
 from ovpool.api import responses, sse
 from ovpool.api.keys import ApiKeys
@@ -33,6 +39,8 @@ from ovpool.api.schema import MAX_BODY_BYTES, Generate, parse_chat, parse_comple
 from ovpool.api.streams import ClientGone, Disconnects, Merged, fail_pending
 from ovpool.async_client import AsyncClient
 from ovpool.completion import Completion, Delta
+
+log = logging.getLogger(__name__)
 
 _CLIENT_CLOSED = 499  # nginx's status for "the client closed the connection first", in metrics only
 
@@ -52,6 +60,7 @@ def create_app(config: Config) -> Starlette:
               Route("/v1/completions", api.completions, methods=["POST"]),
               Route("/v1/chat/completions", api.chat, methods=["POST"]),
               Route("/health", api.health, methods=["GET"]),
+              Route("/health/live", api.live, methods=["GET"]),
               Route("/metrics", api.metrics_page, methods=["GET"])]
     return Starlette(routes=routes, lifespan=api.lifespan,
                      exception_handlers={HTTPException: _http_error})
@@ -80,12 +89,22 @@ class _Api:
     async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
         async with AsyncClient(self.config.broker, settings=self.config.settings) as client:
             self.client = client
-            sweep = asyncio.create_task(self.disconnects.run())
+            tasks = [asyncio.create_task(self.disconnects.run()), asyncio.create_task(self._watch(app))]
             try:
                 yield
             finally:
-                sweep.cancel()
+                for task in tasks:
+                    task.cancel()
         self.client = None
+
+    async def _watch(self, app: Starlette) -> None:
+        """Record why the broker client stopped reading, should it ever (server.run then exits)."""
+        while self.client.healthy:
+            await asyncio.sleep(timing.POLL_INTERVAL_S)
+        await asyncio.sleep(0)  # the ended task's done callback, which records why, runs first
+        app.state.link_lost = self.client.link_state().stopped or "its I/O loop ended"
+        log.error("the HTTP API's broker client stopped: %s; exiting so a fresh process takes over",
+                  app.state.link_lost)
 
     # -- routes ---------------------------------------------------------------------------------
 
@@ -100,13 +119,25 @@ class _Api:
         return await self._serve(request, "chat", lambda r: self._generate(r, parse))
 
     async def health(self, request: Request) -> Response:
+        """Readiness: the broker answers a STATUS and lists a worker."""
+        link = dataclasses.asdict(self.client.link_state())
         try:
             workers = (await self.client.status(self.config.status_timeout_s))["workers"]
         except errors.OvpoolError as exc:
-            return JSONResponse({"status": "unavailable", "reason": str(exc)}, 503)
+            return JSONResponse({"status": "unavailable", "reason": str(exc), "link": link}, 503)
         if not workers:
-            return JSONResponse({"status": "unavailable", "reason": "no worker is registered"}, 503)
-        return JSONResponse({"status": "ok", "workers": len(workers)})
+            return JSONResponse({"status": "unavailable", "reason": "no worker is registered",
+                                 "link": link}, 503)
+        return JSONResponse({"status": "ok", "workers": len(workers), "link": link})
+
+    async def live(self, request: Request) -> Response:
+        """Liveness: the broker client reads replies. A broker or worker outage leaves it live (a
+        restart of this process would not help); a stopped client does not."""
+        link = self.client.link_state()
+        if not link.reading:
+            return JSONResponse({"status": "unavailable", "reason": link.stopped or "the broker client"
+                                 " stopped", "link": dataclasses.asdict(link)}, 503)
+        return JSONResponse({"status": "ok", "link": dataclasses.asdict(link)})
 
     async def metrics_page(self, request: Request) -> Response:
         return Response(self.metrics.render(), media_type=self.metrics.content_type)

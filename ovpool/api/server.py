@@ -12,7 +12,7 @@ import threading
 
 from ovpool import timing
 from ovpool.api.app import Config, create_app
-from ovpool.errors import ConfigError
+from ovpool.errors import BrokerUnavailableError, ConfigError
 
 
 def parse_bind(bind: str) -> tuple[str, int]:
@@ -52,16 +52,21 @@ def run(config: Config, bind: str, stop: threading.Event) -> None:
 
     config.keys.warn_if_open(parse_bind(bind)[0])
     sock = listen(bind)
+    app = create_app(config)
     server = uvicorn.Server(uvicorn.Config(
-        create_app(config), loop="uvloop", http="httptools", lifespan="on", log_config=None,
+        app, loop="uvloop", http="httptools", lifespan="on", log_config=None,
         access_log=False, proxy_headers=False,
         timeout_graceful_shutdown=max(1, round(timing.SHUTDOWN_GRACE_S))))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="uvicorn")
     with sock:
         thread.start()
         while thread.is_alive() and not stop.wait(timing.POLL_INTERVAL_S):
-            pass
+            if getattr(app.state, "link_lost", ""):
+                break
         server.should_exit = True
         thread.join()
+    if getattr(app.state, "link_lost", ""):
+        raise BrokerUnavailableError(f"the HTTP API's broker client stopped ({app.state.link_lost});"
+                                     " this process exits so that a fresh one serves")
     if not server.started:
         raise ConfigError(f"the HTTP API on {bind} did not start; see the log above")

@@ -123,7 +123,7 @@ def sampling_options(func: Callable) -> Callable:
 
     @click.option("--max-tokens", type=click.IntRange(1), default=128, show_default=True,
                   help="Most new tokens.")
-    @click.option("--temperature", type=click.FloatRange(0), default=0.0, show_default=True,
+    @click.option("--temperature", type=click.FloatRange(0, 2), default=0.0, show_default=True,
                   help="Randomness of the draw; 0 is greedy (always the most probable token).")
     @click.option("--top-k", type=click.IntRange(0), default=0, show_default=True,
                   help="Draw from the K most probable tokens only; 0 turns it off.")
