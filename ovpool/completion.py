@@ -15,11 +15,14 @@ from ovpool.errors import MalformedMessageError
 
 _REQUIRED = object()
 _NUMBER = (float, int)
+_INT = {int}
 
 
 def _take(d: dict, key: str, types: tuple[type, ...], where: str, default: Any = _REQUIRED) -> Any:
     """``d[key]`` if its type is exactly one of ``types``; ``default`` when absent or None."""
     value = d.get(key)
+    if type(value) in types:
+        return value
     if value is None and default is not _REQUIRED:
         return default
     if key not in d:
@@ -31,7 +34,7 @@ def _take(d: dict, key: str, types: tuple[type, ...], where: str, default: Any =
 
 
 def _ints(values: Any, where: str) -> list[int]:
-    if type(values) is not list or not all(type(v) is int for v in values):
+    if type(values) is not list or not set(map(type, values)) <= _INT:  # a bool is no int here
         raise MalformedMessageError(f"{where} must be a list of ints")
     return values
 
@@ -77,6 +80,8 @@ class TokenLogprobs:
     @classmethod
     def list_from_wire(cls, ws: Any, where: str = "logprobs") -> tuple[TokenLogprobs, ...]:
         """A PARTIAL's or FINAL's ``logprobs`` list."""
+        if ws == []:  # most PARTIALs: no log-probabilities asked for
+            return ()
         if type(ws) is not list:
             raise MalformedMessageError(f"{where} must be a list")
         return tuple(cls.from_wire(w, f"{where}[{i}]") for i, w in enumerate(ws))

@@ -16,6 +16,7 @@ from ovpool.protocol import (
     Pong,
     Shutdown,
     StatusReply,
+    Submit,
 )
 
 
@@ -187,3 +188,32 @@ def test_a_resent_stream_gets_credit_for_the_replay_it_drops():
         p.on_message(Partial(sub.request_id, i, i, "x", i), 0.1)
     (resent,) = p.on_message(Pong([sub.request_id]), 0.2)
     assert resent.request_id == sub.request_id and resent.window == 8 + 3
+
+
+def test_a_reply_it_cannot_use_fails_only_its_request_and_is_counted():
+    p, bad, good = PendingRequests(0.0), Recorder(), Recorder()
+    a, b = make_submit("a", "m", None, {}), make_submit("b", "m", None, {})
+    p.add(a, bad, 0.0)
+    p.add(b, good, 0.0)
+    assert p.on_message(Final(a.request_id, {"text": "x"}), 0.1) == [Cancel(a.request_id)]
+    assert isinstance(bad.error, errors.MalformedMessageError)
+    assert "FINAL.completion.token_ids must be a list of ints" in str(bad.error)
+    p.on_message(final(b.request_id), 0.2)
+    assert good.result.text == "ab" and good.error is None and p.malformed == 1 and len(p) == 0
+
+
+def test_a_pong_resends_only_outstanding_ids_whatever_else_it_lists():
+    p, a = PendingRequests(0.0), make_submit("a", "m", None, {})
+    p.add(a, Recorder(), 0.0)
+    assert p.on_message(Pong([[1], {"x": 1}, 5, a.request_id]), 0.1) == [a]  # unhashable: no TypeError
+
+
+def test_a_submit_that_cannot_be_encoded_fails_alone_and_is_never_resent():
+    p, rec, other = PendingRequests(0.0), Recorder(), Recorder()
+    unencodable = Submit("r1", "m", {"seed": 2**64}, "x")
+    p.add(unencodable, rec, 0.0)
+    p.add(make_submit("b", "m", None, {}), other, 0.0)
+    p.unsendable(unencodable, OverflowError("Integer value out of range"))
+    assert isinstance(rec.error, errors.InvalidRequestError)
+    assert "request r1 cannot be encoded" in str(rec.error)
+    assert p.on_message(Pong(["r1"]), 0.1) == [] and len(p) == 1 and other.error is None

@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ovpool import errors
+from ovpool.completion import Completion, Logprob, TokenLogprobs, Usage
 from ovpool.protocol import (
     VERSION,
     Cancel,
@@ -30,6 +31,7 @@ from ovpool.protocol import (
     encode,
     load_to_wire,
     message_type,
+    request_id_of,
     sampling_from_wire,
 )
 
@@ -138,3 +140,42 @@ def test_valid_commands_with_wrong_bodies_raise_only_protocol_errors(example, bo
         decode([VERSION, encode(example)[1], msgpack.packb(body)])
     except errors.ProtocolError:
         pass
+
+
+def test_request_id_of_names_the_request_of_a_message_decode_refused():
+    refused = [VERSION, bytes([Final.command]), msgpack.packb({"request_id": "r7", "completion": 1})]
+    with pytest.raises(errors.MalformedMessageError):
+        decode(refused)
+    assert request_id_of(refused) == "r7"
+    assert request_id_of([VERSION, b"\x7f", msgpack.packb({"request_id": "r7"})]) == ""  # unknown command
+    assert request_id_of([VERSION, bytes([Final.command]), msgpack.packb({"request_id": 7})]) == ""
+    assert request_id_of([VERSION, bytes([Final.command]), b"\xc1"]) == ""
+
+
+wire_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-2**63, 2**64 - 1) | st.floats() | st.text(max_size=4),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(
+        st.sampled_from(["text", "token_ids", "finish_reason", "usage", "prompt_tokens",
+                         "completion_tokens", "timings", "logprobs", "note", "new"]), inner, max_size=8),
+    max_leaves=24)
+
+
+@settings(max_examples=300, deadline=None)
+@given(wire_values)
+def test_a_completion_off_the_wire_is_a_completion_or_a_malformed_message_error(value):
+    # A FINAL's completion and a PARTIAL's logprobs come from a worker, forwarded unchanged.
+    for read in (Completion.from_dict, TokenLogprobs.list_from_wire):
+        try:
+            read(value)
+        except errors.MalformedMessageError:
+            pass
+
+
+def test_a_completion_round_trips_and_ignores_what_a_newer_worker_adds_at_any_depth():
+    c = Completion("ab", [1, 2], "stop", Usage(1, 2), {"total_s": 0.5},
+                   [TokenLogprobs(Logprob(1, "a", -0.5), (Logprob(2, "b", -1.0),))] * 2, "n")
+    assert Completion.from_dict(c.to_dict()) == c
+    newer = c.to_dict()
+    newer["usage"]["cached_tokens"] = 1
+    newer["logprobs"] = [[*t, "later"] for t in newer["logprobs"]]
+    assert Completion.from_dict({**newer, "added": {"x": [1]}}) == c
