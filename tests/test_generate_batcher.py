@@ -360,3 +360,17 @@ def resident_pages(array: np.ndarray) -> int:
     vector = (ctypes.c_ubyte * pages)()
     assert libc.mincore(ctypes.c_void_p(start), ctypes.c_size_t(pages * mmap.PAGESIZE), vector) == 0
     return int((np.frombuffer(vector, np.uint8) & 1).sum())
+
+
+def test_a_long_prompt_is_admitted_off_the_step_and_its_refusal_fails_it_alone(engine):
+    """A prompt over INLINE_CHARS is tokenized on the admission thread: ``add`` returns at once
+    and a refusal comes as that request's Failed event, while a short request runs to its end."""
+    from ovpool.worker.generate.batcher import INLINE_CHARS
+
+    backend = EngineBackend(engine, slots=2)
+    assert backend.wait_batching()
+    long = "word " * (INLINE_CHARS // 5 + 1)  # over the model's context of 256 tokens
+    done, _, failed = drain(backend, {0: [("long", long, SamplingParams(max_tokens=4)),
+                                          ("short", "hi", SamplingParams(max_tokens=6, ignore_eos=True))]})
+    assert [f.request_id for f in failed] == ["long"] and "context" in str(failed[0].error)
+    assert done["short"].usage.completion_tokens == 6 and backend.active == 0

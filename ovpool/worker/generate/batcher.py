@@ -8,8 +8,9 @@ decodes. A request whose sequence outgrows the whole KV cache fails with a clear
 prefix cache (``Engine.prefix_cache``) a request reuses the KV blocks of any earlier sequence its
 tokens begin with (docs/prefix-caching.md); ``held_route_keys`` and the prompt-token counters are
 what the worker reports of it to the broker.
-A request with a response_format waits, unscheduled, while its constraint is built on another
-thread (constraint.Preparer): a costly regex or grammar never holds up the other requests' steps.
+A request with a long prompt or a response_format waits, unscheduled, while it is admitted on
+another thread (ovpool.worker.generate.admission): a costly prompt, regex or grammar never holds up
+the other requests' steps.
 The Batcher is handed its compiled graph (``Engine.paged_graph``, through ``from_graph``); the
 Engine loads, owns and closes it.
 """
@@ -24,8 +25,9 @@ from typing import TYPE_CHECKING, Any
 from ovpool.errors import InferenceError, InvalidRequestError, OvpoolError
 from ovpool.sampling_params import SamplingParams
 from ovpool.worker.events import Event, Failed, Finished, Token
+from ovpool.worker.generate.admission import Preparer
 from ovpool.worker.generate.batch import PagedRunner, PagedSession
-from ovpool.worker.generate.constraint import Constraint, Preparer, masks_for
+from ovpool.worker.generate.constraint import Constraint, masks_for
 from ovpool.worker.generate.generation import Generation
 from ovpool.worker.generate.scheduler import Scheduler
 from ovpool.worker.generate.session import warm_up
@@ -35,6 +37,10 @@ if TYPE_CHECKING:
     from ovpool.worker.engine import Engine
 
 log = logging.getLogger("ovpool.worker")
+# Prompts up to this many characters are tokenized in the step loop; longer ones on the Preparer's
+# thread: BPE of one long word is quadratic (SmolLM2, busy AVX2: 1,000 a's 0.19 s, 4,000 3.9 s,
+# 16,000 46 s), which would hold every other request's steps up.
+INLINE_CHARS = 2048
 
 
 class Batcher:
@@ -50,7 +56,7 @@ class Batcher:
                                    seed=_graph_seed(engine, runner))
         self._generations: dict[str, Generation] = {}
         self._preparer = Preparer()
-        self._unprepared: dict[str, tuple[list[int], SamplingParams, tuple[bytes, ...]]] = {}
+        self._unprepared: dict[str, tuple[SamplingParams, tuple[bytes, ...]]] = {}
         self.warmed = False
 
     def warm_up(self) -> None:
@@ -94,33 +100,40 @@ class Batcher:
 
     def add(self, request_id: str, prompt: Any, params: SamplingParams,
             route_keys: Sequence[bytes] = ()) -> None:
+        """Admit a request: at once when it is cheap, else on the Preparer's thread (a long
+        prompt's tokenization, a constraint's build), its refusal then a Failed event of a step."""
+        keys = tuple(route_keys)
+        if params.response_format is None and _text_length(prompt) <= INLINE_CHARS:
+            self._schedule(request_id, self._admit(prompt, params), None, params=params, route_keys=keys)
+            return
+        self._unprepared[request_id] = (params, keys)
+        self._preparer.submit(request_id, lambda: self._admit(prompt, params), self.engine.vocabulary,
+                              params.response_format, params.ignore_eos)
+
+    def _admit(self, prompt: Any, params: SamplingParams) -> list[int]:
         ids = self.engine.admit(prompt, params)
         if not self.scheduler.fits(len(ids) + 1):
             raise InvalidRequestError(
                 f"the prompt has {len(ids)} tokens but the KV cache holds "
                 f"{self.scheduler.num_blocks * self.scheduler.block_size} positions; raise kv_cache_mb")
-        if params.response_format is None:
-            self._schedule(request_id, ids, params, tuple(route_keys), None)
-            return
-        self._unprepared[request_id] = (ids, params, tuple(route_keys))
-        self._preparer.submit(request_id, self.engine.vocabulary, params.response_format, params.ignore_eos)
+        return ids
 
-    def _schedule(self, request_id: str, ids: list[int], params: SamplingParams,
-                  route_keys: tuple[bytes, ...], constraint: Constraint | None) -> None:
+    def _schedule(self, request_id: str, ids: list[int], constraint: Constraint | None, *,
+                  params: SamplingParams, route_keys: tuple[bytes, ...]) -> None:
         self._generations[request_id] = Generation(None, None, ids, params, self.engine.tokenizer,
                                                    context_length=self.engine.hparams.context_length,
                                                    constraint=constraint)
         self.scheduler.add(request_id, ids, route_keys)
 
     def _prepared(self) -> list[Event]:
-        """Schedule the requests whose constraint is built; fail those whose build failed."""
+        """Schedule the requests the Preparer admitted; fail those it refused."""
         events: list[Event] = []
         for rid, outcome in self._preparer.take():
-            ids, params, keys = self._unprepared.pop(rid)
+            params, keys = self._unprepared.pop(rid)
             if isinstance(outcome, OvpoolError):
                 events.append(Failed(rid, outcome))
             else:
-                self._schedule(rid, ids, params, keys, outcome)
+                self._schedule(rid, *outcome, params=params, route_keys=keys)
         return events
 
     def cancel(self, request_id: str) -> None:
@@ -175,6 +188,16 @@ class Batcher:
     def _fail(self, request_id: str, error: OvpoolError) -> Event:
         self.cancel(request_id)
         return Failed(request_id, error)
+
+
+def _text_length(prompt: Any) -> int:
+    """The characters of a prompt to tokenize (token ids: none); chat messages' contents summed."""
+    if isinstance(prompt, str):
+        return len(prompt)
+    items = list(prompt)
+    if all(isinstance(m, dict) and isinstance(m.get("content"), str) for m in items):
+        return sum(len(m["content"]) for m in items)
+    return 0 if all(isinstance(t, int) for t in items) else INLINE_CHARS + 1  # unknown: not here
 
 
 def _graph_seed(engine: Engine, runner: PagedRunner) -> bytes:

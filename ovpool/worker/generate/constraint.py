@@ -15,20 +15,19 @@ A constraint's cost is bounded (issue 24: ``a{1000000}`` kept SmolLM2's worker b
 a grammar with no base case 48 s): llguidance's limits (``_limits``) cap the regex analysis and the
 Earley items of every mask; a matcher built and its first mask computed in more than
 ``BUDGET_S`` is refused; a matcher that hits a limit later fails its sequence. All of them are an
-InvalidRequestError naming response_format. ``Preparer`` builds constraints on a thread of its own
-(llguidance drops the GIL), so the batched step never waits for one.
+InvalidRequestError naming response_format. A batcher builds them on a thread of its own
+(ovpool.worker.generate.admission; llguidance drops the GIL), so the batched step never waits for one.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from collections.abc import Sequence
 
 import numpy as np
 
 from ovpool import response_format as formats
-from ovpool.errors import InferenceError, InvalidRequestError, OvpoolError
+from ovpool.errors import InvalidRequestError
 
 # How long building a matcher and its first mask may take. Every constraint of the tests takes
 # 1-150 ms on SmolLM2 (2 busy AVX2 cores); a{1000000} under the limits below ~0.8 s.
@@ -49,7 +48,7 @@ def _limits():
                                      verbose_errors=False)
 
 
-def _too_complex(why: str) -> InvalidRequestError:
+def too_complex(why: str) -> InvalidRequestError:
     return InvalidRequestError(f"response_format is too complex for this worker ({why.splitlines()[0]});"
                                " simplify it (fewer or smaller repetitions, a grammar whose rules end)",
                                param="response_format")
@@ -104,7 +103,7 @@ class Vocabulary:
         constraint.check()
         spent = time.perf_counter() - start
         if spent > BUDGET_S:
-            raise _too_complex(f"its first token mask took {spent:.1f} s, more than {BUDGET_S} s")
+            raise too_complex(f"its first token mask took {spent:.1f} s, more than {BUDGET_S} s")
         return constraint
 
 
@@ -120,7 +119,7 @@ class Constraint:
         """Raise InvalidRequestError if the matcher hit a limit (its mask then allows nothing but
         what it had reached: sampling from it would end the output early, not fail it)."""
         if self.matcher.is_error():
-            raise _too_complex(self.matcher.get_error())
+            raise too_complex(self.matcher.get_error())
 
     def masked(self, logits: np.ndarray) -> np.ndarray:
         """``logits`` [vocab] with every token the constraint forbids at -inf (a new array)."""
@@ -131,7 +130,7 @@ class Constraint:
     def advance(self, token: int) -> bool:
         """Take the chosen ``token``; whether the output is now complete."""
         if not self.matcher.consume_token(token):  # its mask allowed it: a limit was hit
-            raise _too_complex(self.matcher.get_error())
+            raise too_complex(self.matcher.get_error())
         return self.matcher.is_stopped()
 
 
@@ -171,58 +170,3 @@ class MaskBatch:
         sub[~allowed] = -np.inf
         out[self.rows] = sub
         return out
-
-
-class Preparer:
-    """Constraints built on a thread of their own, so that the batched step never waits for one:
-    ``submit`` a request's build, ``take`` the finished ones (a Constraint, or the OvpoolError that
-    fails the request). A build still running BUDGET_S after it started fails its request at once;
-    its thread finishes it (llguidance cannot be interrupted; its limits bound how long)."""
-
-    def __init__(self) -> None:
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="constraint")
-        self._jobs: dict[str, tuple[Future, list[float]]] = {}
-
-    def __len__(self) -> int:
-        return len(self._jobs)
-
-    def submit(self, request_id: str, vocabulary: Callable[[], Vocabulary], fmt: dict,
-               ignore_eos: bool) -> None:
-        """``vocabulary`` (the model's, built on first use) is not part of the budget."""
-        started: list[float] = []
-
-        def build() -> Constraint:
-            vocab = vocabulary()
-            started.append(time.monotonic())
-            return vocab.constraint(fmt, ignore_eos)
-
-        self._jobs[request_id] = (self._pool.submit(build), started)
-
-    def cancel(self, request_id: str) -> None:
-        self._jobs.pop(request_id, None)
-
-    def wait(self, timeout: float) -> None:
-        """Wait up to ``timeout`` for a build to end (a step with nothing else to do)."""
-        if self._jobs:
-            wait([future for future, _ in self._jobs.values()], timeout, return_when="FIRST_COMPLETED")
-
-    def take(self) -> list[tuple[str, Constraint | OvpoolError]]:
-        now, out = time.monotonic(), []
-        for rid, (future, started) in list(self._jobs.items()):
-            if future.done():
-                out.append((rid, _outcome(future)))
-            elif started and now - started[0] > BUDGET_S:
-                out.append((rid, _too_complex(f"building it took more than {BUDGET_S} s")))
-            else:
-                continue
-            del self._jobs[rid]
-        return out
-
-
-def _outcome(future: Future) -> Constraint | OvpoolError:
-    exc = future.exception()
-    if exc is None:
-        return future.result()
-    if isinstance(exc, OvpoolError):
-        return exc
-    return InferenceError(f"structured output: cannot build the constraint: {exc}")
