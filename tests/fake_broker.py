@@ -36,6 +36,7 @@ class FakeBroker:
         self._socket.linger = 0
         self.endpoint = f"tcp://127.0.0.1:{self._socket.bind_to_random_port('tcp://127.0.0.1')}"
         self.peer = b""  # the identity of the client whose message came last
+        self.received: list[Message] = []  # everything the clients sent, in order
 
     def close(self) -> None:
         self._socket.close()
@@ -55,18 +56,17 @@ class FakeBroker:
             if isinstance(msg, Submit) and msg.request_id == request_id:
                 return msg
 
-    def receive(self) -> Message:
-        assert self._socket.poll(WAIT_MS), "the client sent nothing"
+    def receive(self, wait_ms: int = WAIT_MS) -> Message:
+        assert self._socket.poll(wait_ms), "the client sent nothing"
         self.peer, *frames = self._socket.recv_multipart()
-        return decode(frames)
+        self.received.append(decode(frames))
+        return self.received[-1]
 
-    def drain(self) -> list[Message]:
-        """Everything the clients sent that is here now."""
-        got = []
+    def submitted(self) -> list[str]:
+        """The ids of every SUBMIT the clients sent so far (resends included), in order."""
         while self._socket.poll(0):
-            self.peer, *frames = self._socket.recv_multipart()
-            got.append(decode(frames))
-        return got
+            self.receive(0)
+        return [m.request_id for m in self.received if isinstance(m, Submit)]
 
     def send(self, msg: Message | list[bytes], peer: bytes | None = None) -> None:
         """``msg`` (a Message, or frames from ``raw``) to ``peer``, by default the last one heard."""
