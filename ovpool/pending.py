@@ -275,14 +275,15 @@ class PendingRequests:
         """A message this client cannot read or use (``what``: its command): counted, and the
         request it names (if any is outstanding) fails alone and is cancelled at the broker."""
         self.malformed += 1
+        why = str(exc) if isinstance(exc, errors.OvpoolError) else f"{type(exc).__name__}: {exc}"
         if self.malformed & (self.malformed - 1) == 0:  # the 1st, 2nd, 4th, ...: a flood logs little
             _log.warning("dropped a malformed %s from the broker at %s (%s); %d so far",
-                         what, self._broker, exc, self.malformed)
+                         what, self._broker, why, self.malformed)
         p = self._pending.pop(request_id, None) if type(request_id) is str else None
         if p is None:
             return []
         p.sink.fail(errors.MalformedMessageError(
-            f"request {request_id} got a malformed {what} from the broker at {self._broker} ({exc});"
+            f"request {request_id} got a malformed {what} from the broker at {self._broker} ({why});"
             " is a worker of another ovpool version in the pool?"))
         return [Cancel(request_id)]
 
