@@ -108,8 +108,10 @@ class AsyncDriver:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._thread.start()
-        self.client = AsyncClient(endpoint, **options)
-        self._run(self.client.__aenter__())
+
+        async def open_client() -> AsyncClient:  # made on its loop's thread, as an app would
+            return await AsyncClient(endpoint, **options).__aenter__()
+        self.client = self._run(open_client())
 
     def close(self) -> None:
         self._run(self.client.aclose())
