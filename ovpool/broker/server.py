@@ -56,9 +56,12 @@ class Broker:
             sock = self._context.socket(zmq.ROUTER)
             self._socket = sock
             sock.linger = 0
-            # No libzmq limits (a ROUTER at its high-water mark drops silently): what is queued
-            # is bounded by the credit each receiver granted (docs/protocol.md, flow control).
-            sock.sndhwm = sock.rcvhwm = 0
+            # What an honest peer is sent is bounded by the credit it granted (docs/protocol.md,
+            # flow control), far below this mark; a peer that grants credit and never reads meets
+            # it, and a ROUTER at its high-water mark drops that peer's messages, not the broker.
+            # 2**17 messages: ~512 streams at a client's 256-token window.
+            sock.rcvhwm = 0
+            sock.sndhwm = 1 << 17
             # Up to twice the limit is read and answered with an error; beyond, libzmq drops the peer.
             sock.maxmsgsize = 2 * MAX_MESSAGE_BYTES
             self._security.apply(sock, self.bind)
