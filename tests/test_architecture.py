@@ -18,7 +18,8 @@ from ovpool.worker.graph import builder
 PACKAGE = Path(ovpool.__file__).parent
 # What must not import the worker: the wire, the clients, the broker, the cache, the shared records
 # and the HTTP API (a client of the pool).
-BELOW_THE_WORKER = ["client.py", "async_client.py", "pending.py", "protocol.py", "prefix_key.py",
+BELOW_THE_WORKER = ["client.py", "async_client.py", "client_base.py", "pending.py", "protocol.py",
+                    "prefix_key.py", "bounds.py", "pool_keys.py", "response_format.py",
                     "sampling_params.py", "completion.py", "errors.py", "settings.py", "timing.py",
                     "devices.py", "models.py", "auth.py", "endpoint.py", "metrics.py", "broker", "cache",
                     "api"]

@@ -122,10 +122,10 @@ class _Api:
         """Readiness: the broker answers a STATUS and lists a worker."""
         link = dataclasses.asdict(self.client.link_state())
         try:
-            workers = (await self.client.status(self.config.status_timeout_s))["workers"]
+            workers = (await self.client.status(self.config.status_timeout_s)).get("workers")
         except errors.OvpoolError as exc:
             return JSONResponse({"status": "unavailable", "reason": str(exc), "link": link}, 503)
-        if not workers:
+        if not isinstance(workers, list) or not workers:  # a broker's STATUS reply is its word
             return JSONResponse({"status": "unavailable", "reason": "no worker is registered",
                                  "link": link}, 503)
         return JSONResponse({"status": "ok", "workers": len(workers), "link": link})
