@@ -1,14 +1,14 @@
-"""The worker process: a link to the broker (ovpool.worker.link: the DEALER socket, heartbeats and
-reconnects on a thread of their own), a Backend doing the generation.
+"""The worker process: one DEALER socket to the broker (ovpool.worker.link, whose keeper thread
+heartbeats while a step holds the loop), a Backend doing the generation.
 
-The loop polls the link's pipe without waiting while sessions are active (generation is the work;
+The loop polls the socket without waiting while sessions are active (generation is the work;
 messages are handled between steps), and up to a poll interval when idle. Every PARTIAL,
 FINAL and ERROR spends one message of credit (protocol.WORKER_WINDOW per connection, returned by
 the broker's CREDIT as it handles them); without credit the worker stops stepping until CREDIT
 comes, so a broker that routes slower than the worker generates slows the worker down instead of
 letting its send queue overflow. A broker that is silent for the heartbeat expiry is presumed
-gone: the link reconnects with a doubling backoff and registers again, and the loop drops its
-sessions (the broker has re-dispatched them). Stopping (SIGTERM in the CLI) hands unfinished
+gone: the worker drops its sessions (the broker has re-dispatched them), reconnects with a
+doubling backoff and registers again. Stopping (SIGTERM in the CLI) hands unfinished
 requests back with DISCONNECT before the socket closes. No message from the broker stops the loop:
 one that does not decode is dropped, a request that cannot start is answered with an ERROR.
 
@@ -49,14 +49,13 @@ from ovpool.protocol import (
     decode,
     encode,
     load_to_wire,
-    recv_frames,
     route_keys_from_wire,
     sampling_from_wire,
     send_frames,
 )
 from ovpool.settings import Settings
 from ovpool.worker.backend import Backend, Failed, Finished, Token
-from ovpool.worker.link import ACK, HEARTBEAT, MESSAGE, RECONNECTED, BrokerLink
+from ovpool.worker.link import BrokerLink
 from ovpool.worker.prefix_report import PrefixReport
 
 log = logging.getLogger(__name__)
@@ -106,7 +105,6 @@ class Worker:
                            load=load_to_wire(load_report))
         self._context = zmq.Context()
         self._link: BrokerLink | None = None
-        self._socket: zmq.Socket | None = None  # the link's pipe
         self._active: dict[str, int] = {}  # request id -> the seq of its next PARTIAL
         self._credit = WORKER_WINDOW
         self._idle_pool = ThreadPoolExecutor(1, thread_name_prefix="worker-idle")
@@ -117,7 +115,6 @@ class Worker:
     def __enter__(self) -> Worker:
         self._link = BrokerLink(self._context, self.broker, self.settings, self.ready)
         self._link.start()
-        self._socket = self._link.pipe
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -125,27 +122,30 @@ class Worker:
         if self._link is not None:
             self._send(Disconnect(sorted([*self._active, *self._deferred])))
             self._drop_sessions()
-            self._link.stop()
-            self._link = self._socket = None
+            self._link.stop(linger_s=timing.HEARTBEAT_INTERVAL_S)
+            self._link = None
         self._context.term()
 
     def run(self, stop: threading.Event) -> None:
         log.info("worker %s serving %s with %d slots via %s", self.ready.worker_id, self.ready.models,
                  self.ready.slots, self.broker)
         next_heartbeat = 0.0
+        link = self._link
         while not stop.is_set():
             warming = self._warming()
-            if not warming and not self._active and not self._socket.poll(0):
+            if not warming and not self._active and not link.poll(0):
                 self._idle_work = self._idle_pool.submit(self.backend.idle)
                 warming = True
             stepping = not warming and self._active and self._credit > 0
-            if self._socket.poll(0 if stepping else timing.POLL_INTERVAL_S * 1000):
+            if link.poll(0 if stepping else timing.POLL_INTERVAL_S * 1000):
                 self._receive()
+            if link.broker_silent(time.monotonic()):  # after reading what waited through a step
+                self._reconnect()
             if not self._warming() and self._active and self._credit > 0:
                 self._step()
             now = time.monotonic()
-            if now >= next_heartbeat:  # the link repeats it while a step holds the loop
-                send_frames(self._socket, [HEARTBEAT, *encode(self._prefixes.heartbeat())])
+            if now >= next_heartbeat:  # the link's keeper repeats it while a step holds the loop
+                link.beat(encode(self._prefixes.heartbeat()))
                 next_heartbeat = now + timing.HEARTBEAT_INTERVAL_S
 
     def _warming(self) -> bool:
@@ -162,16 +162,7 @@ class Worker:
         return False
 
     def _receive(self) -> None:
-        while True:
-            try:
-                kind, *frames = recv_frames(self._socket)
-            except zmq.Again:
-                return
-            if kind == RECONNECTED:  # the broker re-dispatches what this connection had
-                self._drop_sessions()
-                self._credit = WORKER_WINDOW
-                send_frames(self._socket, [ACK])
-                continue
+        for frames in self._link.receive():
             try:
                 self._handle(decode(frames))
             except OvpoolError as exc:
@@ -231,6 +222,11 @@ class Worker:
                 self._prefixes.ended(rid)
                 self._reply(Error(rid, ev.error.code, str(ev.error)))
 
+    def _reconnect(self) -> None:
+        self._drop_sessions()
+        self._credit = WORKER_WINDOW
+        self._link.reconnect()
+
     def _drop_sessions(self) -> None:
         self._deferred.clear()  # the broker re-dispatches them
         for rid in self._active:
@@ -244,4 +240,4 @@ class Worker:
         self._send(msg)
 
     def _send(self, msg: Message) -> None:
-        send_frames(self._socket, [MESSAGE, *encode(msg)])
+        self._link.send(encode(msg))
