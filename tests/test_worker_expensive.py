@@ -11,9 +11,12 @@ import threading
 import time
 from collections.abc import Iterator
 
-from ovpool import errors, timing
+import pytest
+
+from ovpool import Engine, errors, timing
 from ovpool.client import Client
 from ovpool.completion import Completion
+from ovpool.sampling_params import SamplingParams
 from ovpool.testing.pool import PoolProcess, broker, fast_heartbeats, free_endpoint, wait_for_workers
 from ovpool.worker.backend import Backend, NullBackend
 from ovpool.worker.process import Worker
@@ -84,6 +87,8 @@ def test_pathological_constraints_are_answered_alone_and_the_worker_stays(smollm
         hard = {name: client.submit("Write the letter a.", max_tokens=16, response_format=fmt)
                 for name, fmt in PATHOLOGICAL.items()}
         answers = {name: outcome(f) for name, f in hard.items()}
+        # Within the client's 1 MiB, over what 8,192 tokens of SmolLM2 (81 characters at most) hold.
+        huge = outcome(client.submit("word " * 200_000, max_tokens=1))
         done = [outcome(f) for f in free]
         status = client.status()
     for name, got in answers.items():
@@ -91,6 +96,19 @@ def test_pathological_constraints_are_answered_alone_and_the_worker_stays(smollm
             assert isinstance(got, errors.InvalidRequestError) and "response_format" in str(got), (name, got)
         else:  # served: the text keeps to the constraint
             assert set(got.text) <= {"a"} and got.finish_reason == "length", (name, got.text)
+    assert isinstance(huge, errors.InvalidRequestError) and "1000000 characters" in str(huge), huge
     assert all(isinstance(c, Completion) and c.usage.completion_tokens == 40 for c in done), done
     assert status["counters"]["requeued"] == 0
     assert [w["id"] for w in status["workers"]] == [w["id"] for w in before]
+
+
+def test_a_prompt_too_long_for_any_tokenization_is_refused_before_tokenizing(tiny_model, monkeypatch):
+    with Engine(tiny_model(), settings={"max_prompt_tokens": 8}) as engine:
+        longest = max(map(len, engine.tokenizer.tokens))
+        fits = "x" * (8 * longest + 1)  # not refused by its length: by its tokens, as before
+        with pytest.raises(errors.InvalidRequestError, match=r"the prompt has \d+ tokens"):
+            engine.admit(fits, SamplingParams(max_tokens=1))
+        monkeypatch.setattr(engine.tokenizer, "encode", lambda *a, **k: pytest.fail("tokenized"))
+        for prompt in ("x" * (8 * longest + 2), [{"role": "user", "content": "x" * (8 * longest + 2)}]):
+            with pytest.raises(errors.InvalidRequestError, match="characters.*max_prompt_tokens = 8"):
+                engine.admit(prompt, SamplingParams(max_tokens=1))

@@ -30,7 +30,7 @@ from ovpool.settings import Settings
 from ovpool.worker.generate.batch import PagedSession
 from ovpool.worker.generate.constraint import Vocabulary
 from ovpool.worker.generate.generation import Generation
-from ovpool.worker.generate.limits import check_logit_bias, check_max_tokens, check_prompt
+from ovpool.worker.generate.limits import check_logit_bias, check_max_tokens, check_prompt, check_prompt_chars
 from ovpool.worker.generate.session import Session, warm_up
 from ovpool.worker.gguf.model import GGUFModel
 from ovpool.worker.graph import builder as graph
@@ -89,6 +89,7 @@ class Engine:
         self._paged: LoadResult | None = None  # the paged graph handed out by ``paged_graph``
         self._vocabulary = None  # for constrained decoding, made on the first request with one
         self._vocabulary_lock = threading.Lock()
+        self._longest_token: int | None = None  # characters: bounds a prompt before tokenizing it
         self._prefix_auto: str | None = None  # what prefix_cache=auto means here, once known
         self.warmed = False
         if self.settings.warm_up == "load":
@@ -184,15 +185,21 @@ class Engine:
     def prompt_ids(self, prompt: Prompt) -> list[int]:
         """Token ids of a text, a list of ids, or chat messages (rendered with the chat template)."""
         if isinstance(prompt, str):
-            return self.tokenize(prompt)
+            return self._tokenize_checked(prompt)
         items = list(prompt)
         if items and all(isinstance(m, Mapping) for m in items):
             # The template writes any BOS itself, as Hugging Face's apply_chat_template does.
-            return self.tokenize(self.render_chat(items), add_special=False)
+            return self._tokenize_checked(self.render_chat(items), add_special=False)
         if all(isinstance(t, int | np.integer) and not isinstance(t, bool) for t in items):
             return [int(t) for t in items]
         raise InvalidRequestError("a prompt is a string, a list of token ids, or a list of chat messages "
                                   "({'role': ..., 'content': ...})")
+
+    def _tokenize_checked(self, text: str, add_special: bool = True) -> list[int]:
+        if self._longest_token is None:  # a token string has at least one character per byte
+            self._longest_token = max(map(len, self.tokenizer.tokens), default=1)
+        check_prompt_chars(len(text), self.settings.max_prompt_tokens, self._longest_token)
+        return self.tokenize(text, add_special=add_special)
 
     def render_chat(self, messages: Sequence[Mapping[str, Any]]) -> str:
         return render(self.model.metadata.get("tokenizer.chat_template"), messages,

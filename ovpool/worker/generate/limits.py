@@ -15,6 +15,16 @@ def check_prompt_length(n_tokens: int, max_prompt_tokens: int) -> None:
                                   f"{max_prompt_tokens}; shorten it or raise that setting")
 
 
+def check_prompt_chars(chars: int, max_prompt_tokens: int, longest_token: int) -> None:
+    """Refuse, before tokenizing it, a prompt text too long to fit max_prompt_tokens whatever its
+    tokens: no token covers more than ``longest_token`` characters (issue 24: a 20 MB prompt took
+    its worker out instead of being refused). Exact: a prompt that fits is never refused here."""
+    if chars > max_prompt_tokens * longest_token + 1:  # + 1: SentencePiece's space prefix
+        raise InvalidRequestError(f"the prompt has {chars} characters, more than any prompt of"
+                                  f" max_prompt_tokens = {max_prompt_tokens} tokens can hold; shorten it"
+                                  " or raise that setting")
+
+
 def check_max_tokens(max_tokens: int, max_new_tokens: int) -> None:
     """The worker's limit on new tokens per request (setting max_new_tokens)."""
     if max_tokens > max_new_tokens:
