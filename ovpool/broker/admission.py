@@ -102,10 +102,7 @@ def _check_envelope(msg: Submit) -> None:
     if msg.prompt is not None:
         bounds.prompt(msg.prompt)
         return
-    bounds.messages(msg.messages)
-    for i, m in enumerate(msg.messages):
-        if len(m) > 2:  # fields beyond role and content (name, ...) reach the chat template
-            bounds.json_value(m, f"messages[{i}]")
+    bounds.messages(msg.messages)  # fields beyond role, content and name too: they reach the template
 
 
 def _sampling(params: dict) -> SamplingParams:
