@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 
 import pytest
 import zmq
@@ -36,7 +37,7 @@ from ovpool.protocol import (
     encode,
 )
 from ovpool.settings import Settings
-from ovpool.testing.pool import fast_heartbeats, wait_for_workers
+from ovpool.testing.pool import fast_heartbeats, null_worker, wait_for_workers
 
 CLIENT_COMMANDS = (Submit, Cancel, Credit)
 WORKER_COMMANDS = (Ready, Heartbeat, Partial, Final, Error, Disconnect, LoadFailed)
@@ -181,3 +182,16 @@ def test_curve_without_a_worker_directory_is_a_clear_error(keys):
         pass
     with pytest.raises(errors.ConfigError, match="curve_worker_keys needs curve_secret_key"):
         Broker("tcp://127.0.0.1:0", {"curve_worker_keys": keys.broker_settings()["curve_worker_keys"]})
+
+
+def test_a_worker_started_with_a_client_key_says_why_it_never_serves(keys, curve_broker, tmp_path):
+    """The broker refuses its READY; without the worker's own error line only the broker's log
+    would say why it never serves."""
+    log = tmp_path / "worker.log"
+    env = {f"OVPOOL_{k.upper()}": v for k, v in keys.client_settings().items()}
+    with null_worker(curve_broker, env=env, log=log):
+        deadline = time.monotonic() + 60
+        while "the broker refused this worker" not in log.read_text():
+            assert time.monotonic() < deadline, log.read_text()[-2000:]
+            time.sleep(0.1)
+    assert "curve_worker_keys" in log.read_text()

@@ -31,7 +31,7 @@ import zmq
 
 from ovpool import endpoint, timing
 from ovpool.auth import secure_peer
-from ovpool.errors import InferenceError, OvpoolError
+from ovpool.errors import AuthenticationError, InferenceError, OvpoolError
 from ovpool.prefix_key import MAX_KEYS
 from ovpool.protocol import (
     WORKER_WINDOW,
@@ -111,6 +111,7 @@ class Worker:
         self._idle_work: Future | None = None
         self._deferred: dict[str, Request] = {}  # arrived while the idle work runs
         self._prefixes = PrefixReport(backend)
+        self._refused = False  # the broker refused this worker's key as a worker's (said once)
 
     def __enter__(self) -> Worker:
         self._link = BrokerLink(self._context, self.broker, self.settings, self.ready)
@@ -189,6 +190,10 @@ class Worker:
             self._drop_sessions()
             self._credit = WORKER_WINDOW
             self._send(self.ready)
+        elif isinstance(msg, Error) and msg.code == AuthenticationError.code and not self._refused:
+            # Without this line only the broker's log would say why this worker never serves.
+            self._refused = True
+            log.error("the broker refused this worker: %s", msg.message[:300])
 
     def _start(self, msg: Request) -> None:
         try:
