@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from ovpool.bench import chat, report
+from ovpool.bench import chat, report, workload
 from ovpool.client import Client
 from ovpool.testing.pool import broker, fast_heartbeats, free_endpoint, null_worker, wait_for_workers
 
@@ -20,7 +20,7 @@ def test_each_turn_resends_the_history_and_the_run_is_summarized():
     out = chat._closed_loops(turn, run=3, conversations=2, turns=3, max_tokens=5)
     assert len(seen) == 6 and out["completion_tokens"] == 30 and out["errors"] == []
     third = max(seen, key=len)
-    assert third[0] == {"role": "system", "content": chat.system_prompt(3)}
+    assert third[0] == {"role": "system", "content": workload.system_prompt(3)}
     assert [m["role"] for m in third] == ["system", "user", "assistant", "user", "assistant", "user"]
     assert third[2]["content"] == "answer 2"  # the previous answer, as an assistant message
     assert out["ttft_median_s_by_turn"] == {"1": 2.0, "2": 0.5, "3": 0.5}
@@ -28,9 +28,9 @@ def test_each_turn_resends_the_history_and_the_run_is_summarized():
 
 
 def test_a_chats_first_question_can_carry_a_document_of_its_own():
-    assert chat.question(2, 0, document=True).startswith("Read this document first.")
-    assert chat.question(2, 0, document=True) != chat.question(3, 0, document=True)
-    assert chat.question(2, 1, document=True) == chat.question(2, 1)
+    assert workload.question(2, 0, document=True).startswith("Read this document first.")
+    assert workload.question(2, 0, document=True) != workload.question(3, 0, document=True)
+    assert workload.question(2, 1, document=True) == workload.question(2, 1)
 
 
 def test_ratios_and_report_of_the_chat_scenario():

@@ -11,6 +11,7 @@ import importlib.util
 import time
 
 from ovpool.bench.sweep import PROMPTS
+from ovpool.bench.workload import ChatRun, Turn, question, system_prompt
 
 
 def available() -> bool:
@@ -66,9 +67,9 @@ class BatchedPipeline:
 
 class ChatPipeline:
     """ContinuousBatchingPipeline with prefix caching, driven step by step for the chat workload
-    (ovpool.bench.chat): each chat's next turn is added as soon as its answer is in, and the time to
-    first token is when a step first yields one of its tokens. The history is rendered with the
-    GGUF's chat template by GenAI's own tokenizer, as ovpool's worker renders it."""
+    (ovpool.bench.workload): each chat's next turn is added as soon as its answer is in, and the
+    time to first token is when a step first yields one of its tokens. The history is rendered with
+    the GGUF's chat template by GenAI's own tokenizer, as ovpool's worker renders it."""
 
     def __init__(self, model_path: str, device: str = "CPU", prefix_caching: bool = True):
         import openvino_genai as genai
@@ -81,8 +82,6 @@ class ChatPipeline:
         self.pipe.generate(list(PROMPTS[:1]), [_config(4)])  # warm-up
 
     def run(self, run: int, conversations: int, turns: int, max_tokens: int) -> dict:
-        from ovpool.bench.chat import ChatRun, Turn, question, system_prompt
-
         out, config, chats = ChatRun(), _config(max_tokens), {}
         t0 = time.perf_counter()
         for c in range(conversations):
