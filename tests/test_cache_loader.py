@@ -1,6 +1,7 @@
 """load_compiled against a toy graph: hits, misses, cache-only mode and every fault."""
 
 import contextlib
+import inspect
 import json
 import logging
 import os
@@ -14,9 +15,11 @@ import openvino as ov
 import pytest
 
 from ovpool.cache import maintenance
-from ovpool.cache.loader import load_compiled
+from ovpool.cache.loader import DecodeHandle, Owner, load_compiled
 from ovpool.cache.store import CacheStore
 from ovpool.errors import CacheCorruptError, CacheMissError, CacheUnsupportedError
+from ovpool.worker.graph.arena import ConstantArena
+from ovpool.worker.graph.decode import DecodeGraph
 
 CORE = ov.Core()
 EXPECTED = cache_toy.run(CORE.compile_model(cache_toy.build(), "CPU"))
@@ -254,3 +257,14 @@ def test_manifest_records_what_ls_needs(cache, model_file):
     raw = json.loads(cache.manifest_path(manifest.family).read_text())
     assert raw["models"] == [str(model_file)] and raw["schema"] == 1
     assert entry.size == cache.blob_path(entry).stat().st_size and entry.checksum.startswith("crc32:")
+
+
+@pytest.mark.parametrize("protocol, worker_type", [(DecodeHandle, DecodeGraph), (Owner, ConstantArena)])
+def test_the_worker_objects_a_load_result_carries_have_what_it_declares(protocol, worker_type):
+    # The cache names the worker's types by protocol only (it must not import the worker): checked here.
+    members = [name for name in vars(protocol) if not name.startswith("_")]
+    assert members
+    for name in members:
+        declared, actual = (inspect.signature(getattr(t, name)).parameters for t in (protocol, worker_type))
+        assert [(p.name, p.default) for p in actual.values()] == \
+            [(p.name, p.default) for p in declared.values()], f"{worker_type.__name__}.{name}"

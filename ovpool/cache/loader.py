@@ -22,8 +22,9 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
+import numpy as np
 import openvino as ov
 
 from ovpool.cache import prefetch
@@ -52,9 +53,25 @@ class Mapped(Protocol):
     ovpool.cache.ir.MappedWeights)."""
 
     @property
-    def pages(self) -> Any: ...  # its memory map (a NumPy view; None once closed)
+    def pages(self) -> np.memmap | None: ...  # None once closed
 
     def close(self) -> None: ...
+
+
+class Owner(Protocol):
+    """What a built graph's memory belongs to, let go of by ``close`` once the compiled model is
+    unused (the worker's ovpool.worker.graph.arena.ConstantArena)."""
+
+    def close(self) -> None: ...
+
+
+class DecodeHandle(Protocol):
+    """A paged graph's one-token decode graph, compiled on demand beside it (the worker's
+    ovpool.worker.graph.decode.DecodeGraph): the cache hands it on without looking inside."""
+
+    def ready(self, wait: bool = False) -> ov.CompiledModel | None: ...
+
+    def count_pass(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -67,9 +84,9 @@ class LoadResult:
     # or "shared" (another user's compiled model, e.g. the worker's batcher reusing the engine's)
     entry: str | None
     seconds: float
-    decode: Any = None  # a paged graph's ovpool.worker.graph.decode.DecodeGraph
+    decode: DecodeHandle | None = None  # a paged graph's decode graph
     blob: Mapped | None = None  # a hit's import (prefetch.BlobImport), owner of the blob's memory map
-    arena: Any = None  # a built graph's ovpool.worker.graph.arena.ConstantArena (its constants)
+    arena: Owner | None = None  # a built graph's constants
 
     def close(self) -> None:
         if self.blob is not None:
