@@ -12,10 +12,10 @@ Accepted (OpenAI's shapes included, so an HTTP layer passes them through)::
 
 ``normalize`` keeps one form per kind: ``{"type": "json_schema", "schema": ...}``, ``{"type":
 "json_object"}``, ``{"type": "regex", "pattern": ...}``, ``{"type": "grammar", "lark"|"gbnf": ...}``.
-It also compiles the constraint with llguidance (without a vocabulary: ~0.05-5 ms for the schemas
-in the tests), so a malformed or unsatisfiable one is an InvalidRequestError where the request is
-made: in the client, again at the broker, before any worker is busy. llguidance is imported only
-for a request that has a constraint (its import costs ~35 ms), so a client without one never pays it.
+It also compiles the constraint with llguidance (without a vocabulary: milliseconds), so a malformed
+or unsatisfiable one is an InvalidRequestError where the request is made: in the client, again at
+the broker, before any worker is busy. llguidance is imported only for a request that has a
+constraint (its import takes time: docs/performance.md), so a client without one never pays it.
 """
 
 from __future__ import annotations

@@ -9,8 +9,7 @@ sends the last one again once the loop is 1.5 intervals late: the broker never d
 dead for a long step. A zmq socket is not thread-safe, but one used by one thread at a time with
 the memory barriers of a lock is (libzmq's rule for migrating a socket): every use holds
 ``_lock``. (A link thread owning the socket, fed through an inproc pipe, cost a thread switch per
-message: streamed tokens/s through the broker fell from ~24,000 to ~11,000-20,000, p99 latency
-1-2 ms to 6 ms.)
+message, which halved streamed tokens/s through the broker: docs/performance.md, link.py.)
 
 The broker is presumed gone after HEARTBEAT_EXPIRY_S without a message; the loop asks
 ``broker_silent`` only after reading what waited, so a long step is not taken for silence. A loop

@@ -15,11 +15,9 @@ Q4_1's and Q4_K's per-block minimum is any real number, not an integer zero poin
 one (as GenAI does) shifts every weight by up to half a quant step. Here those formats become
 symmetric i4 codes (q - 8) with a float32 zero point, -(min + 8 * scale) / scale, which keeps the
 minimum to float32 rounding; the CPU plugin fuses a float zero point as it fuses a u4 one, so the
-exact weights cost no extra graph nodes. (An earlier form added the minimum as a separate
-``groupsum(x) @ correction.T`` term: 420 more executed nodes on SmolLM2, 12% of the prefill's and
-10% of a decode step's CPU time.) One compressed 3072x576 MatMul, one thread on this AVX2 CPU
-(benchmarks/engine_matvec.py): 0.400 ms for one token vs 0.426 ms for GenAI's u4 + u4 zero
-point, 23.7 vs 25.8 ms for 512 tokens. A group whose scale is 0 (all weights equal the minimum) gets
+exact weights cost no extra graph nodes, and the MatMul is no slower than GenAI's u4 + u4 zero
+point (an earlier separate ``groupsum(x) @ correction.T`` term cost extra nodes and CPU time;
+docs/performance.md, blocks.py). A group whose scale is 0 (all weights equal the minimum) gets
 codes 0, scale 1 and zero point -min, also exact.
 
 GGUF's Q4 blocks store elements 0..15 in low nibbles and 16..31 in high nibbles, so they are

@@ -1,9 +1,9 @@
 """A fast GGUF (v2/v3) header parser: metadata and tensor infos, never a weight byte.
 
-``gguf.GGUFReader`` builds a numpy view for every element of every metadata array (3.5 s on
-SmolLM2's 100k-entry vocabulary), far too slow for a serving load path. This parser walks the
-header once with ``struct`` over a read-only mmap, so only the header's pages are touched. It uses
-the gguf package's constants, and tests cross-check it against ``GGUFReader``.
+``gguf.GGUFReader`` builds a numpy view for every element of every metadata array (seconds for a
+100k-entry vocabulary: docs/performance.md, file.py), far too slow for a serving load path. This
+parser walks the header once with ``struct`` over a read-only mmap, so only the header's pages are
+touched. It uses the gguf package's constants, and tests cross-check it against ``GGUFReader``.
 """
 
 from __future__ import annotations

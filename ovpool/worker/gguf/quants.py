@@ -109,9 +109,8 @@ def _q8_from_halves(p: Packed, w: np.ndarray, lo: np.ndarray, hi: np.ndarray) ->
     """Symmetric 8-bit codes over 16-weight groups (Q6_K: codes -32..31, a scale per 16) joined
     in pairs: each 32-group's scale is its coarser half's divided by the largest whole m that
     keeps every code within i8 (m = 4 where a code -32 sets the range), so that half keeps its
-    weights (codes q * m, f32 scales: to float32 rounding) and only the other half rounds. gemma3-270m's Q6_K
-    tensors: rms error 0.44% of the weights' rms, against 0.55% with the range / 127 scale;
-    teacher-forced top-1 agreement at f32 with the unrequantized graph 0.989 against 0.986."""
+    weights (codes q * m, f32 scales: to float32 rounding) and only the other half rounds: a
+    smaller error than the range / 127 scale (docs/performance.md, quants.py)."""
     rows, cols = p.shape
     coarse = np.abs(p.scale.astype(np.float32).reshape(rows, cols // 32, 2)).max(-1)
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -153,8 +152,8 @@ def unpack_nibbles(packed: np.ndarray, element: str) -> np.ndarray:
 def widen(p: Packed) -> Packed:
     """``p`` with each 4-bit code in a byte of its own (i4 → i8, u4 → u8): the same values, scales
     and zero points. OpenVINO's CPU plugin repacks 4-bit weights for its kernels with a reference
-    (non-JIT) reorder at the first inference of each kernel layout, 8-bit ones with a JIT one:
-    SmolLM2's two set-ups take ~0.3 s instead of ~1 s."""
+    (non-JIT) reorder at the first inference of each kernel layout, 8-bit ones with a JIT one, so
+    the set-up is faster (docs/performance.md, quants.py)."""
     if p.element not in ("i4", "u4"):
         return p
     return replace(p, codes=unpack_nibbles(p.codes, p.element), element=p.element.replace("4", "8"))
@@ -193,6 +192,5 @@ def rounded_zero(p: Packed) -> Packed:
     """``p`` with its float zero point rounded to an integer one and the remainder dropped, as
     OpenVINO GenAI reads Q4_1: each weight moves by up to half a scale step (``integer_zero``
     keeps that as its offset). The int8 path then runs the MatMul alone, with no offset term:
-    SmolLM2's decode step ~1.25x faster than with it at bf16 (AVX-512 VNNI/BF16), at 64% top-1
-    agreement with the f32 reference against 95% (1,536 teacher-forced tokens of real text)."""
+    faster, and less exact (opt-in; docs/performance.md, quants.py)."""
     return replace(integer_zero(p), offset=None)

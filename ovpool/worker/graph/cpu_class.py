@@ -5,35 +5,23 @@ measured): bf16 compute is its default where ``avx512_bf16`` or AMX exist (``OPT
 lists ``BF16``), and it quantizes the activations of a compressed MatMul to int8 per group of 32
 ("dynamic quantization") where ``avx512_vnni`` or ``avx_vnni`` exist, at any precision but f32 once
 ovpool asks for exactness, and only for integer zero points (``dnnl_fullyconnected_primitive.cpp``,
-``useDynamicQuantizationImpl``). Measured on the AVX-512 VNNI/BF16 class (2-core AMD EPYC, OpenVINO
-2026.4.1, SmolLM2 Q4_1 at bf16, ``benchmarks/engine_vs_genai.py`` and one-process A/B passes):
+``useDynamicQuantizationImpl``). The choices per class, and why:
 
-* Each row of that int8 path gives the same result whatever else is in the pass (1 to 300 rows,
-  bit-identical), which makes a request's tokens the same batched or alone. The other bf16 kernels
-  do not (a float zero point's row differs by up to 0.008 between 1, 2-4 and 6+ rows; the static
-  decode graph's fused element-wise "snippets" round differently from the dynamic graph's nodes).
-  So on this class Q4_1/Q4_K's exact minimum goes in as a rounded u4 zero point plus its exact
-  remainder (``zero_points=integer``, ovpool.worker.gguf.quants.integer_zero), Q6_K's 16-weight
-  groups get activation groups of 16, and the decode graph runs without snippets (same CPU time).
-  The integer form is also faster than the float zero point it replaces (decode step 17.7 vs 19.1
-  CPU ms with 4-bit codes, batch of 8 48 vs 53), at the same top-1 agreement with the f32 reference
-  (93-94% at bf16, either form; 100% at f32).
-* Q6_K's 16-weight groups would set the int8 activation group of every MatMul to 16 (see
-  ``activation_group``), so on this class Q6_K is requantized to 8-bit codes in groups of 32
-  (``kquant_requant=q6_k_q8_sym32``, lossy; exact f32 keeps Q6_K as it is). gemma3-270m (Q6_K
-  in 9 of its 18 ffn_down tensors), decode steps A/B in one process on the 2 shared cores: 1.08x
-  less CPU per step (its output projection 1.22x: activation groups of 32), teacher-forced top-1
-  agreement with the f32 graph over 6,000 positions 0.927 instead of 0.943 (llama.cpp on the same
-  file and positions: 0.912; benchmarks/settings_ab.py).
-* 4-bit codes stored a byte each (``q4_storage=i8``) measured the same per step at 135M and 0.67x
-  decode at 1.1B (twice the bytes read per token), for twice the weight memory: i4 on every class.
-  (On AVX2 a byte per code once set its kernels up ~3x faster and decoded the same; the warm-up pays
-  that set-up while a worker is idle.)
+* VNNI/BF16: each row of the int8 path gives the same result whatever else is in the pass, which
+  makes a request's tokens the same batched or alone; the other bf16 kernels do not (a float zero
+  point's row, the decode graph's fused "snippets"). So Q4_1/Q4_K's exact minimum goes in as a
+  rounded u4 zero point plus its exact remainder (``zero_points=integer``,
+  ovpool.worker.gguf.quants.integer_zero), and the decode graph runs without snippets.
+* VNNI/BF16: Q6_K's 16-weight groups would set the int8 activation group of every MatMul to 16
+  (see ``activation_group``), so Q6_K is requantized to 8-bit codes in groups of 32
+  (``kquant_requant=q6_k_q8_sym32``, lossy; exact f32 keeps Q6_K as it is).
+* Every class: 4-bit codes stay 4-bit (``q4_storage=i4``): a byte per code reads twice the bytes
+  per token for no faster decode.
+* AVX2 (and AVX-512 without VNNI) runs f32 with no int8 path, where the float zero point is exact.
+  AMX gets the VNNI/BF16 choice by the plugin's source (``avx512_vnni`` is part of every AMX CPU),
+  unverified for row-independence there.
 
-Not measured here: AVX2 and AMX hosts. AVX2 (and AVX-512 without VNNI) runs f32 with no int8 path,
-where the float zero point is exact and was as fast as an integer one (ovpool.worker.gguf.quants);
-AMX gets the VNNI/BF16 choice, which its int8 path (``avx512_vnni`` is part of every AMX CPU) takes
-by the plugin's source, unverified for row-independence there.
+The measurements behind each choice: docs/performance.md, "ovpool/worker/graph/cpu_class.py".
 """
 
 from __future__ import annotations
@@ -118,5 +106,5 @@ def choose(cpu: CpuInfo, precision: str) -> Defaults:
 def activation_group(weight_groups: Iterable[int]) -> int:
     """The int8 activation group for a model whose integer weights come in ``weight_groups``: the
     plugin's 32, or 16 where a weight has 16-weight groups (Q6_K), which the int8 path otherwise
-    leaves to the row-dependent bf16 kernels (group 16 costs ~20% of a prefill, so only then)."""
+    leaves to the row-dependent bf16 kernels (group 16 slows a prefill, so only then)."""
     return 16 if any(0 < g < 32 for g in weight_groups) else 32

@@ -2,26 +2,23 @@
 
 OpenVINO's CPU plugin runs a graph whose shapes are all static without its per-node dynamic-shape
 work, splits in place, and fuses chains of element-wise ops into JIT "snippets" (which it does not
-do for dynamic shapes here): a SmolLM2 decode step at a 512-token context took 10-14% less time on
-it than the same step on the dynamic paged graph (A/B alternating in one process); at bf16, where
-it runs without snippets (cpu_class.Defaults.decode_snippets), the same A/B on the AVX-512
-VNNI/BF16 class (2026-12-01, two runs of 8 rounds of 128 tokens) gave 1.21-1.39x faster steps and
-1.30-1.34x less CPU per step, with the same tokens: it still pays for its memory. Only the
+do for dynamic shapes here), so a decode step is faster on it than on the dynamic paged graph,
+at bf16 without snippets too (cpu_class.Defaults.decode_snippets), with the same tokens: it pays
+for its memory (docs/performance.md, "ovpool/worker/graph/decode.py"). Only the
 KV-block inputs stay dynamic, and both graphs read and write the same blocks
 (ovpool.worker.generate.batch.PagedRunner sends each one-token pass of one sequence here), so a sequence
 prefills on the dynamic graph and decodes on this one.
 
-The price is a second compiled model (SmolLM2: ~+175 MiB RSS, ~154 at compile and ~23 at its first
-pass; it shares the dynamic graph's constants, but the CPU plugin's packed weights belong to one
-compiled model, ``m_socketWeights``, so it lays the weights out for each) and a second
-compile (~2 s of CPU), so it is made on demand, on a thread of its own: by a warm-up (a worker's, once idle;
-``Engine.warm_up``), which waits for it, or once an engine has run ``START_AFTER`` one-token passes
-without it, when it is likely to pay for itself. A process that generates a few tokens never compiles
-it (and never waits at exit for a compile it did not need). Until it is ready, one-token passes run
-on the dynamic graph. The ``decode_graph`` setting decides whether there is one; ``auto`` means on
-the CPU when twice the model's file fits in ``MEMORY_SHARE`` of physical memory. It is compiled,
-never cached: like every paged graph on OpenVINO 2026.4's CPU plugin it could not be re-imported
-(ovpool.worker.graph.loading.reimport_problem).
+The price is a second compiled model (it shares the dynamic graph's constants, but the CPU plugin's
+packed weights belong to one compiled model, ``m_socketWeights``, so it lays the weights out for
+each) and a second compile, so it is made on demand, on a thread of its own: by a warm-up (a
+worker's, once idle; ``Engine.warm_up``), which waits for it, or once an engine has run
+``START_AFTER`` one-token passes without it, when it is likely to pay for itself. A process that
+generates a few tokens never compiles it (and never waits at exit for a compile it did not need).
+Until it is ready, one-token passes run on the dynamic graph. The ``decode_graph`` setting decides
+whether there is one; ``auto`` means on the CPU when twice the model's file fits in ``MEMORY_SHARE``
+of physical memory. It is compiled, never cached: like every paged graph on OpenVINO 2026.4's CPU
+plugin it could not be re-imported (ovpool.worker.graph.loading.reimport_problem).
 """
 
 from __future__ import annotations
@@ -46,8 +43,7 @@ ONE_TOKEN = {"input_ids": [1, 1], "position_ids": [1, 1], "past_lens": [1], "sub
              "block_indices_begins": [2], "logits_indices": [1]}
 MEMORY_SHARE = 1 / 8
 # A process that has run this many one-token passes is likely to run many more; one that generates
-# a few hundred tokens once gains little either way (made at load, SmolLM2: 256 tokens 8.1 s with it,
-# 8.4 s without; 64 tokens 4.5 s with it, 3.8 s without, its compile competing for 2 cores).
+# a few hundred tokens once gains little either way (docs/performance.md, decode.py).
 START_AFTER = 128
 
 

@@ -155,7 +155,7 @@ class Weight:
         codes.set_friendly_name(self.name)
         # f32 arithmetic: a float zero point (exact Q4_1/Q4_K minimum) needs it (f16 would round
         # it), and the CPU plugin computes with f32 scales anyway: handed f16 ones it keeps a
-        # converted copy per compiled model (SmolLM2: 16 MiB for each of the paged and decode graphs).
+        # converted copy per compiled model (docs/performance.md, weights.py).
         x = ops.convert(codes, "f32")
         if p.zero is not None and p.zero.dtype != np.uint8:
             x = ops.subtract(x, constant(p.zero[..., None], arena=self.arena))
@@ -174,9 +174,9 @@ class Weight:
             return ops.matmul(x, self.matrix(), False, True).output(0)
         # The offsets' share: each group's offset times the sum of x over the group's columns. The
         # sums come out of the main MatMul, as rows of ones under the weight (quants.group_sums):
-        # one ReduceSum node less per weight, a SmolLM2 decode step 4% faster (A/B in one process,
-        # AVX-512 VNNI/BF16), top-1 agreement the same. The int8 path quantizes x for those rows as
-        # for the others, an error far below the offset's own share.
+        # one ReduceSum node less per weight, faster at the same agreement (docs/performance.md,
+        # weights.py). The int8 path quantizes x for those rows as for the others, an error far
+        # below the offset's own share.
         groups = self.cols // self.packed.group
         both = ops.matmul(x, self._summing().matrix(), False, True)
         y, sums = ops.variadic_split(both, ops.constant(np.int64(-1)),
@@ -215,7 +215,7 @@ class Weight:
         if self._table is None and (table := gatherable(self.packed)) is not self.packed:
             self._table = Weight(table, self.name, self.arena)
         # Never ``self._table = self``: that cycle kept the table's unpacked codes alive until a
-        # garbage collection (SmolLM2's Q8_0 vocabulary: 27 MiB, held through the warm-up).
+        # garbage collection (a whole vocabulary's codes, held through the warm-up).
         return self._table or self
 
     def _grouped(self, x: ov.Output) -> ov.Output:

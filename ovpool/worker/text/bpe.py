@@ -131,7 +131,8 @@ class BytePairEncoder:
     def _merge(self, chars: str) -> list[str]:
         """The lowest-ranked adjacent pair merged first, the leftmost of equal ranks (GPT-2's order),
         from a heap over a linked list: O(n log n), where rescanning every pair after each merge
-        was quadratic (one 16,000-character word: 46 s, so a hostile prompt held a worker)."""
+        was quadratic (a hostile prompt of one long word held a worker: docs/performance.md,
+        bpe.py)."""
         parts: list[str | None] = list(chars)
         n, ranks = len(parts), self._ranks
         after, before = list(range(1, n + 1)), list(range(-1, n - 1))

@@ -42,7 +42,7 @@ def _strftime_now(fmt: str) -> str:
 
 @lru_cache(maxsize=16)
 def _compile(template: str) -> jinja2.Template:
-    # Imported here: Jinja2 costs ~30 ms of start-up and only chat requests need it.
+    # Imported here: Jinja2 costs start-up time (docs/performance.md) and only chat requests need it.
     import jinja2
     from jinja2.ext import loopcontrols
     from jinja2.sandbox import ImmutableSandboxedEnvironment

@@ -156,11 +156,11 @@ class Tokenizer:
 class SpecialTexts:
     """Finds special-token texts in a text: leftmost first, the longest one there.
 
-    Not one regex alternation: gemma3 has 6,414 special tokens, which ``regex`` took 2.6 s to
-    compile and matched slowly. A character class of their first characters finds candidates;
-    at each, the lengths of the tokens that begin with the same two characters are tried, longest
-    first (a set lookup each). Two, not one: gemma3's runs of 2-31 spaces are special tokens, and
-    every single space between words is a candidate."""
+    Not one regex alternation: gemma3 has 6,414 special tokens, which ``regex`` took seconds to compile
+    and matched slowly (docs/performance.md, tokenizer.py). A character class of their first
+    characters finds candidates; at each, the lengths of the tokens that begin with the same two
+    characters are tried, longest first (a set lookup each). Two, not one: gemma3's runs of 2-31
+    spaces are special tokens, and every single space between words is a candidate."""
 
     def __init__(self, texts: Iterable[str]):
         self._texts = set(texts)
