@@ -21,18 +21,16 @@ from zmq.utils.monitor import recv_monitor_message
 from ovpool import errors, timing
 from ovpool.client_base import ClientBase
 from ovpool.completion import Completion, Delta
-from ovpool.pending import STREAM_WINDOW, FutureSink, StreamSink, credits, unwrap
-from ovpool.protocol import Cancel, Credit, Message, Status, Submit
+from ovpool.pending import STREAM_WINDOW, FutureSink
+from ovpool.protocol import Cancel, Message, Status, Submit
 from ovpool.settings import Settings
+from ovpool.stream_reader import StreamBase, StreamReader, StreamSink, unwrap
 
 
-class AsyncStream:
-    """One streamed request: an async iterator of Deltas that also keeps the FINAL's Completion
-    (finish reason, usage), which a streaming caller needs after the last token."""
+class AsyncStream(StreamBase):
+    """One streamed request as an async iterator of Deltas (see StreamBase)."""
 
-    def __init__(self, request_id: str, deltas: AsyncIterator[Delta], sink: StreamSink):
-        self.request_id = request_id
-        self._deltas, self._sink = deltas, sink
+    _deltas: AsyncIterator[Delta]
 
     def __aiter__(self) -> AsyncIterator[Delta]:
         return self._deltas
@@ -43,11 +41,6 @@ class AsyncStream:
     async def aclose(self) -> None:
         """Stop reading; cancels the request unless it has ended."""
         await self._deltas.aclose()
-
-    @property
-    def completion(self) -> Completion | None:
-        """The finished Completion once the stream has ended normally, else None."""
-        return self._sink.completion
 
 
 class AsyncClient(ClientBase):
@@ -112,21 +105,18 @@ class AsyncClient(ClientBase):
         cancels the request; ``.completion`` is the finished Completion once the loop ended."""
         msg = self._submit_msg(prompt, model, timeout, sampling, STREAM_WINDOW)
         items: asyncio.Queue = asyncio.Queue()
-        sink = StreamSink(items.put_nowait)
-        self._start(msg, sink)
-        return AsyncStream(msg.request_id, self._iterate(msg.request_id, items, sink), sink)
+        reader = StreamReader(msg.request_id, StreamSink(items.put_nowait), STREAM_WINDOW)
+        self._start(msg, reader.sink)
+        return AsyncStream(reader, self._iterate(reader, items))
 
-    async def _iterate(self, request_id: str, items: asyncio.Queue, sink: StreamSink) -> AsyncIterator[Delta]:
-        grants = credits(STREAM_WINDOW)
+    async def _iterate(self, reader: StreamReader, items: asyncio.Queue) -> AsyncIterator[Delta]:
         try:
             while (delta := unwrap(await items.get())) is not None:
                 yield delta
-                if (tokens := next(grants)) and not sink.ended:
-                    self._send([Credit(request_id, tokens)])
+                self._send(reader.credit())
         finally:
-            if not sink.ended:
-                self._pending.forget(request_id)
-                self._send([Cancel(request_id)])
+            if reader.left_early:
+                self._send(self._pending.abandon(reader.request_id))
 
     async def cancel(self, request: str | asyncio.Future) -> None:
         self._send([Cancel(getattr(request, "request_id", request))])

@@ -32,22 +32,20 @@ from zmq.utils.monitor import recv_monitor_message
 from ovpool import errors, timing
 from ovpool.client_base import ClientBase, LinkState, dealer
 from ovpool.completion import Completion, Delta
-from ovpool.pending import STREAM_WINDOW, FutureSink, StreamSink, credits, unwrap
-from ovpool.protocol import Cancel, Credit, Message, Status, Submit, Supervised, recv_frames, send_frames
+from ovpool.pending import STREAM_WINDOW, FutureSink
+from ovpool.protocol import Cancel, Message, Status, Submit, Supervised, recv_frames, send_frames
 from ovpool.settings import Settings
+from ovpool.stream_reader import StreamBase, StreamReader, StreamSink, unwrap
 
 __all__ = ["Client", "LinkState", "Stream", "dealer"]  # dealer and LinkState: from client_base
 
 _READ_BATCH = 256  # messages read between the loop's other duties (~2 ms of decoding)
 
 
-class Stream:
-    """One streamed request: an iterator of Deltas that also keeps the FINAL's Completion (finish
-    reason, usage, the context-limit note), which a streaming caller needs after the last token."""
+class Stream(StreamBase):
+    """One streamed request as an iterator of Deltas (see StreamBase)."""
 
-    def __init__(self, request_id: str, deltas: Iterator[Delta], sink: StreamSink):
-        self.request_id = request_id
-        self._deltas, self._sink = deltas, sink
+    _deltas: Iterator[Delta]
 
     def __iter__(self) -> Iterator[Delta]:
         return self._deltas
@@ -58,11 +56,6 @@ class Stream:
     def close(self) -> None:
         """Stop reading; cancels the request unless it has ended."""
         self._deltas.close()
-
-    @property
-    def completion(self) -> Completion | None:
-        """The finished Completion once the stream has ended normally, else None."""
-        return self._sink.completion
 
 
 class Client(ClientBase):
@@ -141,20 +134,19 @@ class Client(ClientBase):
         ``.completion`` is the finished Completion once the loop ended."""
         msg = self._submit_msg(prompt, model, timeout, sampling, STREAM_WINDOW)
         items: queue.SimpleQueue = queue.SimpleQueue()
-        sink = StreamSink(items.put)
-        self._start(msg, sink)
-        return Stream(msg.request_id, self._iterate(msg.request_id, items, sink), sink)
+        reader = StreamReader(msg.request_id, StreamSink(items.put), STREAM_WINDOW)
+        self._start(msg, reader.sink)
+        return Stream(reader, self._iterate(reader, items))
 
-    def _iterate(self, request_id: str, items: queue.SimpleQueue, sink: StreamSink) -> Iterator[Delta]:
-        grants = credits(STREAM_WINDOW)
+    def _iterate(self, reader: StreamReader, items: queue.SimpleQueue) -> Iterator[Delta]:
         try:
             while (delta := unwrap(items.get())) is not None:
                 yield delta
-                if (tokens := next(grants)) and not sink.ended and not self._closed.is_set():
-                    self._call(lambda now, n=tokens: [Credit(request_id, n)])
+                if (credit := reader.credit()) and not self._closed.is_set():
+                    self._call(lambda now: credit)
         finally:
-            if not sink.ended and not self._closed.is_set():
-                self._call(lambda now: self._abandon(request_id))
+            if reader.left_early and not self._closed.is_set():
+                self._call(lambda now: self._pending.abandon(reader.request_id))
 
     def cancel(self, request: str | concurrent.futures.Future) -> None:
         """Cancel a request; its Future then fails with ovpool.errors.CancelledError."""
@@ -182,10 +174,6 @@ class Client(ClientBase):
 
     def _start(self, msg: Submit, sink: Any) -> None:
         self._call(lambda now: self._track(msg, sink, now))
-
-    def _abandon(self, request_id: str) -> list[Message]:
-        self._pending.forget(request_id)
-        return [Cancel(request_id)]
 
     def _call(self, command: Callable[[float], list[Message]]) -> None:
         if self._closed.is_set():

@@ -26,7 +26,6 @@ import logging
 import random
 import uuid
 from collections import deque
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -68,7 +67,6 @@ _log = logging.getLogger("ovpool.client")
 _seeds = random.Random()  # sampling seeds need no cryptographic strength
 # A future its caller cancelled (from another thread, for concurrent.futures) takes no result.
 _SETTLED = (concurrent.futures.InvalidStateError, asyncio.InvalidStateError)
-END = object()  # a stream's end marker
 # Tokens of credit a stream starts with; its reader returns half of it at a time. 256 tokens are
 # seconds of a real model's output and ~10 ms of a null worker's, so a reader that keeps up never
 # waits for credit, and one that stops holds at most this much in the sockets.
@@ -92,46 +90,6 @@ class FutureSink:
         if not self.future.done():
             with contextlib.suppress(*_SETTLED):
                 self.future.set_exception(exc)
-
-
-class StreamSink:
-    """Puts deltas, then END or the error, into a queue (queue.SimpleQueue or asyncio.Queue);
-    keeps the FINAL's Completion (finish reason, usage) as ``completion``."""
-
-    streams = True
-
-    def __init__(self, put: Any):
-        self.delta, self._put = put, put
-        self.ended = False  # set on the I/O side; a reader leaving early cancels unless ended
-        self.completion: Completion | None = None
-
-    def done(self, completion: Completion) -> None:
-        self.ended = True
-        self.completion = completion
-        self._put(END)
-
-    def fail(self, exc: errors.OvpoolError) -> None:
-        self.ended = True
-        self._put(exc)
-
-
-def credits(window: int) -> Iterator[int]:
-    """After each token a stream's reader takes: the credit to return then (0: none yet)."""
-    half, taken = max(1, window // 2), 0
-    while True:
-        taken += 1
-        if taken == half:
-            taken = 0
-            yield half
-        else:
-            yield 0
-
-
-def unwrap(item: Any) -> Delta | None:
-    """A stream queue's item as the next Delta, None at the end; raises the request's error."""
-    if isinstance(item, Exception):
-        raise item
-    return None if item is END else item
 
 
 def make_submit(prompt_or_messages: str | list, model: str, timeout: float | None,
@@ -259,8 +217,10 @@ class PendingRequests:
         """The requests still outstanding."""
         return list(self._pending)
 
-    def forget(self, request_id: str) -> None:
+    def abandon(self, request_id: str) -> list[Message]:
+        """Its reader left a stream before the end: forget it; the CANCEL to send."""
         self._pending.pop(request_id, None)
+        return [Cancel(request_id)]
 
     def on_message(self, msg: Message, now: float) -> list[Message]:
         """Deliver ``msg`` to its sink; returns messages to send back to the broker."""
