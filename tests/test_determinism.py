@@ -12,7 +12,6 @@ from ovpool import Engine
 from ovpool.sampling_params import SamplingParams
 from ovpool.worker.backend import EngineBackend
 from ovpool.worker.generate.batch import PagedRunner
-from ovpool.worker.generate.batcher import Batcher
 
 PROMPTS = ["the quick brown fox", "hello", "a b c d e f g h i j k l m n o p q r s t u v w x y z",
            "jumps over the lazy dog and runs far away from the brown fox"]
@@ -57,8 +56,7 @@ def test_a_preempted_sequence_recomputes_the_same_tokens(tiny_model):
     # Recomputing feeds the generated tokens one per pass again, as they were computed first.
     with Engine(tiny_model("llama", "Q4_K", False, n_layers=2, n_embd=256, n_ff=768)) as eng:
         before = alone(eng)
-        batcher = Batcher(eng, PagedRunner(eng.compiled, num_blocks=3), max_running=4,
-                          prefill_chunk=8)
+        batcher = eng.batcher(PagedRunner(eng.compiled, num_blocks=3), max_running=4, prefill_chunk=8)
         preempted, plan = [], batcher.scheduler.plan
         batcher.scheduler.plan = lambda: preempted.extend((result := plan()).preempted) or result
         reqs = [(str(i), p, sp) for i, (p, sp) in enumerate(zip(PROMPTS, PARAMS, strict=True))]

@@ -80,7 +80,7 @@ def test_every_architecture_batched_equals_alone(tiny_model, arch):
 
 def test_preemption_under_a_small_kv_cache_keeps_outputs_identical(engine):
     runner = PagedRunner(engine.compiled, num_blocks=4)  # 128 positions for 3 requests
-    batcher = Batcher(engine, runner, max_running=3, prefill_chunk=8)
+    batcher = engine.batcher(runner, max_running=3, prefill_chunk=8)
     reqs = [(str(i), PROMPTS[i], SamplingParams(max_tokens=40, ignore_eos=True)) for i in range(3)]
     preempted = []
     plan = batcher.scheduler.plan
@@ -174,7 +174,7 @@ def test_cancel_frees_blocks_and_bad_requests_fail_clearly(engine):
 
 def test_a_sequence_outgrowing_the_cache_fails_with_a_clear_error(engine):
     runner = PagedRunner(engine.compiled, num_blocks=1)  # 32 positions
-    batcher = Batcher(engine, runner, max_running=2, prefill_chunk=8)
+    batcher = engine.batcher(runner, max_running=2, prefill_chunk=8)
     with pytest.raises(Exception, match="kv_cache_mb"):
         batcher.add("too-long", "word " * 20, SamplingParams(max_tokens=4))
     done, _, failed = drain(batcher, {0: [("grows", PROMPTS[0], SamplingParams(max_tokens=60,

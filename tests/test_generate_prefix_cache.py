@@ -34,7 +34,7 @@ def system(n: int, salt: int = 0) -> list[int]:
 def batcher(engine, caching: str, num_blocks: int = 0) -> Batcher:
     runner = PagedRunner(engine.compiled, num_blocks=num_blocks) if num_blocks else \
         PagedRunner(engine.compiled, kv_cache_mb=16)
-    return Batcher(engine, runner, max_running=4, prefill_chunk=16, prefix_cache=caching)
+    return engine.batcher(runner, max_running=4, prefill_chunk=16, prefix_cache=caching)
 
 
 def conversations(engine, caching: str, turns: int, num_blocks: int = 0, params=GREEDY):
@@ -143,8 +143,8 @@ def test_smollm2_chats_with_a_shared_system_prompt_answer_as_without_the_cache(s
     with Engine(smollm2_path, settings={**F32, "prefill_chunk": 64}) as eng:
         answers = {}
         for mode in ("on", "off"):
-            b = Batcher(eng, PagedRunner(eng.compiled, kv_cache_mb=32, decode=eng.load_result.decode),
-                        max_running=3, prefill_chunk=64, prefix_cache=mode)
+            b = eng.batcher(PagedRunner(eng.compiled, kv_cache_mb=32, decode=eng.load_result.decode),
+                            max_running=3, prefill_chunk=64, prefix_cache=mode)
             chats = {w: [{"role": "system", "content": system_prompt},
                          {"role": "user", "content": f"What is a {w}?"}] for w in ("cat", "owl", "bee")}
             for turn in range(2):

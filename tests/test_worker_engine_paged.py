@@ -106,7 +106,7 @@ def test_a_worker_lets_its_stateful_graph_go_once_it_batches(tiny_model, tmp_pat
         backend = EngineBackend(eng, slots=2)
         assert backend.wait_batching()
         assert eng.attention == "paged" and eng.compiled is backend.runs.runner.compiled
-        assert stateful.blob.pages is None and stateful not in eng._graphs
+        assert stateful.blob.pages is None and stateful not in eng.graphs.held
         backend.add("r", "hello there", SamplingParams(max_tokens=5, ignore_eos=True))
         batched = [ev for _ in range(8) for ev in backend.step() if isinstance(ev, Finished)]
         alone = eng.complete("hello there", max_tokens=5, ignore_eos=True)

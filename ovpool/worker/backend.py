@@ -35,15 +35,16 @@ if TYPE_CHECKING:  # OpenVINO underneath: not imported for NullBackend users
     from ovpool.worker.generate.batcher import Batcher
     from ovpool.worker.generate.generation import Generation
 
-__all__ = ["Backend", "EngineBackend", "Event", "Failed", "Finished", "NullBackend", "Token"]
+__all__ = ["Backend", "EngineBackend", "Event", "Failed", "Finished", "NullBackend", "Runtime", "Token"]
 log = logging.getLogger("ovpool.worker")
 
 PromptOrMessages = str | list[dict[str, Any]]
 
 
-class Backend(Protocol):
-    models: list[str]
-    slots: int
+class Runtime(Protocol):
+    """What runs requests: ``add`` one (or raise an OvpoolError that refuses it), ``cancel`` one,
+    and ``step`` all of them on, reporting each one's tokens, completion or failure. The Batcher
+    (ovpool.worker.generate.batcher) and ``Interleaved`` are the two; a Backend is one too."""
 
     @property
     def active(self) -> int: ...
@@ -57,11 +58,18 @@ class Backend(Protocol):
     def add(self, request_id: str, prompt: PromptOrMessages, params: SamplingParams,
             route_keys: Sequence[bytes] = ()) -> None: ...
 
-    def held_route_keys(self, limit: int) -> list[bytes]: ...
-
     def cancel(self, request_id: str) -> None: ...
 
     def step(self) -> list[Event]: ...
+
+
+class Backend(Runtime, Protocol):
+    """A worker's Runtime, with what the worker tells the broker of it."""
+
+    models: list[str]
+    slots: int
+
+    def held_route_keys(self, limit: int) -> list[bytes]: ...
 
     def idle(self) -> None:
         """Nothing is running or waiting: a moment for one-time work (e.g. kernel set-up)."""
@@ -191,7 +199,7 @@ class EngineBackend:
         self._loading = _load_batcher(engine, slots)
 
     @property
-    def runs(self) -> Batcher | Interleaved:
+    def runs(self) -> Runtime:
         """Where new requests go: the Batcher once it has loaded (see ``_take_batcher``), else
         ``Interleaved``."""
         return self._batcher or self._interleaved
@@ -232,7 +240,7 @@ class EngineBackend:
         """The batcher's (the single-stream sessions keep no route keys)."""
         return self._batcher.held_route_keys(limit) if self._batcher is not None else []
 
-    def _runners(self) -> list[Batcher | Interleaved]:
+    def _runners(self) -> list[Runtime]:
         return [self._interleaved] + ([self._batcher] if self._batcher is not None else [])
 
     def add(self, request_id: str, prompt: PromptOrMessages, params: SamplingParams,
@@ -269,10 +277,8 @@ def _load_batcher(engine: Engine, slots: int) -> concurrent.futures.Future | Non
     runs on it."""
     if engine.settings.batching != "paged":
         return None
-    from ovpool.worker.generate.batcher import Batcher  # OpenVINO: not for NullBackend users
-
     pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="paged-graph")
-    future = pool.submit(lambda: Batcher.from_graph(engine, engine.paged_graph(), max_running=slots))
+    future = pool.submit(lambda: engine.batcher(max_running=slots))
     pool.shutdown(wait=False)
     return future
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import mmap
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import openvino as ov
@@ -21,6 +22,19 @@ from ovpool.worker.graph.decode import DecodeGraph
 _MIB = 1 << 20
 # A single sequence starts with room for this many positions and doubles it as it grows.
 _SESSION_POSITIONS = 1024
+
+
+@dataclass(frozen=True)
+class PagedGraph:
+    """A compiled paged graph as its owner (ovpool.worker.graphs) hands it to a Batcher, which runs
+    on it but neither loads nor closes it; ``outcome``, ``entry``, ``seconds``: how it came."""
+
+    compiled: ov.CompiledModel
+    decode: DecodeGraph | None
+    identity: bytes  # the model, device and graph settings: see Batcher's block addresses
+    outcome: str
+    entry: str | None
+    seconds: float
 
 
 class PagedRunner:

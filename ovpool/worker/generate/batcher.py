@@ -1,84 +1,88 @@
-"""Continuous batching for one Engine: every ``step()`` is ONE forward pass over all running requests.
+"""Continuous batching: every ``step()`` is ONE forward pass over all running requests.
 
 The Scheduler (pure logic) says which tokens of which requests go into the pass; the PagedRunner
 (OpenVINO) runs it; each request's Generation (sampling, stop strings, streaming text, EOS, limits:
 the same code as a single-stream generation) takes the logits row of its last token. Requests
 join between steps and long prompts are prefilled in ``prefill_chunk`` pieces next to running
 decodes. A request whose sequence outgrows the whole KV cache fails with a clear error. With the
-prefix cache (``Engine.prefix_cache``) a request reuses the KV blocks of any earlier sequence its
+prefix cache (``prefix_cache``) a request reuses the KV blocks of any earlier sequence its
 tokens begin with (docs/prefix-caching.md); ``held_route_keys`` and the prompt-token counters are
 what the worker reports of it to the broker.
 A request with a long prompt or a response_format waits, unscheduled, while it is admitted on
 another thread (ovpool.worker.generate.admission): a costly prompt, regex or grammar never holds up
 the other requests' steps.
-The Batcher is handed its compiled graph (``Engine.paged_graph``, through ``from_graph``); the
-Engine loads, owns and closes it.
+The Batcher is handed what it runs: an Intake (ovpool.worker.generate.intake: tokenizer, limits,
+constraints) and a PagedGraph (``from_graph``), whose owner (ovpool.worker.graphs) loads and
+closes it.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from ovpool.errors import InferenceError, InvalidRequestError, OvpoolError
 from ovpool.sampling_params import SamplingParams
 from ovpool.worker.events import Event, Failed, Finished, Token
 from ovpool.worker.generate.admission import Preparer
-from ovpool.worker.generate.batch import PagedRunner, PagedSession
+from ovpool.worker.generate.batch import PagedGraph, PagedRunner, PagedSession
 from ovpool.worker.generate.constraint import Constraint, masks_for
 from ovpool.worker.generate.generation import Generation
+from ovpool.worker.generate.intake import Intake
 from ovpool.worker.generate.scheduler import Scheduler
 from ovpool.worker.generate.session import warm_up
 
-if TYPE_CHECKING:
-    from ovpool.cache.loader import LoadResult
-    from ovpool.worker.engine import Engine
-
 log = logging.getLogger("ovpool.worker")
 # Prompts up to this many characters are tokenized in the step loop; longer ones on the Preparer's
-# thread: BPE of one long word is quadratic (SmolLM2, busy AVX2: 1,000 a's 0.19 s, 4,000 3.9 s,
-# 16,000 46 s), which would hold every other request's steps up.
+# thread: BPE of one long word is quadratic (docs/performance.md), which would hold every other
+# request's steps up.
 INLINE_CHARS = 2048
 
 
 class Batcher:
-    """Continuous batching of ``engine``'s requests (its tokenizer, limits, sampling) on ``runner``."""
+    """Continuous batching of requests admitted by ``intake`` on ``runner``. ``prefix_cache``: on
+    (exact), all or off (see Engine.prefix_cache); ``identity``: the graph's (PagedGraph.identity);
+    ``warm_up``: the graph's one-time set-up where another user of it does it (else on a session
+    of the Batcher's own)."""
 
-    def __init__(self, engine: Engine, runner: PagedRunner, *, max_running: int, prefill_chunk: int,
-                 prefix_cache: str | None = None):
-        self.engine, self.runner = engine, runner
-        mode = prefix_cache or engine.prefix_cache  # on (exact), all or off (settings.prefix_cache)
+    def __init__(self, intake: Intake, runner: PagedRunner, *, max_running: int, prefill_chunk: int,
+                 prefix_cache: str = "off", identity: bytes = b"",
+                 warm_up: Callable[[], None] | None = None):
+        self.intake, self.runner = intake, runner
         self.scheduler = Scheduler(num_blocks=runner.num_blocks, block_size=runner.block_size,
                                    prefill_chunk=prefill_chunk, max_running=max_running,
-                                   caching=mode != "off", exact=mode == "on",
-                                   seed=_graph_seed(engine, runner))
+                                   caching=prefix_cache != "off", exact=prefix_cache == "on",
+                                   seed=_graph_seed(identity, runner))
         self._generations: dict[str, Generation] = {}
         self._preparer = Preparer()
         self._unprepared: dict[str, tuple[SamplingParams, tuple[bytes, ...]]] = {}
+        self._warm_up = warm_up
         self.warmed = False
 
     def warm_up(self) -> None:
-        """The device's one-time set-up for this graph (see session.warm_up): the engine's when it is
-        the engine's graph (see load), else on a session of its own, so that no KV block of the
-        scheduler's is touched."""
+        """The device's one-time set-up for this graph (see session.warm_up), on a session of its
+        own where nobody else does it, so that no KV block of the scheduler's is touched."""
         if self.warmed:
             return
-        if self.engine.attention == "paged":
-            self.engine.warm_up()
+        if self._warm_up is not None:
+            self._warm_up()
         else:
             warm_up(PagedSession(self.runner.compiled, self.runner.decode))
         self.warmed = True
 
     @classmethod
-    def from_graph(cls, engine: Engine, graph: LoadResult, max_running: int) -> Batcher:
-        """A Batcher on ``graph`` (``engine.paged_graph()``) with ``kv_cache_mb`` of KV blocks."""
-        runner = PagedRunner(graph.compiled, engine.settings.kv_cache_mb, decode=graph.decode)
+    def from_graph(cls, intake: Intake, graph: PagedGraph, *, kv_cache_mb: int, max_running: int,
+                   prefill_chunk: int, prefix_cache: str = "off",
+                   warm_up: Callable[[], None] | None = None) -> Batcher:
+        """A Batcher on ``graph`` with ``kv_cache_mb`` of KV blocks."""
+        runner = PagedRunner(graph.compiled, kv_cache_mb, decode=graph.decode)
         log.info("continuous batching: %d KV blocks of %d positions (%.0f MiB), graph %s in %.1f s",
                  runner.num_blocks, runner.block_size, runner.kv_bytes / 2**20, graph.outcome,
                  graph.seconds)
-        return cls(engine, runner, max_running=max_running, prefill_chunk=engine.settings.prefill_chunk)
+        return cls(intake, runner, max_running=max_running, prefill_chunk=prefill_chunk,
+                   prefix_cache=prefix_cache, identity=graph.identity, warm_up=warm_up)
 
     @property
     def active(self) -> int:
@@ -107,11 +111,11 @@ class Batcher:
             self._schedule(request_id, self._admit(prompt, params), None, params=params, route_keys=keys)
             return
         self._unprepared[request_id] = (params, keys)
-        self._preparer.submit(request_id, lambda: self._admit(prompt, params), self.engine.vocabulary,
+        self._preparer.submit(request_id, lambda: self._admit(prompt, params), self.intake.vocabulary,
                               params.response_format, params.ignore_eos)
 
     def _admit(self, prompt: Any, params: SamplingParams) -> list[int]:
-        ids = self.engine.admit(prompt, params)
+        ids = self.intake.ids(prompt, params)
         if not self.scheduler.fits(len(ids) + 1):
             raise InvalidRequestError(
                 f"the prompt has {len(ids)} tokens but the KV cache holds "
@@ -120,8 +124,8 @@ class Batcher:
 
     def _schedule(self, request_id: str, ids: list[int], constraint: Constraint | None, *,
                   params: SamplingParams, route_keys: tuple[bytes, ...]) -> None:
-        self._generations[request_id] = Generation(None, None, ids, params, self.engine.tokenizer,
-                                                   context_length=self.engine.hparams.context_length,
+        self._generations[request_id] = Generation(None, None, ids, params, self.intake.tokenizer,
+                                                   context_length=self.intake.context_length,
                                                    constraint=constraint)
         self.scheduler.add(request_id, ids, route_keys)
 
@@ -200,9 +204,8 @@ def _text_length(prompt: Any) -> int:
     return 0 if all(isinstance(t, int) for t in items) else INLINE_CHARS + 1  # unknown: not here
 
 
-def _graph_seed(engine: Engine, runner: PagedRunner) -> bytes:
-    """The first KV block's parent address: the graph's identity (model file, device, graph
-    settings, KV layout), so blocks of two models or two precisions never match."""
-    identity = (str(engine.model.path), engine.device, sorted(engine.graph_settings.items()),
-                runner.block_size, runner.block_bytes)
-    return hashlib.blake2b(repr(identity).encode(), digest_size=16).digest()
+def _graph_seed(identity: bytes, runner: PagedRunner) -> bytes:
+    """The first KV block's parent address: the graph's identity and its KV layout, so blocks of
+    two models or two precisions never match."""
+    layout = repr((runner.block_size, runner.block_bytes)).encode()
+    return hashlib.blake2b(identity + layout, digest_size=16).digest()

@@ -1,0 +1,129 @@
+"""Request intake: a prompt (text, token ids or chat messages) and its SamplingParams into what a
+runtime runs: the prompt's token ids, checked against every limit (ovpool.worker.generate.limits),
+and the structured-output Constraint of its ``response_format``.
+
+An Intake is built once per model from its tokenizer, chat template and hyperparameters; the
+Batcher and the single-stream Engine admit through the same one.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ovpool.errors import InvalidRequestError
+from ovpool.sampling_params import SamplingParams
+from ovpool.worker.generate.constraint import Constraint, Vocabulary
+from ovpool.worker.generate.limits import check_logit_bias, check_max_tokens, check_prompt, check_prompt_chars
+from ovpool.worker.text.chat import render
+from ovpool.worker.text.tokenizer import Tokenizer
+
+Prompt = str | Sequence[int] | Sequence[Mapping[str, Any]]
+
+
+@dataclass(frozen=True)
+class Admitted:
+    """A request within every limit: what a runtime needs to run it."""
+
+    ids: list[int]
+    params: SamplingParams
+    constraint: Constraint | None
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The request limits of one model on one worker (settings and the model's hyperparameters)."""
+
+    vocab_size: int
+    context_length: int
+    max_prompt_tokens: int
+    max_new_tokens: int
+
+
+class Intake:
+    """``admit(prompt, params)``: the request's Admitted, or an InvalidRequestError naming what to
+    change. ``phases``: where the one-time vocabulary build records its seconds."""
+
+    def __init__(self, tokenizer: Tokenizer, chat_template: str | None, limits: Limits,
+                 phases: dict[str, float] | None = None):
+        self.tokenizer, self.chat_template, self.limits = tokenizer, chat_template, limits
+        self._phases = {} if phases is None else phases
+        self._vocabulary: Vocabulary | None = None  # made on the first request with a response_format
+        self._vocabulary_lock = threading.Lock()
+        # A token string has at least one character per byte: bounds a prompt before tokenizing it.
+        self._longest_token = max(map(len, tokenizer.tokens), default=1)
+
+    @property
+    def context_length(self) -> int:
+        return self.limits.context_length
+
+    def admit(self, prompt: Prompt, params: SamplingParams) -> Admitted:
+        return Admitted(self.ids(prompt, params), params, self.constraint(params))
+
+    def ids(self, prompt: Prompt, params: SamplingParams) -> list[int]:
+        """The prompt's token ids, once the request is within every limit."""
+        check_max_tokens(params.max_tokens, self.limits.max_new_tokens)
+        ids = self.prompt_ids(prompt)
+        self.check(ids, new_tokens=1, max_tokens=params.max_tokens)
+        check_logit_bias(params.logit_bias, self.limits.vocab_size)
+        return ids
+
+    def prompt_ids(self, prompt: Prompt) -> list[int]:
+        """Token ids of a text, a list of ids, or chat messages (rendered with the chat template)."""
+        if isinstance(prompt, str):
+            return self._tokenize_checked(prompt)
+        items = list(prompt)
+        if items and all(isinstance(m, Mapping) for m in items):
+            # The template writes any BOS itself, as Hugging Face's apply_chat_template does.
+            return self._tokenize_checked(self.render_chat(items), add_special=False)
+        if all(isinstance(t, int | np.integer) and not isinstance(t, bool) for t in items):
+            return [int(t) for t in items]
+        raise InvalidRequestError("a prompt is a string, a list of token ids, or a list of chat messages "
+                                  "({'role': ..., 'content': ...})")
+
+    def check(self, ids: Sequence[int], new_tokens: int, max_tokens: int | None = None) -> None:
+        limits = self.limits
+        check_prompt(ids, vocab_size=limits.vocab_size, context_length=limits.context_length,
+                     max_prompt_tokens=limits.max_prompt_tokens, new_tokens=new_tokens,
+                     max_tokens=max_tokens)
+
+    def render_chat(self, messages: Sequence[Mapping[str, Any]]) -> str:
+        return render(self.chat_template, messages, add_generation_prompt=True,
+                      bos_token=self.tokenizer.bos_token, eos_token=self.tokenizer.eos_token)
+
+    def constraint(self, params: SamplingParams) -> Constraint | None:
+        """The Constraint of ``params.response_format`` on this model's vocabulary; None without one."""
+        if params.response_format is None:
+            return None
+        return self.vocabulary().constraint(params.response_format, ignore_eos=params.ignore_eos)
+
+    def vocabulary(self) -> Vocabulary:
+        """This model's vocabulary for constrained decoding, built on first use (a batcher's
+        admission thread may ask for it while a single stream does)."""
+        with self._vocabulary_lock:
+            if self._vocabulary is None:
+                with timed(self._phases, "structured-output vocabulary"):
+                    self._vocabulary = Vocabulary(self.tokenizer)
+            return self._vocabulary
+
+    def _tokenize_checked(self, text: str, add_special: bool = True) -> list[int]:
+        check_prompt_chars(len(text), self.limits.max_prompt_tokens, self._longest_token)
+        return self.tokenizer.encode(text, add_special=add_special)
+
+
+class timed:
+    """Adds the seconds spent in a ``with`` block to ``phases[name]``."""
+
+    def __init__(self, phases: dict[str, float], name: str):
+        self.phases, self.name = phases, name
+
+    def __enter__(self) -> None:
+        self._t0 = time.perf_counter()
+
+    def __exit__(self, *exc) -> None:
+        self.phases[self.name] = time.perf_counter() - self._t0
