@@ -18,6 +18,7 @@ import zmq
 
 from ovpool import endpoint, errors
 from ovpool.auth import HANDSHAKE_EVENTS, HandshakeWatch, secure_peer
+from ovpool.config import ClientConfig
 from ovpool.pending import PendingRequests, make_submit
 from ovpool.protocol import Message, Submit, decode, encode, request_id_of
 from ovpool.settings import Settings
@@ -27,7 +28,7 @@ _log = logging.getLogger("ovpool.client")
 LINK_EVENTS = HANDSHAKE_EVENTS | int(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
 
 
-def dealer(context: zmq.Context, broker: str, settings: Settings, events: int = 0) -> zmq.Socket:
+def dealer(context: zmq.Context, broker: str, config: ClientConfig, events: int = 0) -> zmq.Socket:
     """A DEALER connected to ``broker``; with ``events``, its monitor socket (``get_monitor_socket``)
     is attached before it connects, since a monitor attached later misses what already happened
     (a loopback handshake can complete first: the client then never learned it was connected)."""
@@ -38,7 +39,7 @@ def dealer(context: zmq.Context, broker: str, settings: Settings, events: int = 
     sock.sndhwm = sock.rcvhwm = 0
     monitor = sock.get_monitor_socket(events) if events else None
     try:
-        secure_peer(sock, settings)
+        secure_peer(sock, config)
         sock.connect(broker)
     except BaseException as exc:
         if monitor is not None:
@@ -64,12 +65,12 @@ class LinkState:
 
 class ClientBase:
     def __init__(self, broker: str | None, model: str, timeout: float | None,
-                 settings: Settings | dict | None):
-        self.settings = Settings.coerce(settings)
-        self.broker = endpoint.check(broker or self.settings.broker)
+                 settings: ClientConfig | Settings | dict | None):
+        self.config = ClientConfig.coerce(settings)  # the public facades' top: see ClientConfig.coerce
+        self.broker = endpoint.check(broker or self.config.broker)
         self.model = model
         self.timeout = timeout
-        s = self.settings
+        s = self.config
         self._pending = PendingRequests(time.monotonic(), broker=self.broker,
                                         connect_timeout_s=s.connect_timeout_s,
                                         curve=bool(s.curve_secret_key or s.curve_server_key))
@@ -80,7 +81,7 @@ class ClientBase:
         """The context, the DEALER connected to the broker and its monitor socket."""
         self._context = context
         try:
-            self._socket = dealer(context, self.broker, self.settings, LINK_EVENTS)
+            self._socket = dealer(context, self.broker, self.config, LINK_EVENTS)
         except BaseException:
             context.term()
             raise

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import re
 import subprocess
 import sys
@@ -24,7 +23,7 @@ from ovpool.cli.common import timings_text
 from ovpool.errors import OvpoolError
 from ovpool.serve.child import terminate
 from ovpool.serve.spec import DEFAULT_MODEL
-from ovpool.settings import REGISTRY, Settings
+from ovpool.settings import REGISTRY, Settings, child_environment
 
 READY_TIMEOUT_S = 600
 _CACHE_LINE = re.compile(r"model cache (HIT|WROTE|MISS)\b.*")
@@ -38,7 +37,7 @@ def ovpool(*args: str, env: dict[str, str] | None = None) -> None:
     """Run an ovpool command the way a user would, showing the command line."""
     print(f"$ ovpool {' '.join(args)}", flush=True)
     subprocess.run([sys.executable, "-m", "ovpool", *args], check=True,
-                   env={**os.environ, **(env or {})})
+                   env=child_environment(env))
 
 
 def client_keys(workdir: Path) -> dict[str, str]:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import sys
 import time
 
@@ -26,11 +25,10 @@ class JsonLinesFormatter(logging.Formatter):
         return json.dumps(entry, ensure_ascii=False)
 
 
-def configure(level: str | None = None, json_lines: bool | None = None) -> None:
-    """Configure the root logger once per process; flags win over OVPOOL_LOG_LEVEL/OVPOOL_LOG_JSON."""
-    level = (level or os.environ.get("OVPOOL_LOG_LEVEL") or "INFO").upper()
-    if json_lines is None:
-        json_lines = os.environ.get("OVPOOL_LOG_JSON", "").lower() in {"1", "true", "yes", "on"}
+def configure(level: str = "INFO", json_lines: bool = False) -> None:
+    """Configure the root logger once per process (the CLI's --log-level/--log-json, which also
+    read OVPOOL_LOG_LEVEL/OVPOOL_LOG_JSON)."""
+    level = level.upper()
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonLinesFormatter() if json_lines else logging.Formatter(HUMAN_FORMAT))
     root = logging.getLogger()

@@ -15,6 +15,7 @@ from pathlib import Path
 from filelock import FileLock
 
 from ovpool.errors import ModelNotFoundError
+from ovpool.settings import default_cache_dir
 
 
 @dataclass(frozen=True)
@@ -62,8 +63,7 @@ def _alias_path(name: str, alias: Alias) -> Path:
 
 def _user_copy(alias: Alias) -> Path:
     """Where the joined file goes when the wheel's folder is read-only."""
-    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return base / "ovpool" / "models" / alias.file
+    return default_cache_dir() / "models" / alias.file
 
 
 def _assemble(alias: Alias, beside: Path) -> Path:

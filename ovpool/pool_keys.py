@@ -13,6 +13,7 @@ from pathlib import Path
 
 from ovpool.auth import generate, load_key
 from ovpool.errors import ConfigError
+from ovpool.settings import variable
 
 
 class PoolKeys:
@@ -83,7 +84,7 @@ def _runtime_dir(parent: str | Path | None) -> str | None:
     """``parent``, else $XDG_RUNTIME_DIR when it is this user's and writable, else None (tempfile's)."""
     if parent is not None:
         return str(parent)
-    runtime = os.environ.get("XDG_RUNTIME_DIR", "")
+    runtime = variable("XDG_RUNTIME_DIR")
     if not runtime:
         return None
     try:

@@ -19,15 +19,24 @@ from typing import Any
 
 from ovpool.errors import InvalidSettingError, UnknownSettingError
 
+# Which processes read a setting: a client (ovpool.Client, the HTTP API's too), the broker, a worker,
+# a worker's compiled graph (these enter the cache fingerprint), the HTTP API, any ovpool process.
+CLIENT, BROKER, WORKER, GRAPH, API, PROCESS = "client", "broker", "worker", "graph", "api", "process"
+SCOPES = (CLIENT, BROKER, WORKER, GRAPH, API, PROCESS)
+
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 
 
-def default_cache_dir(env: Mapping[str, str] | None = None) -> Path:
-    """``$XDG_CACHE_HOME/ovpool``, else ``~/.cache/ovpool`` (the XDG base directory convention)."""
+def xdg_cache_home(env: Mapping[str, str] | None = None) -> Path:
+    """``$XDG_CACHE_HOME``, else ``~/.cache`` (the XDG base directory convention)."""
     env = os.environ if env is None else env
-    base = env.get("XDG_CACHE_HOME") or str(Path(env.get("HOME") or Path.home()) / ".cache")
-    return Path(base) / "ovpool"
+    return Path(env.get("XDG_CACHE_HOME") or str(Path(env.get("HOME") or Path.home()) / ".cache"))
+
+
+def default_cache_dir(env: Mapping[str, str] | None = None) -> Path:
+    """``$XDG_CACHE_HOME/ovpool``, else ``~/.cache/ovpool``."""
+    return xdg_cache_home(env) / "ovpool"
 
 
 @dataclass(frozen=True)
@@ -36,10 +45,20 @@ class Setting:
     type: type
     default: Any
     help: str
+    scopes: tuple[str, ...]  # the processes that read it (SCOPES)
     choices: tuple[str, ...] | None = None
-    graph: bool = False
     minimum: float | None = None
     default_from_env: Callable[[Mapping[str, str]], Any] | None = None  # a default that depends on env
+
+    def __post_init__(self) -> None:
+        unknown = set(self.scopes) - set(SCOPES)
+        if not self.scopes or unknown:
+            raise ValueError(f"setting {self.name}: scopes {self.scopes} (known: {', '.join(SCOPES)})")
+
+    @property
+    def graph(self) -> bool:
+        """It changes the compiled graph: its effective value enters the cache fingerprint."""
+        return "graph" in self.scopes
 
     def default_in(self, env: Mapping[str, str]) -> Any:
         return self.default if self.default_from_env is None else self.default_from_env(env)
@@ -98,92 +117,177 @@ class Setting:
 
 _SETTINGS = [
     # Where and how to run.
-    Setting("device", str, "CPU", "OpenVINO device: CPU, GPU, GPU.1, ..."),
-    Setting("broker", str, "tcp://127.0.0.1:5555", "broker endpoint for clients and workers"),
+    Setting("device", str, "CPU", "OpenVINO device: CPU, GPU, GPU.1, ...", scopes=(WORKER,)),
+    Setting("broker", str, "tcp://127.0.0.1:5555", "broker endpoint for clients and workers",
+            scopes=(CLIENT, WORKER, API)),
     Setting("connect_timeout_s", float, 2.0, "client: how long a request waits for a connection to "
             "the broker (none yet, or a dropped one: a broker restarted within it gets the request "
-            "again) before it fails with BrokerUnavailableError", minimum=0.01),
+            "again) before it fails with BrokerUnavailableError", minimum=0.01, scopes=(CLIENT,)),
     Setting("cache_dir", str, "", "compiled-model cache directory (default $XDG_CACHE_HOME/ovpool, else "
             "~/.cache/ovpool; empty: no cache, as --no-cache)",
-            default_from_env=lambda env: str(default_cache_dir(env))),
-    Setting("cache_only", bool, False, "import from the cache or fail; never compile or read weights"),
+            default_from_env=lambda env: str(default_cache_dir(env)), scopes=(WORKER,)),
+    Setting("cache_only", bool, False, "import from the cache or fail; never compile or read weights",
+            scopes=(WORKER,)),
     Setting("source_identity", str, "metadata", "how a GGUF is identified in the cache fingerprint",
-            choices=("metadata", "content")),
-    Setting("slots", int, 8, "concurrent sequences one worker serves", minimum=1),
-    Setting("metrics_port", int, 0, "broker: Prometheus /metrics HTTP port (0: off)", minimum=0),
-    Setting("queue_limit", int, 256, "requests the broker queues per model before QueueFull", minimum=0),
+            choices=("metadata", "content"), scopes=(WORKER,)),
+    Setting("slots", int, 8, "concurrent sequences one worker serves", minimum=1, scopes=(WORKER,)),
+    Setting("metrics_port", int, 0, "broker: Prometheus /metrics HTTP port (0: off)", minimum=0,
+            scopes=(BROKER,)),
+    Setting("queue_limit", int, 256, "requests the broker queues per model before QueueFull", minimum=0,
+            scopes=(BROKER,)),
     Setting("stream_stall_s", float, 30.0, "broker: a stream whose reader takes none of the tokens "
-            "waiting for it for this long fails with ClientTooSlowError", minimum=0.01),
+            "waiting for it for this long fails with ClientTooSlowError", minimum=0.01, scopes=(BROKER,)),
     Setting("progress_timeout_s", float, 60.0, "broker: a worker that sends no token of a request "
             "for this long (prefill included) loses it to another worker, and gets no new request "
-            "until one of its others finishes", minimum=0.01),
+            "until one of its others finishes", minimum=0.01, scopes=(BROKER,)),
     Setting("routing", str, "prefix", "broker: which free worker gets a request: prefix (the one "
             "most likely to hold its prompt's prefix in its cache, within a small load margin of the "
-            "least busy) or least_loaded", choices=("prefix", "least_loaded")),
+            "least busy) or least_loaded", choices=("prefix", "least_loaded"), scopes=(BROKER,)),
     Setting("cache_lock_timeout_s", float, 600.0, "how long a start waits for another process's "
             "cache lock (it logs the holder meanwhile) before compiling without exporting; "
-            "cache-only mode fails then", minimum=0.0),
-    Setting("max_prompt_tokens", int, 8192, "longest prompt a worker accepts", minimum=1),
-    Setting("max_new_tokens", int, 4096, "largest max_tokens a request may ask for", minimum=1),
-    Setting("curve_secret_key", str, "", "this peer's CURVE key pair file (.key_secret; empty: no CURVE)"),
-    Setting("curve_server_key", str, "", "the broker's CURVE public key file (clients and workers)"),
+            "cache-only mode fails then", minimum=0.0, scopes=(WORKER,)),
+    Setting("max_prompt_tokens", int, 8192, "longest prompt a worker accepts", minimum=1, scopes=(WORKER,)),
+    Setting("max_new_tokens", int, 4096, "largest max_tokens a request may ask for", minimum=1,
+            scopes=(BROKER, WORKER, API)),
+    Setting("curve_secret_key", str, "", "this peer's CURVE key pair file (.key_secret; empty: no CURVE)",
+            scopes=(CLIENT, BROKER, WORKER)),
+    Setting("curve_server_key", str, "", "the broker's CURVE public key file (clients and workers)",
+            scopes=(CLIENT, WORKER)),
     Setting("curve_allowed_keys", str, "", "broker: directory of the public keys of its clients "
-            "(they may submit; the HTTP API is a client)"),
+            "(they may submit; the HTTP API is a client)", scopes=(BROKER,)),
     Setting("curve_worker_keys", str, "", "broker: directory of the public keys of its workers (they "
-            "may register and serve; CURVE needs both directories, one key's role is its directory)"),
-    Setting("prefill_chunk", int, 256, "prompt tokens prefilled per step while others decode", minimum=1),
+            "may register and serve; CURVE needs both directories, one key's role is its directory)",
+            scopes=(BROKER,)),
+    Setting("prefill_chunk", int, 256, "prompt tokens prefilled per step while others decode", minimum=1,
+            scopes=(WORKER,)),
     Setting("warm_up", str, "idle", "when the device's one-time kernel set-up runs (a short prefill "
             "and a decode step): idle (a worker, once it is registered and nothing waits; a bare "
             "Engine leaves it to its first requests), load (in Engine(...)) or off",
-            choices=("idle", "load", "off")),
+            choices=("idle", "load", "off"), scopes=(WORKER,)),
     Setting("batching", str, "paged", "how a worker runs its sequences: paged (one batched forward pass "
             "per step, continuous batching) or interleaved (one pass per sequence)",
-            choices=("paged", "interleaved")),
+            choices=("paged", "interleaved"), scopes=(WORKER,)),
     Setting("decode_graph", str, "auto", "a second compiled graph fixed to one token of one sequence "
             "for decode steps of the paged graph, made by a warm-up or after 128 decode steps (a CPU "
             "decode step ~10-14% faster; a second layout of the weights): on, off, or auto (on the "
             "CPU when twice the model file fits in an eighth of physical memory)",
-            choices=("auto", "on", "off")),
+            choices=("auto", "on", "off"), scopes=(WORKER,)),
     Setting("decode_threads", int, 0, "threads the CPU decode graph runs on (0: every core, the "
-            "plugin's default; on 2 cores shared with other jobs, 1 decoded as fast as 2)", minimum=0),
-    Setting("kv_cache_mb", int, 256, "MiB of paged KV-cache blocks per worker (batching=paged)", minimum=1),
+            "plugin's default; on 2 cores shared with other jobs, 1 decoded as fast as 2)", minimum=0,
+            scopes=(WORKER,)),
+    Setting("kv_cache_mb", int, 256, "MiB of paged KV-cache blocks per worker (batching=paged)", minimum=1,
+            scopes=(WORKER,)),
     Setting("prefix_cache", str, "auto", "reuse the KV of a prompt's beginning that an earlier sequence "
             "computed (a shared system prompt, a chat's history), inside kv_cache_mb: on (only KV "
             "computed as the new request would compute it: answers unchanged), all (also a resent "
             "answer's, computed one token at a time: faster next turns, answers may differ), off; "
             "auto: on where measured exact (CPU at f32; bf16 on AVX-512 VNNI/BF16; not a u8 KV "
             "cache), else off (docs/prefix-caching.md)",
-            choices=("auto", "on", "all", "off")),
+            choices=("auto", "on", "all", "off"), scopes=(WORKER,)),
     # Graph-changing: these enter the cache fingerprint.
     Setting("inference_precision", str, "auto", "compute precision (auto: fastest correct on the device)",
-            choices=("auto", "f32", "bf16", "f16"), graph=True),
+            choices=("auto", "f32", "bf16", "f16"), scopes=(GRAPH,)),
     Setting("kv_cache_precision", str, "auto", "KV-cache element type (auto: f16 on the CPU, "
             "faster to decode than its u8 default for twice the memory; the device's default elsewhere)",
-            choices=("auto", "f32", "f16", "bf16", "u8"), graph=True),
+            choices=("auto", "f32", "f16", "bf16", "u8"), scopes=(GRAPH,)),
     Setting("attention", str, "auto", "single-stream attention: paged (PagedAttention, the batching "
             "graph), sdpa (stateful ScaledDotProductAttention) or manual (stateful MatMul/Softmax); "
             "auto: paged, or sdpa where the paged graph cannot come from the cache",
-            choices=("auto", "paged", "sdpa", "manual"), graph=True),
-    Setting("stateful", bool, True, "keep the KV cache in OpenVINO state variables", graph=True),
+            choices=("auto", "paged", "sdpa", "manual"), scopes=(GRAPH,)),
+    Setting("stateful", bool, True, "keep the KV cache in OpenVINO state variables", scopes=(GRAPH,)),
     Setting("kquant_requant", str, "auto", "requantize K-quant weights (lossy) to 32-weight groups: "
             "q8_sym32 or q4_asym32 (Q4_K and Q6_K), q6_k_q8_sym32 (Q6_K alone, so its 16-weight groups "
             "no longer set every MatMul's int8 activation group to 16), or none; auto: q6_k_q8_sym32 "
             "where the CPU quantizes activations to int8 (VNNI/AMX at bf16), none elsewhere",
-            choices=("auto", "none", "q4_asym32", "q8_sym32", "q6_k_q8_sym32"), graph=True),
+            choices=("auto", "none", "q4_asym32", "q8_sym32", "q6_k_q8_sym32"), scopes=(GRAPH,)),
     Setting("q4_storage", str, "auto", "how 4-bit codes (Q4_0, Q4_1, Q4_K) sit in the graph: i4 (packed) "
             "or i8 (one per byte, same values; the CPU plugin's first-inference set-up is ~3x faster, "
             "weights take twice the memory and decode reads twice the bytes); auto: i4",
-            choices=("auto", "i4", "i8"), graph=True),
+            choices=("auto", "i4", "i8"), scopes=(GRAPH,)),
     Setting("zero_points", str, "auto", "how Q4_1/Q4_K's per-block minimum enters the graph: float (an "
             "exact float zero point) or integer (a rounded u4 zero point plus the exact remainder as a "
             "small correction term, so the CPU plugin's int8 kernels take the MatMul), or rounded "
             "(the rounded zero point alone, as OpenVINO GenAI reads Q4_1: faster, not exact: SmolLM2 "
             "at bf16 agrees with the f32 reference's top token 64% of the time, against 95%); auto: "
             "integer where the CPU quantizes activations to int8 (VNNI/AMX at bf16), float elsewhere",
-            choices=("auto", "float", "integer", "rounded"), graph=True),
+            choices=("auto", "float", "integer", "rounded"), scopes=(GRAPH,)),
 ]
 
 REGISTRY: dict[str, Setting] = {s.name: s for s in _SETTINGS}
+
+
+@dataclass(frozen=True)
+class Variable:
+    """An environment variable that is not a setting (no ``--set``): what reads it, and why."""
+
+    name: str
+    scopes: tuple[str, ...]
+    default: str
+    help: str
+
+
+_VARIABLES = [
+    Variable("OVPOOL_LOG_LEVEL", (PROCESS,), "INFO",
+             "log level (as --log-level): DEBUG, INFO, WARNING, ERROR"),
+    Variable("OVPOOL_LOG_JSON", (PROCESS,), "off", "log JSON lines instead of text (as --log-json): on/off"),
+    Variable("OVPOOL_HEARTBEAT_INTERVAL_S", (PROCESS,), "1.0", "seconds between heartbeats; every timeout "
+             "of the pool (liveness, reconnects, supervision) is a multiple of it (tests shorten it)"),
+    Variable("OVPOOL_MODEL", (PROCESS,), "smollm2", "the model of `ovpool serve` (as --model)"),
+    Variable("OVPOOL_KEEP_UP_ON_WORKER_FAILURE", (PROCESS,), "off",
+             "`ovpool serve --keep-up-on-worker-failure`: on/off"),
+    Variable("OVPOOL_API_KEY", (API,), "", "Bearer keys the HTTP API requires, comma-separated "
+             "(`ovpool api`, `ovpool serve`; serve's workers and broker never see it)"),
+    Variable("OVPOOL_HTTP_BIND", (API,), "127.0.0.1:8000", "where `ovpool api` listens (as --bind)"),
+    Variable("OVPOOL_CACHE_TEST_PAUSE", (WORKER,), "", "test hook: a cache writer stops at this phase "
+             "(blob-write, blob-renamed, manifest-write) until a signal (ovpool/cache/store.py)"),
+    Variable("ONEDNN_MAX_CPU_ISA", (PROCESS,), "", "benchmarks: the instruction set oneDNN may use, set by "
+             "--isa for the benchmark and its children (ovpool/bench/isa.py)"),
+    Variable("XDG_CACHE_HOME", (PROCESS,), "~/.cache",
+             "base of the default cache_dir and of joined model files"),
+    Variable("XDG_RUNTIME_DIR", (PROCESS,), "", "where `ovpool serve` keeps its pool's CURVE keys (when this "
+             "user's; else the temporary directory)"),
+]
+
+VARIABLES: dict[str, Variable] = {v.name: v for v in _VARIABLES}
+
+
+def variable(name: str, env: Mapping[str, str] | None = None) -> str:
+    """The value of the registered environment variable ``name`` ("" when unset)."""
+    if name not in VARIABLES:
+        raise KeyError(f"{name} is not registered in ovpool.settings.VARIABLES")
+    return (os.environ if env is None else env).get(name, "")
+
+
+def set_variable(name: str, value: str | None) -> str | None:
+    """Set (None: unset) a registered variable or a setting's OVPOOL_<NAME> for this process and
+    the children it starts (benchmarks, tests); the previous value."""
+    if name not in VARIABLES and name not in {s.env for s in REGISTRY.values()}:
+        raise KeyError(f"{name} is neither a setting's variable nor in ovpool.settings.VARIABLES")
+    old = os.environ.get(name)
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value
+    return old
+
+
+def child_environment(extra: Mapping[str, str] | None = None, drop: Iterable[str] = ()) -> dict[str, str]:
+    """This process's environment for a child process, with ``extra`` set and ``drop`` removed."""
+    base = {k: v for k, v in os.environ.items() if k not in set(drop)}
+    return {**base, **(extra or {})}
+
+
+def heartbeat_interval_s(env: Mapping[str, str] | None = None) -> float:
+    """OVPOOL_HEARTBEAT_INTERVAL_S as a positive number; a bad value names the variable."""
+    raw = variable("OVPOOL_HEARTBEAT_INTERVAL_S", env) or VARIABLES["OVPOOL_HEARTBEAT_INTERVAL_S"].default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise InvalidSettingError(f"environment variable OVPOOL_HEARTBEAT_INTERVAL_S={raw!r} is not a "
+                                  "positive number of seconds; fix or unset it")
+    return value
 
 
 def lookup(name: str) -> Setting:
@@ -265,6 +369,6 @@ class Settings:
             {"name": s.name, "value": self._values[s.name], "source": self._sources[s.name],
              "default": self._defaults.get(s.name, s.default), "type": s.type.__name__,
              "choices": list(s.choices or []),
-             "env": s.env, "graph": s.graph, "help": s.help}
+             "env": s.env, "graph": s.graph, "scopes": list(s.scopes), "help": s.help}
             for s in REGISTRY.values()
         ]

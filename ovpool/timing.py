@@ -3,14 +3,14 @@
 A peer is declared dead after ``HEARTBEAT_LIVENESS`` missed heartbeats, so expiry is
 interval × liveness; reconnect backoff and polling are fractions of the same interval so the
 whole pool speeds up or slows down together (tests shorten ``HEARTBEAT_INTERVAL_S`` via the
-environment variable ``OVPOOL_HEARTBEAT_INTERVAL_S``).
+registered environment variable ``OVPOOL_HEARTBEAT_INTERVAL_S``, ovpool.settings.VARIABLES).
 """
 
 from __future__ import annotations
 
-import os
+from ovpool.settings import heartbeat_interval_s
 
-HEARTBEAT_INTERVAL_S: float = float(os.environ.get("OVPOOL_HEARTBEAT_INTERVAL_S", "1.0"))
+HEARTBEAT_INTERVAL_S: float = heartbeat_interval_s()
 HEARTBEAT_LIVENESS: int = 3
 HEARTBEAT_EXPIRY_S: float = HEARTBEAT_INTERVAL_S * HEARTBEAT_LIVENESS
 

@@ -17,6 +17,7 @@ from ovpool.broker import roles
 from ovpool.broker.server import Broker
 from ovpool.client import Client
 from ovpool.completion import Completion, Usage
+from ovpool.config import BrokerConfig
 from ovpool.pool_keys import PoolKeys
 from ovpool.protocol import (
     Cancel,
@@ -42,6 +43,10 @@ from ovpool.testing.pool import fast_heartbeats, null_worker, wait_for_workers
 CLIENT_COMMANDS = (Submit, Cancel, Credit)
 WORKER_COMMANDS = (Ready, Heartbeat, Partial, Final, Error, Disconnect, LoadFailed)
 EITHER = (Status, Ping, Supervised)
+
+
+def _config(keys: PoolKeys) -> BrokerConfig:
+    return BrokerConfig.from_values(keys.broker_settings())
 
 
 def test_each_role_sends_only_its_own_commands():
@@ -77,7 +82,7 @@ def curve_broker(keys):
     """An in-process broker with the pool's keys, on a free loopback port; slow heartbeats, so a
     hand-driven worker that sends none stays registered for the whole test."""
     stop = threading.Event()
-    with fast_heartbeats(5.0), Broker("tcp://127.0.0.1:0", keys.broker_settings()) as broker:
+    with fast_heartbeats(5.0), Broker("tcp://127.0.0.1:0", _config(keys)) as broker:
         thread = threading.Thread(target=broker.serve, args=(stop,))
         thread.start()
         try:
@@ -166,7 +171,7 @@ def test_a_worker_key_cannot_submit(keys, curve_broker):
 
 
 def test_the_broker_logs_its_mode(keys, caplog):
-    with caplog.at_level(logging.INFO), Broker("tcp://127.0.0.1:0", keys.broker_settings()):
+    with caplog.at_level(logging.INFO), Broker("tcp://127.0.0.1:0", _config(keys)):
         pass
     assert "CURVE with roles: 1 client key(s), 1 worker key(s)" in caplog.text
     caplog.clear()
@@ -178,10 +183,10 @@ def test_the_broker_logs_its_mode(keys, caplog):
 def test_curve_without_a_worker_directory_is_a_clear_error(keys):
     settings = {**keys.broker_settings(), "curve_worker_keys": ""}
     with pytest.raises(errors.ConfigError, match="CURVE needs curve_worker_keys"), \
-            Broker("tcp://127.0.0.1:0", settings):
+            Broker("tcp://127.0.0.1:0", BrokerConfig.from_values(settings)):
         pass
     with pytest.raises(errors.ConfigError, match="curve_worker_keys needs curve_secret_key"):
-        Broker("tcp://127.0.0.1:0", {"curve_worker_keys": keys.broker_settings()["curve_worker_keys"]})
+        Broker("tcp://127.0.0.1:0", BrokerConfig(curve_worker_keys=_config(keys).curve_worker_keys))
 
 
 def test_a_worker_started_with_a_client_key_says_why_it_never_serves(keys, curve_broker, tmp_path):

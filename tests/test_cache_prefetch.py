@@ -12,7 +12,7 @@ from test_cache_loader import CORE, EXPECTED, flip_middle_bit, only_entry, read_
 from ovpool.cache import maintenance, prefetch
 from ovpool.cache.loader import load_compiled
 from ovpool.cache.store import CacheStore
-from ovpool.settings import Settings
+from ovpool.config import GraphConfig
 
 
 @pytest.fixture
@@ -26,14 +26,14 @@ def toy(tmp_path):
 def load(cache, model_file, early=None):
     """A load as an engine's: remembered under the hint key of (model file, CPU, default settings),
     handed the import ``early`` begun from the hint."""
-    key = prefetch.hint_key(model_file, "CPU", Settings.coerce(None))
+    key = prefetch.hint_key(model_file, "CPU", GraphConfig())
     return load_compiled(CORE, identity=cache_toy.identity(model_file), device="CPU", config={},
                          build=cache_toy.build, cache_dir=cache.root, cache_only=False, hint=key,
                          early=early)
 
 
-def start(cache, model_file, settings=None):
-    return prefetch.start(model_file, "CPU", settings, cache.root, CORE)
+def start(cache, model_file, graph=GraphConfig()):
+    return prefetch.start(model_file, "CPU", graph, cache.root, CORE)
 
 
 def test_a_hit_takes_over_the_import_begun_from_the_hint(toy):

@@ -11,7 +11,7 @@ MatMul kernels on this host's memory and caches, not of an AVX2 host: label them
 
 from __future__ import annotations
 
-import os
+from ovpool.settings import set_variable, variable
 
 VARIABLE = "ONEDNN_MAX_CPU_ISA"
 CHOICES = ("AVX2",)
@@ -23,19 +23,19 @@ def emulate(isa: str | None) -> None:
         return
     if isa not in CHOICES:
         raise SystemExit(f"--isa {isa}: only {', '.join(CHOICES)} can be emulated")
-    os.environ[VARIABLE] = isa
-    os.environ["OVPOOL_INFERENCE_PRECISION"] = "f32"  # ovpool at f32 turns int8 activations off
+    set_variable(VARIABLE, isa)
+    set_variable("OVPOOL_INFERENCE_PRECISION", "f32")  # ovpool at f32 turns int8 activations off
 
 
 def peer_properties() -> dict:
     """OpenVINO properties GenAI needs to run as on the emulated CPU (none without emulation)."""
-    if VARIABLE not in os.environ:
+    if not variable(VARIABLE):
         return {}
     return {"INFERENCE_PRECISION_HINT": "f32", "DYNAMIC_QUANTIZATION_GROUP_SIZE": 0}
 
 
 def describe(cpu: str) -> str:
     """The benchmark's CPU line, saying when its kernels were limited."""
-    if VARIABLE not in os.environ:
+    if not variable(VARIABLE):
         return cpu
-    return f"{cpu}, kernels limited to {os.environ[VARIABLE]} ({VARIABLE}; see ovpool/bench/isa.py)"
+    return f"{cpu}, kernels limited to {variable(VARIABLE)} ({VARIABLE}; see ovpool/bench/isa.py)"

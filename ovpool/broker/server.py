@@ -18,10 +18,10 @@ from ovpool import endpoint, timing
 from ovpool.auth import ServerSecurity
 from ovpool.broker import roles
 from ovpool.broker.router import Output, Router
+from ovpool.config import BrokerConfig
 from ovpool.errors import AuthenticationError, ProtocolError
 from ovpool.metrics import BrokerMetrics, BrokerObserver, MetricsServer
 from ovpool.protocol import MAX_MESSAGE_BYTES, Error, Message, decode, encode, recv_frames, send_frames
-from ovpool.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -32,22 +32,21 @@ _NOBLOCK = int(zmq.NOBLOCK)
 class Broker:
     """``with Broker("tcp://127.0.0.1:5555") as b: b.serve(stop_event)``."""
 
-    def __init__(self, bind: str, settings: Settings | dict | None = None):
+    def __init__(self, bind: str, config: BrokerConfig = BrokerConfig()):
         self.bind = endpoint.check(bind, "broker bind address")
-        self.settings = Settings.coerce(settings)
+        self.config = s = config
         self.endpoint = bind
         self._context = zmq.Context()
-        self._security = ServerSecurity(self._context, self.settings)
+        self._security = ServerSecurity(self._context, config)
         self._socket: zmq.Socket | None = None
         self._refusals_logged: set[tuple[int, type]] = set()
-        s = self.settings
         self.router = Router(now=time.monotonic(), queue_limit=s.queue_limit,
                              max_new_tokens=s.max_new_tokens, stream_stall_s=s.stream_stall_s,
                              progress_timeout_s=s.progress_timeout_s,
                              prefix_routing=s.routing == "prefix")
         # Off unless a port is set: observing every message costs ~15% of the routing rate.
-        self.metrics = BrokerObserver(BrokerMetrics()) if self.settings.metrics_port else None
-        self._metrics_server = (MetricsServer(self.metrics.metrics.registry, self.settings.metrics_port)
+        self.metrics = BrokerObserver(BrokerMetrics()) if s.metrics_port else None
+        self._metrics_server = (MetricsServer(self.metrics.metrics.registry, s.metrics_port)
                                 if self.metrics else None)
 
     def __enter__(self) -> Broker:
@@ -75,7 +74,7 @@ class Broker:
             self.__exit__(None, None, None)
             raise
         self.endpoint = sock.last_endpoint.decode()
-        log.info("broker listening on %s (queue_limit=%d; %s)", self.endpoint, self.settings.queue_limit,
+        log.info("broker listening on %s (queue_limit=%d; %s)", self.endpoint, self.config.queue_limit,
                  self._security.mode())
         return self
 

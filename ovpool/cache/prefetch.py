@@ -30,6 +30,7 @@ import openvino as ov
 
 from ovpool.cache.fingerprint import stat_identity
 from ovpool.cache.store import CacheStore, crc32_of
+from ovpool.config import GraphConfig
 from ovpool.errors import CacheCorruptError, CacheError, OvpoolError
 from ovpool.models import resolve_model_path
 from ovpool.settings import Settings
@@ -105,9 +106,9 @@ def _import(core: ov.Core, blob: np.memmap, device: str, config: dict, name: str
         raise CacheCorruptError(f"OpenVINO cannot import blob {name}: {first}") from exc
 
 
-def hint_key(model_path: str | Path, device: str, settings: Settings) -> str:
+def hint_key(model_path: str | Path, device: str, graph: GraphConfig | Settings | Mapping[str, Any]) -> str:
     """The hint key of an engine's request: model path and file identity, device, graph settings."""
-    parts = [str(model_path), stat_identity(model_path), device, settings.graph_values()]
+    parts = [str(model_path), stat_identity(model_path), device, GraphConfig.coerce(graph).values()]
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:24]
 
 
@@ -124,21 +125,22 @@ def remember(store: CacheStore, key: str | None, blob: str, device: str, config:
         store.write_text(path, text)
 
 
-def start(model: str | Path, device: str | None = None, settings: Settings | Mapping[str, Any] | None = None,
+def start(model: str | Path, device: str | None, graph: GraphConfig | Settings | Mapping[str, Any],
           cache_dir: str | Path | None = None, core: ov.Core | None = None) -> BlobImport | None:
-    """Begin importing the blob that ``Engine(model, device, settings, cache_dir)`` used last, if
-    the cache has a hint for it; the import begun (the caller's to hand to that Engine, as
-    ``early``), or None. Without a cache directory, hint or blob the engine loads as it would have."""
-    settings = Settings.coerce(settings)
-    cache_dir = cache_dir or settings.cache_dir
+    """Begin importing the blob that an Engine of ``model`` on ``device`` with the ``graph``
+    settings and ``cache_dir`` used last, if the cache has a hint for it; the import begun (the
+    caller's to hand to that Engine, as ``early``), or None. Without a cache directory, hint or
+    blob the engine loads as it would have."""
+    if isinstance(graph, Settings):  # the Engine's call shape until it passes its WorkerConfig
+        device, cache_dir = device or graph.device, cache_dir or graph.cache_dir
     if not cache_dir:
         return None
-    device = device or settings.device
+    device = device or "CPU"
     store = CacheStore(cache_dir)
     # A hint is only advice: whatever is wrong with it (or the model argument) is left to the
     # engine's own load to find and report.
     with contextlib.suppress(OvpoolError, OSError, ValueError, KeyError, TypeError):
-        key = hint_key(resolve_model_path(model), device, settings)
+        key = hint_key(resolve_model_path(model), device, graph)
         hint = json.loads(store.hint_path(key).read_text())
         blob = store.blobs_dir / Path(hint["blob"]).name
         return BlobImport(core or ov.Core(), blob, hint["device"], hint["config"])

@@ -45,6 +45,7 @@ import numpy as np
 
 from ovpool.cache.manifest import Entry, Manifest
 from ovpool.errors import CacheCorruptError, CacheLockedError
+from ovpool.settings import variable
 
 log = logging.getLogger("ovpool.cache")
 LAYOUT_VERSION = "v1"
@@ -55,7 +56,7 @@ PAUSE_ENV = "OVPOOL_CACHE_TEST_PAUSE"
 
 def test_pause(phase: str) -> None:
     """The documented test hook (see the module docstring); a no-op unless the env var names ``phase``."""
-    if os.environ.get(PAUSE_ENV) == phase:
+    if variable(PAUSE_ENV) == phase:
         sys.stderr.write(f"OVPOOL_CACHE_TEST_PAUSED {phase}\n")
         sys.stderr.flush()
         signal.pause()

@@ -42,7 +42,7 @@ class _LazyGroup(click.Group):
 @click.version_option(package_name="ovpool")
 def main(log_level: str | None, log_json: bool | None) -> None:
     """Serve GGUF language models on OpenVINO devices through a pool of worker processes."""
-    logs.configure(log_level, log_json)
+    logs.configure(log_level or "INFO", bool(log_json))
 
 
 def entry() -> None:

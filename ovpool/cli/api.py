@@ -7,8 +7,9 @@ from typing import Any
 import click
 
 from ovpool import endpoint
-from ovpool.cli.common import resolve_settings, stop_on_signals
+from ovpool.cli.common import resolve_settings, settings_options, stop_on_signals
 from ovpool.cli.pool import broker_option, secret_option, server_key_option
+from ovpool.config import ApiConfig
 
 
 @click.command("api")
@@ -20,15 +21,17 @@ from ovpool.cli.pool import broker_option, secret_option, server_key_option
                    "None: open, which only loopback should be.")
 @secret_option
 @server_key_option
-def api_command(broker: str | None, bind: str, api_keys: tuple[str, ...], **curve: Any) -> None:
+@settings_options
+def api_command(broker: str | None, bind: str, api_keys: tuple[str, ...], assignments: tuple[str, ...],
+                **curve: Any) -> None:
     """Serve the OpenAI HTTP API (/v1/models, /v1/completions, /v1/chat/completions) via BROKER."""
     from ovpool.api import keys
     from ovpool.api.app import Config
     from ovpool.api.server import run
 
-    settings = resolve_settings(broker=broker, **curve)
-    endpoint.check(settings.broker)  # now, not at the first request
-    config = Config(settings.broker, settings, keys.ApiKeys(keys.parse(api_keys)), settings.max_new_tokens)
+    api = ApiConfig.of(resolve_settings(assignments, broker=broker, **curve))
+    endpoint.check(api.broker)  # now, not at the first request
+    config = Config(api.broker, api.client, keys.ApiKeys(keys.parse(api_keys)), api.max_new_tokens)
     with stop_on_signals() as stop:
         run(config, bind, stop)
 

@@ -170,18 +170,18 @@ def explain_command(model: str, device: str | None, assignments: tuple[str, ...]
     import openvino as ov
 
     from ovpool.cache.lookup import Lookup
+    from ovpool.config import WorkerConfig
     from ovpool.worker.gguf.model import GGUFModel
     from ovpool.worker.graph.loading import batching_plan, cache_identity, choose_attention
     from ovpool.worker.graph.paged import PagedAttention
 
-    settings, core = resolve_settings(assignments, device=device), ov.Core()
-    attention = choose_attention(settings, settings.device, core, store.root)
+    worker, core = WorkerConfig.of(resolve_settings(assignments, device=device)), ov.Core()
+    attention = choose_attention(worker.graph, worker.device, core, store.root)
     hook = PagedAttention() if attention == "paged" else None
     gguf = GGUFModel.open(model)
-    identity, config = cache_identity(gguf, settings.replace(attention=attention), settings.device,
-                                      core, hook)
-    info = maintenance.explain(Lookup.create(core, store.root, identity, settings.device, config))
-    info["batching"] = {mode: batching_plan(gguf, settings, settings.device, core, cache_dir=store.root,
+    identity, config = cache_identity(gguf, worker.with_graph(attention=attention), worker.device, core, hook)
+    info = maintenance.explain(Lookup.create(core, store.root, identity, worker.device, config))
+    info["batching"] = {mode: batching_plan(gguf, worker, worker.device, core, cache_dir=store.root,
                                             cache_only=mode == "cache-only")
                         for mode in ("default", "cache-only")}
     if as_json:

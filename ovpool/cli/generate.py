@@ -39,12 +39,14 @@ def generate_command(prompt: str | list, model: str, sampling: dict, device: str
     """Generate a continuation of PROMPT locally (PROMPT '-' reads stdin, '@FILE' reads FILE);
     timings go to stderr."""
     from ovpool.cache import prefetch
+    from ovpool.config import GraphConfig
 
     settings = check_cache_dir(resolve_settings(assignments, device=device, cache_dir=cache_dir,
                                                 cache_only=cache_only))
     if settings.source("decode_graph") == "default" and sampling["max_tokens"] < DECODE_GRAPH_MIN_TOKENS:
         settings = settings.replace(decode_graph="off")
-    early = prefetch.start(model, settings=settings)  # a likely hit imports while the engine's modules do
+    # A likely hit imports while the engine's modules do.
+    early = prefetch.start(model, settings.device, GraphConfig.of(settings), settings.cache_dir)
     from ovpool.sampling_params import SamplingParams
     from ovpool.worker.engine import Engine
 

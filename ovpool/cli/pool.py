@@ -22,6 +22,7 @@ from ovpool.cli.common import (
     settings_options,
     stop_on_signals,
 )
+from ovpool.config import BrokerConfig, GraphConfig, WorkerConfig
 
 broker_option = click.option("--broker", default=None, envvar="OVPOOL_BROKER",
                               help="Broker endpoint (env OVPOOL_BROKER; default tcp://127.0.0.1:5555).")
@@ -53,7 +54,7 @@ def broker_command(bind: str, queue_limit: int | None, metrics_port: int | None,
                                 curve_secret_key=curve_secret_key,
                                 curve_allowed_keys=curve_allowed_keys,
                                 curve_worker_keys=curve_worker_keys)
-    with stop_on_signals() as stop, Broker(bind, settings) as broker:
+    with stop_on_signals() as stop, Broker(bind, BrokerConfig.of(settings)) as broker:
         broker.serve(stop)
 
 
@@ -98,13 +99,14 @@ def _run_worker(settings: Any, model: str, backend: str, name: str | None, token
     if backend == "engine":
         from ovpool.cache import prefetch
 
-        early = prefetch.start(model, settings=settings)  # a likely hit imports while the rest does
+        # A likely hit imports while the rest does.
+        early = prefetch.start(model, settings.device, GraphConfig.of(settings), settings.cache_dir)
     from ovpool.worker.process import Worker
 
     names = list(served_names)
     with _backend(backend, model, settings, token_delay, early, names, name) as (be, load_report), \
             stop_on_signals() as stop, \
-            Worker(settings.broker, be, settings=settings, device=settings.device, name=name,
+            Worker(settings.broker, be, config=WorkerConfig.of(settings), device=settings.device, name=name,
                    load_report=load_report) as worker:
         worker.run(stop)
 
@@ -128,7 +130,8 @@ def _backend(kind: str, model: str, settings: Any, token_delay: float, early: An
                         early=early)
     except errors.OvpoolError as exc:
         if errors.permanent(exc):
-            report_load_failure(settings, [*(names or []), model], settings.device, name, exc)
+            config = WorkerConfig.of(settings)
+            report_load_failure(config, [*(names or []), model], config.device, name, exc)
         raise
     with engine:
         yield EngineBackend(engine, settings.slots, aliases=[model], names=names), engine.load_report

@@ -10,11 +10,14 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from ovpool.errors import ConfigError
+from ovpool.settings import API, BROKER, CLIENT, GRAPH, WORKER, lookup
 
 DEFAULT_MODEL = "smollm2"
 DEFAULT_BIND = "tcp://127.0.0.1:5555"
 DEFAULT_HTTP = "127.0.0.1:8000"
 _WILDCARD_HOSTS = {"*", "0.0.0.0", "::", "[::]"}
+# The settings each child reads: the HTTP API is also a client of the broker.
+CHILD_SCOPES = {"broker": (BROKER,), "worker": (WORKER, GRAPH), "api": (API, CLIENT)}
 
 
 def parse_devices(devices: str | None, workers: int | None, available: list[str] | None = None) -> list[str]:
@@ -45,6 +48,13 @@ def worker_names(devices: list[str]) -> dict[str, str]:
     for i, device in enumerate(devices):
         names[f"{device}#{devices[:i].count(device)}" if devices.count(device) > 1 else device] = device
     return names
+
+
+def scoped(assignments: tuple[str, ...], child: str) -> list[str]:
+    """``--set NAME=VALUE`` arguments for the settings among ``assignments`` that ``child`` reads."""
+    scopes = CHILD_SCOPES[child]
+    return [arg for item in assignments
+            if set(lookup(item.partition("=")[0]).scopes) & set(scopes) for arg in ("--set", item)]
 
 
 def connect_address(bind: str) -> str:
@@ -86,7 +96,8 @@ class PoolSpec:
 
     def broker_argv(self) -> list[str]:
         argv = [self.python, "-m", "ovpool", "broker", "--bind", self.bind or DEFAULT_BIND]
-        return argv + (["--metrics-port", str(self.metrics_port)] if self.metrics_port else [])
+        argv += ["--metrics-port", str(self.metrics_port)] if self.metrics_port else []
+        return argv + scoped(self.assignments, "broker")
 
     def worker_argv(self, name: str, device: str) -> list[str]:
         argv = [self.python, "-m", "ovpool", "worker", "--broker", self.endpoint, "--model", self.model,
@@ -100,10 +111,9 @@ class PoolSpec:
             argv += ["--served-name", name]
         if self.token_delay:
             argv += ["--token-delay", str(self.token_delay)]
-        for item in self.assignments:
-            argv += ["--set", item]
-        return argv
+        return argv + scoped(self.assignments, "worker")
 
     def api_argv(self) -> list[str]:
         """The HTTP API child (its keys travel in the environment, not on a command line)."""
-        return [self.python, "-m", "ovpool", "api", "--broker", self.endpoint, "--bind", self.http or ""]
+        return [self.python, "-m", "ovpool", "api", "--broker", self.endpoint, "--bind", self.http or "",
+                *scoped(self.assignments, "api")]

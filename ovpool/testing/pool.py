@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import os
 import socket
 import subprocess
 import sys
@@ -15,21 +14,18 @@ from ovpool import timing
 from ovpool.client import Client
 from ovpool.errors import BrokerUnavailableError
 from ovpool.serve.child import terminate
+from ovpool.settings import child_environment, set_variable
 
 
 @contextlib.contextmanager
 def fast_heartbeats(interval_s: float):
     """Run this process and the children it starts with a short heartbeat interval."""
-    old = os.environ.get("OVPOOL_HEARTBEAT_INTERVAL_S")
-    os.environ["OVPOOL_HEARTBEAT_INTERVAL_S"] = str(interval_s)
+    old = set_variable("OVPOOL_HEARTBEAT_INTERVAL_S", str(interval_s))
     importlib.reload(timing)  # every user reads timing.X at call time, so this applies at once
     try:
         yield
     finally:
-        if old is None:
-            del os.environ["OVPOOL_HEARTBEAT_INTERVAL_S"]
-        else:
-            os.environ["OVPOOL_HEARTBEAT_INTERVAL_S"] = old
+        set_variable("OVPOOL_HEARTBEAT_INTERVAL_S", old)
         importlib.reload(timing)
 
 
@@ -45,7 +41,7 @@ class PoolProcess:
 
     def __init__(self, *args: str, env: dict[str, str] | None = None, log: Path | None = None):
         self.args = ["-m", "ovpool", *args]
-        self.env = {**os.environ, **(env or {})}
+        self.env = child_environment(env)
         self.log = log
         self.proc: subprocess.Popen | None = None
 

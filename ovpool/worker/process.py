@@ -31,6 +31,7 @@ import zmq
 
 from ovpool import endpoint, timing
 from ovpool.auth import secure_peer
+from ovpool.config import WorkerConfig
 from ovpool.errors import AuthenticationError, InferenceError, OvpoolError
 from ovpool.prefix_key import MAX_KEYS
 from ovpool.protocol import (
@@ -53,7 +54,6 @@ from ovpool.protocol import (
     sampling_from_wire,
     send_frames,
 )
-from ovpool.settings import Settings
 from ovpool.worker.backend import Backend, Failed, Finished, Token
 from ovpool.worker.link import BrokerLink
 from ovpool.worker.prefix_report import PrefixReport
@@ -70,9 +70,9 @@ def worker_id(name: str) -> str:
     return f"{name}@{_socket.gethostname()}:{os.getpid()}"
 
 
-def report_load_failure(settings: Settings, models: list[str], device: str, name: str | None,
+def report_load_failure(config: WorkerConfig, models: list[str], device: str, name: str | None,
                         exc: OvpoolError) -> None:
-    """Tell the broker (settings.broker) that this worker cannot load ``models`` and why (LOAD_FAILED),
+    """Tell the broker (config.broker) that this worker cannot load ``models`` and why (LOAD_FAILED),
     so `ovpool status` and the clients waiting for them say so. Best effort: a broker that does not
     take it within _REPORT_LINGER_S (not started yet, gone) is not waited for longer."""
     msg = LoadFailed(worker_id(name or models[0]), models, device, _socket.gethostname(), os.getpid(),
@@ -80,8 +80,8 @@ def report_load_failure(settings: Settings, models: list[str], device: str, name
     context = zmq.Context()
     try:
         sock = context.socket(zmq.DEALER)
-        secure_peer(sock, settings)
-        sock.connect(settings.broker)
+        secure_peer(sock, config)
+        sock.connect(config.broker)
         send_frames(sock, encode(msg), zmq.NOBLOCK)  # queued until the connection is up
         sock.close(linger=int(_REPORT_LINGER_S * 1000))
     except (zmq.ZMQError, OvpoolError) as err:
@@ -94,11 +94,11 @@ class Worker:
     """``with Worker(endpoint, backend) as w: w.run(stop_event)``; ``load_report`` (the Engine's)
     goes to the broker in READY."""
 
-    def __init__(self, broker: str, backend: Backend, *, settings: Settings | dict | None = None,
+    def __init__(self, broker: str, backend: Backend, *, config: WorkerConfig = WorkerConfig(),
                  device: str = "CPU", name: str | None = None, load_report: dict | None = None):
         self.broker = endpoint.check(broker)
         self.backend = backend
-        self.settings = Settings.coerce(settings)
+        self.config = config
         host, pid = _socket.gethostname(), os.getpid()
         self.ready = Ready(worker_id=worker_id(name or backend.models[0]), models=backend.models,
                            device=device, slots=backend.slots, host=host, pid=pid,
@@ -114,7 +114,7 @@ class Worker:
         self._refused = False  # the broker refused this worker's key as a worker's (said once)
 
     def __enter__(self) -> Worker:
-        self._link = BrokerLink(self._context, self.broker, self.settings, self.ready)
+        self._link = BrokerLink(self._context, self.broker, self.config, self.ready)
         self._link.start()
         return self
 

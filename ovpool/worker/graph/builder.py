@@ -12,17 +12,18 @@ in explicit ``past_key_values.*`` inputs and ``present.*`` outputs, [batch, kv_h
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import openvino as ov
 import openvino.opset13 as ops
 
+from ovpool.config import GraphConfig
 from ovpool.devices import device_type
 from ovpool.errors import UnsupportedModelError
-from ovpool.settings import Settings
 from ovpool.worker.gguf.blocks import unpack
 from ovpool.worker.gguf.model import ROPE_FREQS, GGUFModel, HParams
 from ovpool.worker.gguf.quants import dequantize
@@ -60,8 +61,8 @@ def _kv_names(h: HParams) -> list[str]:
     return [f"{i}.{kind}" for i in range(h.n_layers) for kind in ("key", "value")]
 
 
-def port_spec(hparams: HParams, settings=None, attention=None) -> list[dict]:
-    """The graph's ports, computed from hparams and settings alone (no weights, no build).
+def port_spec(hparams: HParams, graph: GraphConfig | Mapping[str, Any], attention=None) -> list[dict]:
+    """The graph's ports, computed from hparams and the graph settings alone (no weights, no build).
 
     ``attention`` (e.g. ovpool.worker.graph.paged.PagedAttention) replaces the KV cache, the attention
     mask and ``logits_from`` with its own inputs: ``ports(hparams)`` lists them,
@@ -70,7 +71,7 @@ def port_spec(hparams: HParams, settings=None, attention=None) -> list[dict]:
     returns [batch, seq, heads*head_dim], ``select(params, x)`` picks the rows
     that get logits.
     """
-    s = Settings.coerce(settings)
+    s = GraphConfig.coerce(graph)
     if attention is not None:
         return [{"name": "input_ids", "direction": "in", "element_type": "i64", "partial_shape": "[?,?]"},
                 {"name": "position_ids", "direction": "in", "element_type": "i64", "partial_shape": "[?,?]"},
@@ -103,7 +104,7 @@ def model_ports(model: ov.Model) -> list[dict]:
 @dataclass
 class _Context:
     model: GGUFModel
-    settings: Settings
+    settings: GraphConfig
     params: dict[str, ov.Node]
     rope: dict[float, tuple[ov.Output, ov.Output]]  # RoPE base -> (cos, sin)
     masks: dict[int, ov.Output]  # sliding window (0: none) -> additive mask; SDPA only
@@ -121,13 +122,13 @@ class _Context:
         return W.Encoding.of(self.settings)
 
 
-def build_model(model: GGUFModel, settings=None, attention=None,
+def build_model(model: GGUFModel, graph: GraphConfig | Mapping[str, Any], attention=None,
                 arena: ConstantArena | None = None) -> ov.Model:
     """The model's OpenVINO graph (reads the weights into compressed constants, in ``arena`` if
     given: ovpool.worker.graph.arena).
 
     ``attention``: see port_spec."""
-    s = Settings.coerce(settings)
+    s = GraphConfig.coerce(graph)
     h = model.hparams
     if h.rope_dim != h.head_dim:
         raise UnsupportedModelError(f"partial RoPE ({h.rope_dim} of {h.head_dim} dims) is not supported")
@@ -306,14 +307,13 @@ def _cache(ctx: _Context, layer: int, kind: str, new: ov.Output) -> ov.Output:
     return full.output(0)
 
 
-def resolve_auto(settings=None, device: str = "CPU", core: ov.Core | None = None,
+def resolve_auto(graph: GraphConfig | Mapping[str, Any], device: str = "CPU", core: ov.Core | None = None,
                  cpu: CpuInfo | None = None) -> dict:
     """Effective graph settings: ``auto`` replaced by what the device runs by default (its own
     choice of fastest: f32 on AVX2 CPUs, bf16 with AMX/AVX-512 BF16, f16 on GPUs), except where
     ovpool measured a faster choice (KV cache, weight encoding: ovpool.worker.graph.cpu_class, for
     ``cpu``, by default this host's)."""
-    s = Settings.coerce(settings)
-    values = s.graph_values()
+    values = GraphConfig.coerce(graph).values()
     core = core or ov.Core()
     on_cpu = device_type(device) == "CPU"
     if values["kv_cache_precision"] == "auto" and on_cpu:
@@ -333,11 +333,11 @@ def resolve_auto(settings=None, device: str = "CPU", core: ov.Core | None = None
     return values
 
 
-def compile_config(settings=None, device: str = "CPU", core: ov.Core | None = None,
+def compile_config(graph: GraphConfig | Mapping[str, Any], device: str = "CPU", core: ov.Core | None = None,
                    weight_groups: Iterable[int] = ()) -> dict:
-    """OpenVINO compile properties for ``settings`` on ``device``; ``weight_groups``: the group
-    sizes of the model's integer weights (ovpool.worker.graph.weights.int8_groups)."""
-    values = resolve_auto(settings, device, core)
+    """OpenVINO compile properties for the ``graph`` settings on ``device``; ``weight_groups``: the
+    group sizes of the model's integer weights (ovpool.worker.graph.weights.int8_groups)."""
+    values = resolve_auto(graph, device, core)
     config = {"INFERENCE_PRECISION_HINT": values["inference_precision"],
               "KV_CACHE_PRECISION": values["kv_cache_precision"]}
     if device_type(device) != "CPU":
@@ -367,10 +367,12 @@ def decode_config(config: dict, threads: int = 0) -> dict:
     return {**config, "SNIPPETS_MODE": "DISABLE"}
 
 
-def decode_threads(settings=None, device: str = "CPU") -> int:
-    """The decode graph's threads: the ``decode_threads`` setting on the CPU (0: the plugin's own
-    choice, every core, as for the dynamic graph); other devices take no thread count."""
-    return Settings.coerce(settings).decode_threads if device_type(device) == "CPU" else 0
+def decode_threads(threads: int, device: str = "CPU") -> int:
+    """The decode graph's threads: ``threads`` (the ``decode_threads`` setting) on the CPU (0: the
+    plugin's own choice, every core, as for the dynamic graph); other devices take no thread count."""
+    if isinstance(threads, Mapping):  # the old call shape, a mapping of settings (tests)
+        threads = threads.get("decode_threads", 0)
+    return threads if device_type(device) == "CPU" else 0
 
 
 def _type_name(element) -> str:

@@ -31,9 +31,9 @@ from ovpool.cache.ir import ir_lookup, load_ir
 from ovpool.cache.loader import LoadResult, compile_model, load_compiled
 from ovpool.cache.prefetch import BlobImport
 from ovpool.cache.store import CacheStore
+from ovpool.config import GraphConfig, WorkerConfig
 from ovpool.devices import device_type
 from ovpool.errors import CacheError
-from ovpool.settings import Settings
 from ovpool.worker.gguf.model import GGUFModel
 from ovpool.worker.graph import builder as graph
 from ovpool.worker.graph import decode as decode_graph
@@ -44,58 +44,61 @@ from ovpool.worker.graph.weights import Encoding, int8_groups
 log = logging.getLogger("ovpool.worker")
 
 
-def choose_attention(settings: Settings, device: str, core: ov.Core, cache_dir: str | Path | None) -> str:
+def choose_attention(graph_config: GraphConfig, device: str, core: ov.Core,
+                     cache_dir: str | Path | None) -> str:
     """The attention the engine's single-stream graph uses: the setting, with ``auto`` resolved
     to ``paged`` (stateful off: ``sdpa``; a cache directory on a device that cannot re-import
     paged graphs: ``sdpa``)."""
-    chosen = settings.attention
-    if chosen != "auto":
-        return chosen
-    if not settings.stateful or (cache_dir and reimport_problem(core, device, cache_dir)):
+    g = GraphConfig.coerce(graph_config)
+    if g.attention != "auto":
+        return g.attention
+    if not g.stateful or (cache_dir and reimport_problem(core, device, cache_dir)):
         return "sdpa"
     return "paged"
 
 
-def cache_identity(model: GGUFModel, settings: Settings, device: str,
+def cache_identity(model: GGUFModel, config: WorkerConfig, device: str,
                    core: ov.Core, attention=None) -> tuple[GraphIdentity, dict]:
     """The cache identity and compile config of ``model`` on ``device``, without building the graph
     (also used by ``ovpool cache explain``); ``attention``: a graph variant, see graph.port_spec."""
-    graph_settings = graph.resolve_auto(settings, device, core)
+    config = WorkerConfig.coerce(config)
+    graph_settings = graph.resolve_auto(config.graph, device, core)
     ports = graph.port_spec(model.hparams, graph_settings, attention)
     identity = GraphIdentity.from_model(
         model, ports=ports, builder_hash=graph.BUILDER_HASH,
-        settings=graph_settings, source_identity=settings.source_identity)
-    groups = int8_groups(model, Encoding.of(Settings.coerce(graph_settings)))
+        settings=graph_settings, source_identity=config.source_identity)
+    groups = int8_groups(model, Encoding.of(GraphConfig.from_values(graph_settings)))
     return identity, graph.compile_config(graph_settings, device, core, groups)
 
 
-def load_graph(model: GGUFModel, settings: Settings, device: str, core: ov.Core, *,
+def load_graph(model: GGUFModel, config: WorkerConfig, device: str, core: ov.Core, *,
                cache_dir: str | Path | None, cache_only: bool, hint: str | None = None,
                early: BlobImport | None = None) -> LoadResult:
-    """The compiled graph for ``settings.attention`` (resolved: see choose_attention); ``hint``
+    """The compiled graph for ``config.graph.attention`` (resolved: see choose_attention); ``hint``
     and ``early``: see load_compiled."""
-    if settings.attention == "paged":
-        return load_paged(model, settings, device, core, cache_dir=cache_dir, cache_only=cache_only,
+    config = WorkerConfig.coerce(config)
+    if config.graph.attention == "paged":
+        return load_paged(model, config, device, core, cache_dir=cache_dir, cache_only=cache_only,
                           hint=hint, early=early)
-    identity, config = cache_identity(model, settings, device, core)
+    identity, compile_config = cache_identity(model, config, device, core)
     values = dict(identity.settings)
     arena = ConstantArena.open()
-    result = load_compiled(core, identity=identity, device=device, config=config,
+    result = load_compiled(core, identity=identity, device=device, config=compile_config,
                            build=lambda: graph.build_model(model, values, arena=arena),
                            cache_dir=cache_dir, cache_only=cache_only, hint=hint, early=early,
-                           lock_timeout_s=settings.cache_lock_timeout_s)
+                           lock_timeout_s=config.cache_lock_timeout_s)
     return _with_arena(result, arena)
 
 
-def load_paged(model: GGUFModel, settings: Settings, device: str, core: ov.Core, *,
+def load_paged(model: GGUFModel, config: WorkerConfig, device: str, core: ov.Core, *,
                cache_dir: str | Path | None, cache_only: bool, hint: str | None = None,
                early: BlobImport | None = None) -> LoadResult:
     """The paged graph of ``model``: its ports differ from the stateful graph's, so it has its own
     exact cache entry; where the device cannot import it (``reimport_problem``), its IR is cached
     instead and compiled at each start (``_compiled_from_ir``)."""
     attention = PagedAttention()
-    settings = settings.replace(attention="paged")  # whatever the single-stream graph uses
-    identity, config = cache_identity(model, settings, device, core, attention)
+    config = WorkerConfig.coerce(config).with_graph(attention="paged")  # whatever single streams use
+    identity, compile_config = cache_identity(model, config, device, core, attention)
     values = dict(identity.settings)
     built: list[ov.Model] = []
     arena = ConstantArena.open()  # both graphs' constants: see ovpool.worker.graph.arena
@@ -105,14 +108,14 @@ def load_paged(model: GGUFModel, settings: Settings, device: str, core: ov.Core,
         return built[-1]
 
     if cache_dir and reimport_problem(core, device, cache_dir):
-        result = _compiled_from_ir(core, identity, device, config, build, built, cache_dir=cache_dir,
-                                   cache_only=cache_only, lock_timeout_s=settings.cache_lock_timeout_s)
+        result = _compiled_from_ir(core, identity, device, compile_config, build, built, cache_dir=cache_dir,
+                                   cache_only=cache_only, lock_timeout_s=config.cache_lock_timeout_s)
     else:
-        result = load_compiled(core, identity=identity, device=device, config=config, build=build,
+        result = load_compiled(core, identity=identity, device=device, config=compile_config, build=build,
                                cache_dir=cache_dir, cache_only=cache_only, hint=hint, early=early,
-                               lock_timeout_s=settings.cache_lock_timeout_s)
+                               lock_timeout_s=config.cache_lock_timeout_s)
     result = _with_arena(result, arena)
-    if not decode_graph.wanted(settings.decode_graph, device, model.path):
+    if not decode_graph.wanted(config.decode_graph, device, model.path):
         return result
 
     def source() -> ov.Model:  # later, on the decode graph's thread
@@ -123,8 +126,8 @@ def load_paged(model: GGUFModel, settings: Settings, device: str, core: ov.Core,
         with GGUFModel.open(model.path) as again:  # imported from a cache: build it now
             return graph.build_model(again, values, attention, arena)
 
-    threads = graph.decode_threads(settings, device)
-    decode = decode_graph.DecodeGraph(source, core, device, graph.decode_config(config, threads))
+    threads = graph.decode_threads(config.decode_threads, device)
+    decode = decode_graph.DecodeGraph(source, core, device, graph.decode_config(compile_config, threads))
     return dataclasses.replace(result, decode=decode)
 
 
@@ -157,20 +160,22 @@ def _compiled_from_ir(core: ov.Core, identity: GraphIdentity, device: str, confi
     return LoadResult(compiled, outcome, ir.entry, time.perf_counter() - start, blob=ir.weights)
 
 
-def batching_plan(model: GGUFModel, settings: Settings, device: str, core: ov.Core, *,
+def batching_plan(model: GGUFModel, config: WorkerConfig, device: str, core: ov.Core, *,
                   cache_dir: str | Path | None, cache_only: bool) -> str:
     """Whether a worker of ``model`` batches (continuous batching: the paged graph) and how it
     gets that graph, in one plain line for ``ovpool status`` and ``ovpool cache explain``.
     Reads the cache's manifests only (no blob, no weight)."""
-    if settings.batching != "paged":
-        return f"off: setting batching={settings.batching}"
+    config = WorkerConfig.coerce(config)
+    if config.batching != "paged":
+        return f"off: setting batching={config.batching}"
     why = reimport_problem(core, device, cache_dir) if cache_dir else None
     if why is None:
         return "on" + (" (its compiled graph comes from the cache like the others)" if cache_dir else "")
     attention = PagedAttention()
-    identity, config = cache_identity(model, settings.replace(attention="paged"), device, core, attention)
+    identity, compile_config = cache_identity(model, config.with_graph(attention="paged"), device, core,
+                                              attention)
     try:
-        entry, reason = ir_lookup(core, cache_dir, identity, device, config).find(repair=False)
+        entry, reason = ir_lookup(core, cache_dir, identity, device, compile_config).find(repair=False)
     except CacheError as exc:
         entry, reason = None, str(exc)
     if entry is not None:
