@@ -351,14 +351,15 @@ def completion_to_wire(c: Completion) -> dict[str, Any]:
 def load_to_wire(report: dict | None) -> dict[str, Any]:
     """``Engine.load_report`` as READY's ``load``: {outcome (hit, wrote, compiled...), seconds (all
     load phases together), entry (the cache entry or None), batching (whether the worker batches
-    and how it gets that graph, in words; None if it does not say)}; {} for a backend without a
-    model."""
+    and how it gets that graph, in words; None if it does not say), chat (whether the model has a
+    chat template: false for a completion-only base model; None if the worker does not say, which
+    the HTTP API takes as chat)}; {} for a backend without a model."""
     if not report:
         return {}
     phases = report.get("seconds") or {}
     seconds = sum(phases.values()) if isinstance(phases, dict) else float(phases)
     return {"outcome": report["outcome"], "seconds": round(seconds, 3), "entry": report.get("entry"),
-            "batching": report.get("batching")}
+            "batching": report.get("batching"), "chat": report.get("chat")}
 
 
 def sampling_to_wire(params: SamplingParams) -> dict[str, Any]:

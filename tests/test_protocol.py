@@ -104,9 +104,11 @@ def test_unknown_extra_fields_are_ignored_for_forward_compatibility():
 def test_ready_carries_the_load_time_of_all_phases_the_cache_outcome_and_batching():
     report = {"outcome": "hit", "entry": "fam-ports", "graph_settings": {"stateful": "on"},
               "seconds": {"open": 0.1, "tokenizer": 0.05, "compiled model": 0.2, "warm-up": 0.05}}
-    assert load_to_wire(report) == {"outcome": "hit", "seconds": 0.4, "entry": "fam-ports", "batching": None}
-    said = load_to_wire({**report, "batching": "off: setting batching=interleaved"})
+    assert load_to_wire(report) == {"outcome": "hit", "seconds": 0.4, "entry": "fam-ports", "batching": None,
+                                    "chat": None}
+    said = load_to_wire({**report, "batching": "off: setting batching=interleaved", "chat": False})
     assert said["batching"] == "off: setting batching=interleaved"
+    assert said["chat"] is False  # a model without a chat template: /v1/models says completion only
     assert load_to_wire({}) == {}  # the null backend loads nothing
     assert Ready("w", ["m"], "CPU", 1, "h", 1).load == {}  # READY from an older worker
 
