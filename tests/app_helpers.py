@@ -22,15 +22,19 @@ VALID = {"model": "m", "prompt": "one two", "max_tokens": 2, "seed": 1}
 
 
 @contextlib.contextmanager
-def served_app() -> Iterator[TestClient]:
+def served_app(keys: tuple[str, ...] = ()) -> Iterator[TestClient]:
+    """The app (open, or needing one of ``keys``) in front of a broker and a null worker of "m"."""
     endpoint = free_endpoint()
     env = {"OVPOOL_MAX_NEW_TOKENS": str(MAX_NEW_TOKENS)}
     with broker(endpoint, env=env), null_worker(endpoint, model="m"):
         with Client(endpoint) as client:
             wait_for_workers(client, 1, timeout=60)
         settings = Settings.resolve({"broker": endpoint})
-        with TestClient(create_app(Config(endpoint, settings, ApiKeys(), MAX_NEW_TOKENS))) as http:
+        with TestClient(create_app(Config(endpoint, settings, ApiKeys(keys), MAX_NEW_TOKENS))) as http:
+            if keys:
+                http.headers["authorization"] = f"Bearer {keys[0]}"
             _wait_for_grace_end(http)
+            http.headers.pop("authorization", None)
             yield http
 
 

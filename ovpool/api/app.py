@@ -1,12 +1,16 @@
-"""The OpenAI-compatible HTTP API as a Starlette app in front of the broker (one AsyncClient).
+"""The OpenAI- and Anthropic-compatible HTTP API as a Starlette app in front of the broker (one
+AsyncClient).
 
-Routes: ``GET /v1/models``, ``POST /v1/completions``, ``POST /v1/chat/completions`` (streamed as
-server-sent events with ``stream: true``), ``GET /health`` (ready: the link to the broker is up and
-a worker registered), ``GET /health/live`` (this process is of use: its broker client still reads
-replies), ``GET /metrics``. ``/v1/*`` needs a Bearer key when keys are configured; health and
-metrics stay open for probes and scrapers. Should the broker client's I/O loop ever stop, the app
-records why in ``app.state.link_lost`` and server.run exits, so the process's supervisor starts a
-fresh one instead of keeping a process that answers every request with 503.
+Routes: ``GET /v1/models`` and ``/v1/models/{id}``, ``POST /v1/completions``,
+``/v1/chat/completions``, ``/v1/responses`` (OpenAI's), ``/v1/messages`` and
+``/v1/messages/count_tokens`` (Anthropic's), each streamed as server-sent events with ``stream:
+true``; the last three are dialects over the chat core (dialect.py, docs/api.md). ``GET /health``
+(ready: the link to the broker is up and a worker registered), ``GET /health/live`` (this process
+is of use: its broker client still reads replies), ``GET /metrics``. ``/v1/*`` needs an API key
+(Bearer or x-api-key) when keys are configured; health and metrics stay open for probes and
+scrapers. Should the broker client's I/O loop ever stop, the app records why in
+``app.state.link_lost`` and server.run exits, so the process's supervisor starts a fresh one
+instead of keeping a process that answers every request with 503.
 
 A request is admitted (or refused with its HTTP status) before any byte of a stream is sent: the
 first token, or the error that came instead of it, decides the status. A client that disconnects
@@ -31,14 +35,15 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from ovpool import errors, timing
+from ovpool.api import anthropic, models, openai_responses, responses, sse
 from ovpool.api import errors as api_errors
-from ovpool.api import responses, sse
+from ovpool.api.dialect import Dialect, ErrorShape
 from ovpool.api.keys import ApiKeys
 from ovpool.api.metrics import ApiMetrics
 from ovpool.api.schema import MAX_BODY_BYTES, Generate, parse_chat, parse_completion, parse_json
 from ovpool.api.streams import ClientGone, Disconnects, Merged, fail_pending
 from ovpool.async_client import AsyncClient
-from ovpool.completion import Completion, Delta
+from ovpool.completion import Completion
 
 log = logging.getLogger(__name__)
 
@@ -57,8 +62,9 @@ class Config:
 def create_app(config: Config) -> Starlette:
     api = _Api(config)
     routes = [Route("/v1/models", api.models, methods=["GET"]),
-              Route("/v1/completions", api.completions, methods=["POST"]),
-              Route("/v1/chat/completions", api.chat, methods=["POST"]),
+              Route("/v1/models/{model_id:path}", api.model, methods=["GET"]),
+              *(Route(f"/v1/{name}", api.generate(name), methods=["POST"]) for name in api.dialects),
+              Route("/v1/messages/count_tokens", api.count_tokens, methods=["POST"]),
               Route("/health", api.health, methods=["GET"]),
               Route("/health/live", api.live, methods=["GET"]),
               Route("/metrics", api.metrics_page, methods=["GET"])]
@@ -67,15 +73,20 @@ def create_app(config: Config) -> Starlette:
 
 
 async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
-    return _http_response(exc)
+    return _http_response(exc, _shape_of(request.url.path))
 
 
-def _http_response(exc: HTTPException) -> JSONResponse:
-    return JSONResponse(api_errors.http_body(exc.status_code, exc.detail), exc.status_code)
+def _shape_of(path: str) -> ErrorShape:
+    """Anthropic's error JSON under its paths (an unknown /v1/messages/... too), else OpenAI's."""
+    return anthropic if path.startswith("/v1/messages") else api_errors
 
 
-def _error(exc: errors.OvpoolError) -> JSONResponse:
-    return JSONResponse(api_errors.body(exc), api_errors.classify(exc)[0], api_errors.headers(exc))
+def _http_response(exc: HTTPException, shape: ErrorShape) -> JSONResponse:
+    return JSONResponse(shape.http_body(exc.status_code, exc.detail), exc.status_code)
+
+
+def _error(exc: errors.OvpoolError, shape: ErrorShape) -> JSONResponse:
+    return JSONResponse(shape.body(exc), api_errors.classify(exc)[0], api_errors.headers(exc))
 
 
 class _Api:
@@ -84,6 +95,16 @@ class _Api:
         self.metrics = ApiMetrics()
         self.client: AsyncClient | None = None
         self.disconnects = Disconnects()
+        chat = lambda body: parse_chat(body, config.max_tokens)  # noqa: E731
+        output = lambda body: openai_responses.parse(body, config.max_tokens)  # noqa: E731
+        openai = dict(full=responses.whole, writer=responses.ChunkWriter, errors=api_errors)
+        self.dialects = {  # by route: /v1/<name>
+            "completions": Dialect("completions", parse_completion, **openai),
+            "chat/completions": Dialect("chat", chat, **openai),
+            "responses": Dialect("responses", output, openai_responses.full, openai_responses.ResponseWriter,
+                                 api_errors),
+            "messages": Dialect("messages", anthropic.parse, anthropic.full, anthropic.MessageWriter,
+                                anthropic)}
 
     @contextlib.asynccontextmanager
     async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
@@ -111,12 +132,19 @@ class _Api:
     async def models(self, request: Request) -> Response:
         return await self._serve(request, "models", self._models)
 
-    async def completions(self, request: Request) -> Response:
-        return await self._serve(request, "completions", lambda r: self._generate(r, parse_completion))
+    async def model(self, request: Request) -> Response:
+        return await self._serve(request, "models", self._model)
 
-    async def chat(self, request: Request) -> Response:
-        parse = lambda body: parse_chat(body, self.config.max_tokens)  # noqa: E731
-        return await self._serve(request, "chat", lambda r: self._generate(r, parse))
+    def generate(self, name: str) -> Callable[[Request], Awaitable[Response]]:
+        dialect = self.dialects[name]
+
+        async def route(request: Request) -> Response:
+            return await self._serve(request, dialect.endpoint, lambda r: self._generate(r, dialect),
+                                     dialect.errors)
+        return route
+
+    async def count_tokens(self, request: Request) -> Response:
+        return await self._serve(request, "count_tokens", self._count_tokens, anthropic)
 
     async def health(self, request: Request) -> Response:
         """Readiness: the broker answers a STATUS and lists a worker."""
@@ -144,17 +172,17 @@ class _Api:
 
     # -- the shared path ------------------------------------------------------------------------
 
-    async def _serve(self, request: Request, endpoint: str,
-                     handler: Callable[[Request], Awaitable[Response]]) -> Response:
-        """Key check, the handler, its errors as OpenAI JSON, and the request's metrics."""
+    async def _serve(self, request: Request, endpoint: str, handler: Callable[[Request], Awaitable[Response]],
+                     shape: ErrorShape = api_errors) -> Response:
+        """Key check, the handler, its errors in ``shape``'s JSON, and the request's metrics."""
         started = request.state.started = time.perf_counter()
         try:
-            self.config.keys.check(request.headers.get("authorization"))
+            self.config.keys.check(request.headers.get("authorization"), request.headers.get("x-api-key"))
             response = await handler(request)
         except errors.OvpoolError as exc:
-            response = _error(exc)
+            response = _error(exc, shape)
         except HTTPException as exc:  # a body over MAX_BODY_BYTES
-            response = _http_response(exc)
+            response = _http_response(exc, shape)
         except ClientGone:
             self.metrics.finished(endpoint, _CLIENT_CLOSED, time.perf_counter() - started)
             return Response(status_code=_CLIENT_CLOSED)
@@ -164,7 +192,7 @@ class _Api:
             self.metrics.finished(endpoint, response.status_code, time.perf_counter() - started)
         return response
 
-    async def _timed(self, body: _SSE, endpoint: str, started: float) -> AsyncIterator[bytes]:
+    async def _timed(self, body: sse.Body, endpoint: str, started: float) -> AsyncIterator[bytes]:
         status = _CLIENT_CLOSED  # unless the stream runs to its end
         try:
             async for chunk in body:
@@ -175,27 +203,29 @@ class _Api:
 
     async def _models(self, request: Request) -> Response:
         status = await self.client.status(self.config.status_timeout_s)
-        counts: dict[str, int] = {}
-        for worker in status["workers"]:
-            for name in worker["models"]:
-                counts[name] = counts.get(name, 0) + 1
-        created = int(time.time() - status["uptime_s"])
-        return JSONResponse({"object": "list", "data": [
-            {"id": name, "object": "model", "created": created, "owned_by": "ovpool", "workers": n}
-            for name, n in sorted(counts.items())]})
+        return JSONResponse({"object": "list", "data": models.listed(status)})
 
-    async def _generate(self, request: Request, parse: Callable[[Any], Generate]) -> Response:
-        gen = parse(await _json(request))
-        reply = responses.Reply(gen)
+    async def _model(self, request: Request) -> Response:
+        status = await self.client.status(self.config.status_timeout_s)
+        return JSONResponse(models.one(status, request.path_params["model_id"]))
+
+    async def _generate(self, request: Request, dialect: Dialect) -> Response:
+        gen = dialect.parse(await _json(request))
         if gen.stream:
-            return await self._stream(request, reply)
+            return await self._stream(request, gen, dialect)
+        completions = await self._complete(request, gen)
+        self.metrics.counted(dialect.endpoint, responses.usage(gen, enumerate(completions)))
+        return JSONResponse(dialect.full(gen, completions))
+
+    async def _count_tokens(self, request: Request) -> Response:
+        (completion,) = await self._complete(request, anthropic.parse_count(await _json(request)))
+        return JSONResponse({"input_tokens": completion.usage.prompt_tokens})
+
+    async def _complete(self, request: Request, gen: Generate) -> list[Completion]:
         futures = [self.client.submit(c.prompt, model=gen.model, timeout=gen.timeout, **c.sampling)
                    for c in gen.choices]
         with self.disconnects.watch(request, lambda: fail_pending(futures, ClientGone())):
-            completions = await self._results(futures)
-        body = responses.full(reply, completions)
-        self.metrics.counted(_endpoint(gen), body["usage"])
-        return JSONResponse(body)
+            return await self._results(futures)
 
     async def _results(self, futures: list[asyncio.Future]) -> list[Completion]:
         """Every choice's Completion; one failing (or the caller going away) cancels the others."""
@@ -206,8 +236,7 @@ class _Api:
                 await self.client.cancel(f)
             raise
 
-    async def _stream(self, request: Request, reply: responses.Reply) -> Response:
-        gen = reply.gen
+    async def _stream(self, request: Request, gen: Generate, dialect: Dialect) -> Response:
         merged = Merged({c.index: self.client.stream(c.prompt, model=gen.model, timeout=gen.timeout,
                                                      **c.sampling) for c in gen.choices})
         try:
@@ -219,57 +248,9 @@ class _Api:
         if isinstance(first[1], errors.OvpoolError):  # refused before any token: a real HTTP status
             await merged.aclose()
             raise first[1]
-        body = _SSE(reply, first, merged, self.metrics, request.state.started)
+        body = sse.Body(dialect.writer(gen), first, merged, self.metrics, dialect.endpoint,
+                        request.state.started)
         return StreamingResponse(body, media_type="text/event-stream", headers=sse.HEADERS)
-
-
-class _SSE:
-    """A streamed response's bytes: a chunk per token, each choice's last chunk, the usage chunk
-    if asked for, ``data: [DONE]``; a failure becomes an error event before [DONE]."""
-
-    def __init__(self, reply: responses.Reply, first: tuple[int, Any], events: Merged, metrics: ApiMetrics,
-                 started: float):
-        self.reply, self._first, self._events, self._metrics = reply, first, events, metrics
-        self.status = 200
-        self._endpoint = _endpoint(reply.gen)
-        self._started = started
-        self._last: dict[int, float] = {}  # choice index -> when its previous token came
-
-    def __aiter__(self) -> AsyncIterator[bytes]:
-        return self._chunks()
-
-    async def _chunks(self) -> AsyncIterator[bytes]:
-        try:
-            yield self._event(*self._first)
-            async for index, item in self._events:
-                yield self._event(index, item)
-            if self.reply.gen.include_usage:
-                yield sse.data(responses.usage_chunk(self.reply))
-        except errors.OvpoolError as exc:
-            self.status = api_errors.classify(exc)[0]
-            yield sse.error(exc)
-        finally:
-            await self._events.aclose()
-        self._metrics.counted(self._endpoint, responses.usage(self.reply.gen, self.reply.finished.items()))
-        yield sse.DONE
-
-    def _event(self, index: int, item: Delta | Completion | errors.OvpoolError) -> bytes:
-        if isinstance(item, Delta):
-            now = time.perf_counter()
-            previous = self._last.get(index)
-            if previous is None:
-                self._metrics.first_token(self._endpoint, now - self._started)
-            else:
-                self._metrics.next_token(self._endpoint, now - previous)
-            self._last[index] = now
-            return sse.data(responses.chunk(self.reply, index, item.text, item.logprobs))
-        if isinstance(item, Completion):
-            return sse.data(responses.last_chunk(self.reply, index, item))
-        raise item
-
-
-def _endpoint(gen: Generate) -> str:
-    return "chat" if gen.chat else "completions"
 
 
 async def _json(request: Request) -> Any:

@@ -1,4 +1,5 @@
-"""Bearer API keys of the HTTP API: several may be valid at once (rotation), each compared in
+"""API keys of the HTTP API, sent as ``Authorization: Bearer <key>`` (OpenAI's SDKs) or
+``x-api-key: <key>`` (Anthropic's): several may be valid at once (rotation), each compared in
 constant time. No key configured: open, which is fine on loopback; elsewhere it is logged."""
 
 from __future__ import annotations
@@ -25,13 +26,17 @@ class ApiKeys:
     def __bool__(self) -> bool:
         return bool(self._keys)
 
-    def check(self, authorization: str | None) -> None:
-        """Raise UnauthorizedError unless ``authorization`` is ``Bearer <a valid key>``."""
+    def check(self, authorization: str | None, api_key: str | None = None) -> None:
+        """Raise UnauthorizedError unless ``authorization`` is ``Bearer <a valid key>`` or, when
+        there is no Authorization header, ``api_key`` (the x-api-key header) is a valid key."""
         if not self._keys:
             return
         scheme, _, presented = (authorization or "").partition(" ")
-        if scheme.lower() != "bearer" or not presented:
-            raise UnauthorizedError("missing API key: send the header 'Authorization: Bearer <key>'")
+        if authorization is None and api_key:
+            scheme, presented = "bearer", api_key
+        if scheme.lower() != "bearer" or not presented.strip():
+            raise UnauthorizedError("missing API key: send the header 'Authorization: Bearer <key>' "
+                                    "(or 'x-api-key: <key>')")
         candidate = presented.strip().encode()
         matched = False
         for key in self._keys:  # every key, no early exit: the time does not say which one matched

@@ -9,8 +9,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ovpool import errors
+from ovpool.api import sse
 from ovpool.api.schema import Generate
-from ovpool.completion import Completion, Logprob, TokenLogprobs
+from ovpool.completion import Completion, Delta, Logprob, TokenLogprobs
 
 
 @dataclass
@@ -142,3 +144,34 @@ def _chunk(reply: Reply, body: dict[str, Any]) -> dict[str, Any]:
     if reply.gen.include_usage:
         out["usage"] = None  # OpenAI: null on every chunk but the last
     return out
+
+
+class ChunkWriter:
+    """OpenAI's stream (dialect.Writer): a chunk per Delta, each choice's last chunk, the usage
+    chunk if asked for, ``data: [DONE]``; a failure is an error event before [DONE]."""
+
+    def __init__(self, gen: Generate):
+        self.reply = Reply(gen)
+
+    def opening(self) -> bytes:
+        return b""
+
+    def delta(self, index: int, delta: Delta) -> bytes:
+        return sse.data(chunk(self.reply, index, delta.text, delta.logprobs))
+
+    def done(self, index: int, completion: Completion) -> bytes:
+        return sse.data(last_chunk(self.reply, index, completion))
+
+    def closing(self) -> bytes:
+        return (sse.data(usage_chunk(self.reply)) if self.reply.gen.include_usage else b"") + sse.DONE
+
+    def failure(self, exc: errors.OvpoolError) -> bytes:
+        return sse.error(exc) + sse.DONE
+
+    def usage(self) -> dict[str, int]:
+        return usage(self.reply.gen, self.reply.finished.items())
+
+
+def whole(gen: Generate, completions: list[Completion]) -> dict[str, Any]:
+    """The non-streamed response, as dialect.Dialect's ``full``."""
+    return full(Reply(gen), completions)

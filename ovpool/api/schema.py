@@ -71,7 +71,7 @@ def parse_json(raw: bytes) -> Any:
 
 def parse_chat(body: Any, max_tokens: int) -> Generate:
     """A /v1/chat/completions body; ``max_tokens`` is the default when the body gives none."""
-    body = _object(body)
+    body = body_object(body)
     messages = chat_messages(body.get("messages"))
     _no_tools(body)
     tokens = _int(body, "max_completion_tokens", 1, bounds.MAX_TOKENS) or \
@@ -86,7 +86,7 @@ def parse_chat(body: Any, max_tokens: int) -> Generate:
 
 def parse_completion(body: Any) -> Generate:
     """A /v1/completions body."""
-    body = _object(body)
+    body = body_object(body)
     tokens = _int(body, "max_tokens", 1, bounds.MAX_TOKENS) or COMPLETION_MAX_TOKENS
     echo = bool(_bool(body, "echo"))
     logprobs = _int(body, "logprobs", 0, MAX_LOGPROBS)
@@ -211,7 +211,7 @@ def _timeout(body: dict) -> float | None:
     return float(value)
 
 
-def _object(body: Any) -> dict:
+def body_object(body: Any) -> dict:
     if not isinstance(body, dict):
         raise InvalidRequestError("the request body must be a JSON object")
     return body

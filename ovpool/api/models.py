@@ -1,0 +1,40 @@
+"""``GET /v1/models`` and ``GET /v1/models/{id}`` from the broker's STATUS: pure functions.
+
+Each model says what it can serve in ``capabilities``: ``completion`` always, and ``chat`` unless a
+worker serving it reported that its model has no chat template (READY's ``load.chat`` false,
+protocol.load_to_wire): a base model such as gemma3-270m takes prompts only, and its workers answer
+a chat request with a 400 that says so. A worker that does not say (the null backend, an older
+worker) is taken to chat.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from ovpool.errors import ModelNotFoundError
+
+
+def listed(status: dict[str, Any]) -> list[dict[str, Any]]:
+    """The model objects, by id: each served name, its worker count and capabilities."""
+    counts: dict[str, int] = {}
+    templateless: set[str] = set()
+    for worker in status["workers"]:
+        load = worker.get("load")
+        for name in worker["models"]:
+            counts[name] = counts.get(name, 0) + 1
+            if isinstance(load, dict) and load.get("chat") is False:
+                templateless.add(name)
+    created = int(time.time() - status["uptime_s"])
+    return [{"id": name, "object": "model", "created": created, "owned_by": "ovpool", "workers": n,
+             "capabilities": ["completion"] if name in templateless else ["chat", "completion"]}
+            for name, n in sorted(counts.items())]
+
+
+def one(status: dict[str, Any], model_id: str) -> dict[str, Any]:
+    """The model object of ``model_id``; ModelNotFoundError (404) when no worker serves it."""
+    for model in listed(status):
+        if model["id"] == model_id:
+            return model
+    raise ModelNotFoundError(f"the model {model_id[:256]!r} does not exist here; GET /v1/models lists "
+                             "the models served")
