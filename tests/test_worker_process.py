@@ -5,12 +5,13 @@ process, no model: every message the worker sends is read and checked."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 
 import pytest
 import zmq
 
-from ovpool import errors
+from ovpool import errors, timing
 from ovpool.prefix_key import after_answer, route_keys
 from ovpool.protocol import (
     Cancel,
@@ -199,3 +200,36 @@ def test_malformed_route_keys_are_an_error_and_the_worker_serves_on(broker, serv
     assert isinstance(err, Error) and err.request_id == "k" and "route keys" in err.message
     serves_on(broker)
     stop()
+
+
+class _CountsIdle(NullBackend):
+    def __init__(self):
+        super().__init__(["m"], slots=2)
+        self.idle_calls = 0
+
+    def idle(self) -> None:
+        self.idle_calls += 1
+
+
+def test_idle_work_runs_once_per_idle_period(broker, tmp_path):
+    backend, stop = _CountsIdle(), threading.Event()
+    with Worker(f"ipc://{tmp_path}/broker", backend, name="w") as worker:
+        thread = threading.Thread(target=worker.run, args=(stop,))
+        thread.start()
+        try:
+            broker.next()  # READY
+            _wait(lambda: backend.idle_calls >= 1)
+            serves_on(broker)
+            _wait(lambda: backend.idle_calls >= 2)
+            time.sleep(5 * timing.POLL_INTERVAL_S)  # the loop wakes 5 times with nothing to do
+            assert backend.idle_calls == 2
+        finally:
+            stop.set()
+            thread.join()
+
+
+def _wait(predicate) -> None:
+    deadline = time.monotonic() + WAIT_MS / 1000
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)

@@ -109,6 +109,7 @@ class Worker:
         self._credit = WORKER_WINDOW
         self._idle_pool = ThreadPoolExecutor(1, thread_name_prefix="worker-idle")
         self._idle_work: Future | None = None
+        self._idle_due = True  # the backend's idle work runs once per idle period (Backend.idle)
         self._deferred: dict[str, Request] = {}  # arrived while the idle work runs
         self._prefixes = PrefixReport(backend)
         self._refused = False  # the broker refused this worker's key as a worker's (said once)
@@ -134,8 +135,8 @@ class Worker:
         link = self._link
         while not stop.is_set():
             warming = self._warming()
-            if not warming and not self._active and not link.poll(0):
-                self._idle_work = self._idle_pool.submit(self.backend.idle)
+            if self._idle_due and not warming and not self._active and not link.poll(0):
+                self._idle_work, self._idle_due = self._idle_pool.submit(self.backend.idle), False
                 warming = True
             stepping = not warming and self._active and self._credit > 0
             if link.poll(0 if stepping else timing.POLL_INTERVAL_S * 1000):
@@ -156,7 +157,7 @@ class Worker:
             if not self._idle_work.done():
                 return True
             work, self._idle_work = self._idle_work, None
-            work.result()
+            self._idle_due = bool(work.result())  # True: it has more for later in this idle period
         for msg in list(self._deferred.values()):
             del self._deferred[msg.request_id]
             self._start(msg)
@@ -208,6 +209,7 @@ class Worker:
             self._reply(Error(msg.request_id, InferenceError.code, f"cannot start the request: {exc}"))
             return
         self._active[msg.request_id] = 0
+        self._idle_due = True  # for the idle period after it
         self._prefixes.started(msg, keys)
 
     def _step(self) -> None:
