@@ -1,0 +1,119 @@
+"""The dialects' translations as pure functions: an Anthropic or Responses body becomes exactly the
+chat request of the same conversation; /v1/models' capabilities; hostile bodies fuzzed straight
+into the parsers get an InvalidRequestError or a Generate, never another exception."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ovpool import errors
+from ovpool.api import anthropic, models, openai_responses
+from ovpool.api.keys import ApiKeys
+from ovpool.api.schema import parse_chat
+
+CHAT = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
+SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+
+
+def test_an_anthropic_body_is_the_chat_request_of_its_conversation():
+    gen = anthropic.parse({"model": "m", "max_tokens": 9, "system": "be brief", "stop_sequences": ["END"],
+                           "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}],
+                           "temperature": 0.5, "top_p": 0.9, "top_k": 4, "seed": 3, "stream": True,
+                           "metadata": {"user_id": "u"}})
+    chat = parse_chat({"model": "m", "messages": CHAT, "max_tokens": 9, "stop": ["END"], "temperature": 0.5,
+                       "top_p": 0.9, "top_k": 4, "seed": 3, "stream": True}, 64)
+    assert gen == chat
+    counted = anthropic.parse_count({"model": "m", "system": "be brief", "messages": CHAT[1:]})
+    assert counted.choices[0].prompt == CHAT and counted.choices[0].sampling["max_tokens"] == 1
+
+
+def test_a_responses_body_is_the_chat_request_of_its_conversation():
+    schema = {"name": "a", "schema": SCHEMA, "strict": True}
+    gen = openai_responses.parse({"model": "m", "instructions": "be brief", "input": "hi",
+                                  "max_output_tokens": 9, "temperature": 0.5, "store": True,
+                                  "tool_choice": "auto",
+                                  "text": {"format": {"type": "json_schema", **schema}}}, 64)
+    chat = parse_chat({"model": "m", "messages": CHAT, "max_tokens": 9, "temperature": 0.5,
+                       "response_format": {"type": "json_schema", "json_schema": schema}}, 64)
+    assert gen == chat
+    default = openai_responses.parse({"model": "m", "input": "hi", "text": {"format": {"type": "text"}}}, 64)
+    sampling = default.choices[0].sampling
+    assert sampling["max_tokens"] == 64 and "response_format" not in sampling
+    as_object = openai_responses.parse({"model": "m", "input": "hi",
+                                        "text": {"format": {"type": "json_object"}}}, 64)
+    assert as_object.choices[0].sampling["response_format"]["type"] == "json_object"
+
+
+def test_models_say_chat_unless_a_worker_says_its_model_has_no_template():
+    status = {"uptime_s": 1.0, "workers": [
+        {"models": ["smol", "alias"], "load": {"outcome": "hit", "chat": True}},
+        {"models": ["gemma"], "load": {"outcome": "hit", "chat": False}},
+        {"models": ["smol"], "load": {}},  # the null backend, or an older worker: says nothing
+        {"models": ["odd"], "load": "not a map"}]}
+    assert {m["id"]: (m["workers"], m["capabilities"]) for m in models.listed(status)} == {
+        "alias": (1, ["chat", "completion"]), "gemma": (1, ["completion"]),
+        "odd": (1, ["chat", "completion"]), "smol": (2, ["chat", "completion"])}
+    assert models.one(status, "gemma")["capabilities"] == ["completion"]
+    with pytest.raises(errors.ModelNotFoundError, match="'nope'"):
+        models.one(status, "nope")
+
+
+def test_keys_are_taken_from_x_api_key_when_there_is_no_authorization():
+    keys = ApiKeys(["k1"])
+    keys.check(None, "k1")
+    keys.check("Bearer k1", "wrong")  # Authorization decides when both are sent
+    for authorization, api_key in ((None, "k2"), ("Bearer k2", "k1"), (None, ""), (None, None), ("", "k1")):
+        with pytest.raises(errors.UnauthorizedError):
+            keys.check(authorization, api_key)
+
+
+def test_anthropic_errors_are_its_error_json_by_status():
+    for exc, kind in ((errors.InvalidRequestError("x"), "invalid_request_error"),
+                      (errors.UnauthorizedError("x"), "authentication_error"),
+                      (errors.ModelNotFoundError("x"), "not_found_error"),
+                      (errors.QueueFullError("x"), "rate_limit_error"),
+                      (errors.WorkerLostError("x"), "overloaded_error"),
+                      (errors.RequestTimeoutError("x"), "api_error"),
+                      (errors.InferenceError("x"), "api_error")):
+        assert anthropic.body(exc) == {"type": "error", "error": {"type": kind, "message": "x"}}
+    assert anthropic.http_body(413, "big")["error"]["type"] == "request_too_large"
+
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats() | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=16)
+_ANTHROPIC = ["model", "max_tokens", "messages", "system", "stop_sequences", "temperature", "top_p", "top_k",
+              "metadata", "stream", "tools", "tool_choice", "seed", "timeout"]
+_RESPONSES = ["model", "input", "instructions", "max_output_tokens", "temperature", "top_p", "text", "stream",
+              "store", "previous_response_id", "conversation", "tools", "tool_choice", "seed", "timeout"]
+_message = st.fixed_dictionaries({"role": st.sampled_from(["user", "assistant", "developer", "x"]) | _json,
+                                  "content": _json | st.lists(st.fixed_dictionaries({
+                                      "type": st.sampled_from(["text", "input_text", "image", "tool_use"]),
+                                      "text": _json}), max_size=3)})
+_value = _json | st.lists(_message, max_size=3) | st.sampled_from([
+    "m", 1, 2**64, -1, float("nan"), "\ud800", [{"role": "user", "content": "\ud800"}],
+    {"format": {"type": "json_schema", "name": "a", "schema": {"type": 7}}},
+    {"format": {"type": "json_object"}}])
+_BASES = {anthropic.parse: {"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]},
+          anthropic.parse_count: {"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+          lambda body: openai_responses.parse(body, 64): {"model": "m", "input": "hi"}}
+
+
+@settings(max_examples=400, deadline=None, derandomize=True)
+@given(which=st.sampled_from(list(_BASES)), fields=st.data())
+def test_fuzzed_bodies_are_a_generate_or_an_invalid_request(which, fields):
+    names = _ANTHROPIC if which in (anthropic.parse, anthropic.parse_count) else _RESPONSES
+    body = {**_BASES[which], **fields.draw(st.dictionaries(st.sampled_from(names), _value, max_size=4))}
+    try:
+        gen = which(body)
+    except errors.InvalidRequestError as exc:
+        assert exc.param is None or exc.param.split(".")[0].split("[")[0] in str(exc)  # names its field
+        return
+    assert len(gen.choices) == 1
+    json.dumps(gen.choices[0].prompt)  # what the wire carries: JSON-able, no lone surrogate reached it
+    assert all(m["content"].encode() is not None for m in gen.choices[0].prompt)
