@@ -4,16 +4,18 @@
 package, and only if that package is not loaded yet:
 
 - ``import openvino`` ends by importing its model converter, openvino.tools.ovc (with telemetry,
-  urllib, http and numpy.ma: about 0.1 s here), only to offer ``openvino.convert_model``, which
-  ovpool never calls. That one import fails the way openvino's ``__init__`` already tolerates
-  (ImportError), and ``openvino.convert_model`` becomes a function that imports the converter on its
-  first call, so code that does convert models still works. A later ``import openvino.tools.ovc``
-  loads normally.
+  urllib, http and numpy.ma), only to offer ``openvino.convert_model``, which ovpool never calls.
+  That one import fails the way openvino's ``__init__`` already tolerates (ImportError), and
+  ``openvino.convert_model`` becomes a function that imports the converter on its first call, so
+  code that does convert models still works. A later ``import openvino.tools.ovc`` loads normally.
 - ``import gguf`` runs the package's ``__init__``, which imports every submodule: reader, writer,
-  vocab, metadata (with PyYAML), ... (~70 ms here), while ovpool's loading needs only its
-  constants. The package then loads with ``gguf.constants`` only, and runs its real ``__init__`` on
-  the first lookup of any other name (``gguf.GGUFReader``, ``from gguf import GGUFWriter``);
-  submodules import as usual.
+  vocab, metadata (with PyYAML), ..., while ovpool's loading needs only its constants. The package
+  then loads with ``gguf.constants`` only, and runs its real ``__init__`` on the first lookup of any
+  other name (``gguf.GGUFReader``, ``from gguf import GGUFWriter``); submodules import as usual.
+
+Import hooks, not an import at start: the commands that never load openvino or gguf (broker, api,
+status, complete) must not pay for them, and the modules that import them (cache, worker, cli)
+stay plain ``import openvino``. What each saves: docs/performance.md, "ovpool/startup.py".
 """
 
 from __future__ import annotations

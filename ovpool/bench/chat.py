@@ -141,9 +141,8 @@ def ratios(results: dict) -> dict:
 
 
 # The pool's patience, for a loaded host: without the prefix cache the last of 16 chats waits for
-# 16 x ~1,100 prompt tokens to be prefilled before its first token, over the 60 s progress timeout
-# at a few hundred prompt tokens/s beside 6 other agents on 2 cores. In the first runs the broker
-# gave requests up (WorkerLost: stalled 3 times, or their only worker declared gone).
+# 16 x ~1,100 prompt tokens to be prefilled before its first token, which can take longer than
+# the 60 s progress timeout (docs/performance.md, "ovpool/bench/chat.py").
 POOL_ENV = {"OVPOOL_PROGRESS_TIMEOUT_S": "1800", "OVPOOL_HEARTBEAT_INTERVAL_S": "3"}
 # Every chat's KV without preemption: 16 x ~1,400 tokens x 23 KiB (SmolLM2 at f16) = ~500 MiB;
 # GenAI's pipeline gets the same 1 GiB (peers.ChatPipeline).

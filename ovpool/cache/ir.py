@@ -6,8 +6,8 @@ batches with; ovpool.worker.graph.loading), so that graph is cached one step ear
 reads the IR instead of reading the GGUF and building the graph, and the plugin compile remains.
 That is not cache-only in the strict sense (a hit reads the IR's weights and compiles), which is
 why it is an entry kind of its own: a family apart (fingerprint part ``cached form: IR``), logged
-as ``model cache IR HIT/WROTE``. SmolLM2, AVX-512 VNNI/BF16 host: build 0.9-1.2 s from the GGUF
-vs 0.3 s from the IR (100 MiB), then the compile 3.3-4.4 s either way.
+as ``model cache IR HIT/WROTE``. Reading the IR is faster than building from the GGUF; the
+compile costs the same either way (docs/performance.md, "ovpool/cache/ir.py").
 
 Blob: ``MAGIC``, the XML's length (u64, little-endian), the XML, zeros up to the next 4 KiB, the
 weights. It is written like a compiled blob (temp file, fsync, rename, manifest last: an export
