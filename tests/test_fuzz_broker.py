@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 
 from ovpool import protocol, timing
 from ovpool.broker import bounds
+from ovpool.broker.metrics import BrokerMetrics, BrokerObserver
 from ovpool.broker.router import Router
 from ovpool.errors import ProtocolError
-from ovpool.metrics import BrokerMetrics, BrokerObserver
 from ovpool.protocol import (
     VERSION,
     Cancel,

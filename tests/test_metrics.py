@@ -8,7 +8,7 @@ import pytest
 from serve_helpers import scrape
 
 from ovpool import timing
-from ovpool.metrics import BrokerMetrics, BrokerObserver, MetricsServer
+from ovpool.broker.metrics import BrokerMetrics, BrokerObserver, MetricsServer
 
 
 @pytest.fixture
@@ -74,7 +74,7 @@ def test_server_stops_on_exit():
 
 
 def test_observer_turns_broker_traffic_into_request_metrics():
-    from ovpool.metrics import BrokerObserver
+    from ovpool.broker.metrics import BrokerObserver
     from ovpool.protocol import Error, Final, Partial, Request, Submit
 
     metrics = BrokerMetrics()
@@ -104,7 +104,7 @@ def test_observer_turns_broker_traffic_into_request_metrics():
 
 
 def test_a_served_model_has_a_queue_depth_before_any_request():
-    from ovpool.metrics import BrokerObserver
+    from ovpool.broker.metrics import BrokerObserver
     from ovpool.protocol import Ready
 
     metrics = BrokerMetrics()
@@ -118,7 +118,7 @@ def test_a_served_model_has_a_queue_depth_before_any_request():
 
 
 def test_observer_counts_each_workers_load_once_and_unregistered_supervised_workers():
-    from ovpool.metrics import BrokerObserver
+    from ovpool.broker.metrics import BrokerObserver
     from ovpool.protocol import Ready
 
     metrics = BrokerMetrics()
@@ -195,7 +195,7 @@ def test_requests_for_2000_unknown_models_add_a_few_series_at_most():
 
 
 def test_hostile_worker_reports_get_a_bounded_set_of_labels():
-    from ovpool.metrics import MAX_DEVICE_LABELS, MAX_WORKER_LABELS, BrokerObserver
+    from ovpool.broker.metrics import MAX_DEVICE_LABELS, MAX_WORKER_LABELS, BrokerObserver
     from ovpool.protocol import Error, Final, Ready, Submit
 
     metrics = BrokerMetrics()

@@ -17,10 +17,10 @@ import zmq
 from ovpool import endpoint, timing
 from ovpool.auth import ServerSecurity
 from ovpool.broker import roles
+from ovpool.broker.metrics import BrokerMetrics, BrokerObserver, MetricsServer
 from ovpool.broker.router import Output, Router
 from ovpool.config import BrokerConfig
 from ovpool.errors import AuthenticationError, ProtocolError
-from ovpool.metrics import BrokerMetrics, BrokerObserver, MetricsServer
 from ovpool.protocol import MAX_MESSAGE_BYTES, Error, Message, decode, encode, recv_frames, send_frames
 
 log = logging.getLogger(__name__)
