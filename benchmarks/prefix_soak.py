@@ -59,7 +59,7 @@ def main() -> None:
     settings = {"attention": "paged", "kv_cache_mb": args.kv_cache_mb, "prefix_cache": "on"}
     with Engine(args.model, cache_dir="", settings=settings) as engine:
         print(CpuInfo.read(engine.core).describe())
-        batcher = Batcher.from_graph(engine, engine.paged_graph(), max_running=8)  # as a worker's
+        batcher = engine.batcher(max_running=8)  # as a worker's
         params = SamplingParams(max_tokens=1, ignore_eos=True)
         running: set[str] = set()
         for i in range(args.prompts):

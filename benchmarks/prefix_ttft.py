@@ -44,8 +44,8 @@ def run(batcher: Batcher, rid: str, messages, new_tokens: int):
 
 def one_round(engine: Engine, mode: str, round_: int, args) -> tuple[float, int, int]:
     runner = PagedRunner(engine.compiled, kv_cache_mb=256, decode=engine.load_result.decode)
-    batcher = Batcher(engine, runner, max_running=4, prefill_chunk=engine.settings.prefill_chunk,
-                      prefix_cache=mode)
+    batcher = engine.batcher(runner, max_running=4, prefill_chunk=engine.settings.prefill_chunk,
+                             prefix_cache=mode)
     messages = [{"role": "system", "content": system_text(round_, args.system_tokens)},
                 {"role": "user", "content": "Summarize the list above in one sentence."}]
     first = run(batcher, "turn1", messages, args.new_tokens)
