@@ -1,7 +1,8 @@
-"""Random JSON for every field of /v1/completions and /v1/chat/completions, sent as raw text (so
-1e999, NaN, lone surrogates and 20-digit ints arrive as a hostile client writes them), through the
-real app in front of a broker and a null worker: each example gets a 4xx or a 200 with OpenAI's
-error shape, never a 5xx nor an exception out of the app, and the next valid request still works."""
+"""Random JSON for every field of /v1/completions, /v1/chat/completions, /v1/responses and
+/v1/messages, sent as raw text (so 1e999, NaN, lone surrogates and 20-digit ints arrive as a hostile
+client writes them), through the real app in front of a broker and a null worker: each example gets
+a 4xx in its API's error shape (OpenAI's; Anthropic's on /v1/messages) or a 200, never a 5xx nor an
+exception out of the app, and the next valid request still works."""
 
 from __future__ import annotations
 
@@ -20,9 +21,17 @@ COMPLETION_FIELDS = ["model", "prompt", "max_tokens", "temperature", "top_p", "t
                      "response_format", "user", "timeout", "suffix", "best_of"]
 CHAT_FIELDS = [f for f in COMPLETION_FIELDS if f not in ("prompt", "echo", "suffix", "best_of")] + [
     "messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice"]
+MESSAGES_FIELDS = ["model", "max_tokens", "messages", "system", "stop_sequences", "temperature", "top_p",
+                   "top_k", "metadata", "stream", "tools", "tool_choice", "seed", "timeout"]
+RESPONSES_FIELDS = ["model", "input", "instructions", "max_output_tokens", "temperature", "top_p", "text",
+                    "stream", "store", "previous_response_id", "tools", "tool_choice", "seed", "timeout"]
 BASES = {"/v1/completions": {"model": '"m"', "prompt": '"one two"', "max_tokens": "2"},
          "/v1/chat/completions": {"model": '"m"', "messages": '[{"role": "user", "content": "hi"}]',
-                                  "max_tokens": "2"}}
+                                  "max_tokens": "2"},
+         "/v1/messages": {"model": '"m"', "messages": '[{"role": "user", "content": "hi"}]',
+                          "max_tokens": "2"},
+         "/v1/messages/count_tokens": {"model": '"m"', "messages": '[{"role": "user", "content": "hi"}]'},
+         "/v1/responses": {"model": '"m"', "input": '"hi"', "max_output_tokens": "2"}}
 
 # Raw JSON texts no json.dumps of a Python value writes, and edges of every range.
 SPECIAL = ["18446744073709551616", "-18446744073709551617", "9223372036854775808", "2147483648", "-1", "0",
@@ -37,7 +46,12 @@ SPECIAL = ["18446744073709551616", "-18446744073709551617", "9223372036854775808
            '{"type": "json_object"}', '{"type": []}', '{"type": {"a": 1}}', '{"type": "text", "x": []}',
            '{"type": "grammar", "lark": "start: \\"a\\""}', '{"include_usage": 1}',
            '[{"role": "user", "content": [{"type": "text", "text": "\\ud800"}]}]',
-           '[{"role": "user", "content": [{"type": "image_url"}]}]']
+           '[{"role": "user", "content": [{"type": "image_url"}]}]',
+           '[{"role": "user", "content": [{"type": "image", "source": {}}]}]',
+           '[{"role": "assistant", "content": "x"}]', '[{"type": "function_call"}]',
+           '[{"role": "developer", "content": [{"type": "input_text", "text": "\\ud800"}]}]',
+           '{"format": {"type": "json_schema", "name": "a", "schema": {"type": 7}}}',
+           '{"format": {"type": "json_object"}}', '[{"type": "text", "text": 1}]']
 _json = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
     lambda inner: st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=8), inner, max_size=5),
@@ -69,8 +83,7 @@ def _check(http, path: str, fields: dict[str, str]) -> None:
     allowed = {504} if "timeout" in fields else set()  # the client asked for a (tiny) deadline
     assert response.status_code < 500 or response.status_code in allowed, (fields, response.text[:500])
     if response.status_code >= 400:
-        error = response.json()["error"]
-        assert set(error) == {"message", "type", "param", "code"}, error
+        assert_error_shape(path, response.json())
     assert_still_serving(http)
 
 
@@ -90,10 +103,31 @@ def test_fuzzed_chat_completions_are_4xx_or_served(http, fields):
     _check(http, "/v1/chat/completions", fields)
 
 
+def assert_error_shape(path: str, body: dict) -> None:
+    if path.startswith("/v1/messages"):
+        assert set(body) == {"type", "error"} and set(body["error"]) == {"type", "message"}, body
+    else:
+        assert set(body["error"]) == {"message", "type", "param", "code"}, body
+
+
+@FUZZ
+@given(fields=st.dictionaries(st.sampled_from(MESSAGES_FIELDS), RAW, min_size=1, max_size=4),
+       path=st.sampled_from(["/v1/messages", "/v1/messages/count_tokens"]))
+def test_fuzzed_anthropic_messages_are_4xx_or_served(http, fields, path):
+    _check(http, path, fields)
+
+
+@FUZZ
+@given(fields=st.dictionaries(st.sampled_from(RESPONSES_FIELDS), RAW, min_size=1, max_size=4))
+def test_fuzzed_responses_are_4xx_or_served(http, fields):
+    _check(http, "/v1/responses", fields)
+
+
 @FUZZ
 @given(raw=st.sampled_from(SPECIAL) | _json | _nested | st.binary(max_size=64).map(repr))
 def test_fuzzed_whole_bodies_are_4xx(http, raw):
     for path in BASES:
         response = post(http, raw, path)
         assert 400 <= response.status_code < 500, (raw[:200], response.text[:500])
+        assert_error_shape(path, response.json())
     assert_still_serving(http)
