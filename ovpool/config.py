@@ -80,6 +80,8 @@ class GraphConfig(_Config):
             return graph
         if isinstance(graph, Settings):
             return cls.of(graph)
+        if not isinstance(graph, Mapping):  # None no longer means "resolve from the environment"
+            raise TypeError(f"graph settings: a GraphConfig, Settings or mapping, not {graph!r}")
         return cls.from_values(graph)
 
 

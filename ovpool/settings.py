@@ -168,12 +168,12 @@ _SETTINGS = [
             "per step, continuous batching) or interleaved (one pass per sequence)",
             choices=("paged", "interleaved"), scopes=(WORKER,)),
     Setting("decode_graph", str, "auto", "a second compiled graph fixed to one token of one sequence "
-            "for decode steps of the paged graph, made by a warm-up or after 128 decode steps (a CPU "
-            "decode step ~10-14% faster; a second layout of the weights): on, off, or auto (on the "
+            "for decode steps of the paged graph, made by a warm-up or after 128 decode steps (a faster "
+            "CPU decode step, docs/performance.md; a second layout of the weights): on, off, or auto (on the "
             "CPU when twice the model file fits in an eighth of physical memory)",
             choices=("auto", "on", "off"), scopes=(WORKER,)),
     Setting("decode_threads", int, 0, "threads the CPU decode graph runs on (0: every core, the "
-            "plugin's default; on 2 cores shared with other jobs, 1 decoded as fast as 2)", minimum=0,
+            "plugin's default; fewer can decode as fast on cores shared with other jobs)", minimum=0,
             scopes=(WORKER,)),
     Setting("kv_cache_mb", int, 256, "MiB of paged KV-cache blocks per worker (batching=paged)", minimum=1,
             scopes=(WORKER,)),
@@ -201,14 +201,14 @@ _SETTINGS = [
             "where the CPU quantizes activations to int8 (VNNI/AMX at bf16), none elsewhere",
             choices=("auto", "none", "q4_asym32", "q8_sym32", "q6_k_q8_sym32"), scopes=(GRAPH,)),
     Setting("q4_storage", str, "auto", "how 4-bit codes (Q4_0, Q4_1, Q4_K) sit in the graph: i4 (packed) "
-            "or i8 (one per byte, same values; the CPU plugin's first-inference set-up is ~3x faster, "
+            "or i8 (one per byte, same values; the CPU plugin's first-inference set-up is faster, "
             "weights take twice the memory and decode reads twice the bytes); auto: i4",
             choices=("auto", "i4", "i8"), scopes=(GRAPH,)),
     Setting("zero_points", str, "auto", "how Q4_1/Q4_K's per-block minimum enters the graph: float (an "
             "exact float zero point) or integer (a rounded u4 zero point plus the exact remainder as a "
             "small correction term, so the CPU plugin's int8 kernels take the MatMul), or rounded "
-            "(the rounded zero point alone, as OpenVINO GenAI reads Q4_1: faster, not exact: SmolLM2 "
-            "at bf16 agrees with the f32 reference's top token 64% of the time, against 95%); auto: "
+            "(the rounded zero point alone, as OpenVINO GenAI reads Q4_1: faster, not exact: it agrees "
+            "less often with the f32 reference's top token, docs/performance.md); auto: "
             "integer where the CPU quantizes activations to int8 (VNNI/AMX at bf16), float elsewhere",
             choices=("auto", "float", "integer", "rounded"), scopes=(GRAPH,)),
 ]

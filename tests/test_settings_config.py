@@ -56,6 +56,8 @@ def test_the_builder_never_reads_the_environment(monkeypatch):
     assert resolve_auto(GraphConfig(), "CPU")["zero_points"] != "rounded"
     assert resolve_auto({"zero_points": "rounded"}, "CPU")["zero_points"] == "rounded"
     assert decode_threads(WorkerConfig().decode_threads, "CPU") == 0
+    with pytest.raises(TypeError, match="a GraphConfig"):
+        resolve_auto(None, "CPU")
 
 
 def test_a_client_facade_resolves_its_flags_with_the_environment(monkeypatch):
