@@ -59,3 +59,12 @@ def test_already_imported_packages_are_left_alone():
     assert {openvino.__name__, gguf.__name__} <= set(sys.modules)
     defer_heavy_imports()
     assert not any(isinstance(f, _DeferConverter | _DeferGGUF) for f in sys.meta_path)
+
+
+def test_the_commands_help_loads_neither_openvino_nor_gguf():
+    code = ("import runpy, sys\nsys.argv = ['ovpool', '--help']\ntry:\n"
+            "    runpy.run_module('ovpool', run_name='__main__')\nexcept SystemExit:\n    pass\n"
+            "print(sorted(m for m in ('openvino', 'gguf') if m in sys.modules), file=sys.stderr)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert "Usage: ovpool" in done.stdout
+    assert done.stderr.strip().splitlines()[-1] == "[]"

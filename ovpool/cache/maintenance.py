@@ -13,12 +13,14 @@ import re
 from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ovpool.cache.lookup import Lookup
 from ovpool.cache.manifest import Entry, Manifest
 from ovpool.cache.store import CacheStore, crc32_of
 from ovpool.errors import CacheCorruptError, CacheError, CacheLockedError, CacheMissError
+
+if TYPE_CHECKING:  # a type only: importing lookup imports OpenVINO, which `ovpool cache ls` never needs
+    from ovpool.cache.lookup import Lookup
 
 _TEMP_NAME = re.compile(r"^.+\.(?P<pid>\d+)\.[0-9a-f]+\.partial(\.xml|\.bin)?$")
 
