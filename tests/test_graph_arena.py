@@ -4,6 +4,7 @@ leave the process once released without changing them."""
 from __future__ import annotations
 
 import errno
+import mmap
 import re
 import time
 
@@ -15,7 +16,7 @@ from ovpool.settings import Settings
 from ovpool.worker.gguf.model import GGUFModel
 from ovpool.worker.graph import arena as arena_module
 from ovpool.worker.graph import loading
-from ovpool.worker.graph.arena import ConstantArena, filesystem
+from ovpool.worker.graph.arena import ConstantArena, file_rss, filesystem, next_period
 from ovpool.worker.graph.builder import build_model, compile_config
 
 IDS = np.array([[5, 9, 2, 7, 1, 3, 8]], np.int64)
@@ -82,6 +83,26 @@ def test_the_arena_releases_its_pages_by_itself(tiny_model, monkeypatch):
             time.sleep(0.01)
         assert resident(arena) == 0
         del compiled, run
+
+
+def test_releases_back_off_while_pages_come_back_slowly_and_not_in_a_burst():
+    short, idle, mib = 0.02, 0.64, 1 << 20
+    assert next_period(short, 0, short, idle) == 0.04  # nothing came back: wait twice as long
+    assert next_period(0.32, 0, short, idle) == idle
+    assert next_period(idle, 4096, short, idle) == idle  # a looked-up row now and then
+    assert next_period(idle, 3 * mib, short, idle) == short  # 4.7 MiB/s: a burst, back to short
+    assert next_period(short, 81 << 10, short, idle) == 0.04  # just under 4 MiB/s: no burst
+    assert next_period(0.16, None, short, idle) == short  # residency unknown: release as often as ever
+
+
+def test_file_rss_reads_the_shared_pages_of_statm(tmp_path):
+    statm = tmp_path / "statm"
+    statm.write_text("5000 1200 300 10 0 800 0\n")
+    assert file_rss(statm) == 300 * mmap.PAGESIZE
+    assert file_rss(tmp_path / "missing") is None
+    statm.write_text("garbage\n")
+    assert file_rss(statm) is None
+    assert file_rss() > 0  # this process maps its own libraries
 
 
 def test_a_file_that_cannot_grow_leaves_the_constants_in_memory(tiny_model, monkeypatch):

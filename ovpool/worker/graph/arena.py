@@ -4,16 +4,17 @@ back once the CPU plugin has laid the weights out for its kernels.
 The CPU plugin repacks each compressed MatMul's weights into its kernels' layout (a dynamic graph at
 its first pass, a static one while compiling) but keeps the model's own constants alive for as
 long as the compiled model lives, and never reads them again except the embedding rows a Gather
-looks up. In anonymous memory they stay resident: measured on SmolLM2 Q4_1 (AVX-512 VNNI/BF16,
-OpenVINO 2026.4.1), 100 MiB of a warmed 630 MiB engine. In a shared mapping of a file the same
-bytes can leave the process (``madvise(MADV_DONTNEED)``: 0.1 ms for those 100 MiB) and come back
-from the page cache, unchanged, if anything reads them again (an export, a kernel layout for a new
-shape, a looked-up row). So the arena drops its pages every ``RELEASE_PERIOD_S`` on a thread of its
-own: no caller has to know when the plugin is done reading (after a warm-up, a decode graph's
-compile, an export), and while a second graph compiles, its reads stay resident for a moment only.
-A graph imported from the cache runs on its blob's (or IR's) copy-on-write mapping the same way;
-``adopt`` has the arena release that mapping's clean pages too (warm-cache SmolLM2 worker: PSS
-798 MiB before).
+looks up. In anonymous memory they stay resident. In a shared mapping of a file the same bytes can
+leave the process (``madvise(MADV_DONTNEED)``) and come back from the page cache, unchanged, if
+anything reads them again (an export, a kernel layout for a new shape, a looked-up row). So the
+arena drops its pages on a thread of its own: no caller has to know when the plugin is done
+reading (after a warm-up, a decode graph's compile, an export). While pages come back fast (a
+compile reading the constants in a burst) it releases every ``RELEASE_PERIOD_S``, so those reads
+stay resident for a moment only; while they come back slowly (looked-up rows) it waits twice as
+long each time, up to ``IDLE_PERIOD_S``, and is back at the short period once a release finds a
+burst. A graph imported from the cache runs on its blob's (or IR's) copy-on-write mapping the
+same way; ``adopt`` has the arena release that mapping's clean pages too. The measurements behind
+this: docs/performance.md, "ovpool/worker/graph/arena.py".
 
 The file is unlinked from the start, in ``tempfile.gettempdir()`` (``TMPDIR``). On tmpfs its pages
 would be memory all the same, so there, and wherever the file cannot be made or grown, the
@@ -34,11 +35,13 @@ import numpy as np
 import openvino as ov
 
 CHUNK = 64 << 20  # bytes mapped at a time (a constant larger than this gets a mapping of its own)
-# Short: a compile (the decode graph's above all) reads the constants back in a burst, and what it
-# read stays resident until the next release. SmolLM2 Q4_1, engine_vs_genai's load (AVX-512
-# VNNI/BF16, two runs each): peak RSS 519-547 MiB at 0.25 s, 490-497 at 0.02 s, the same steady
-# 486. A release with nothing resident takes ~7 us: 50 a second cost ~0.04% of a core.
+# Short while a burst of reads lasts: what a compile read stays resident until the next release,
+# and the peak RSS of a load rises with this period.
 RELEASE_PERIOD_S = 0.02
+IDLE_PERIOD_S = 0.64  # the longest wait: looked-up rows stay resident that long at most
+# Pages coming back faster than this are a burst (a compile or an export reads constants at
+# tens of MiB/s; a decode step looks up one embedding row).
+BURST_BYTES_PER_S = 4 << 20
 _ALIGN = 64  # as OpenVINO aligns its own tensors
 
 
@@ -125,8 +128,13 @@ class ConstantArena:
             self._thread.start()
 
     def _releases(self) -> None:
-        while not self._stop.wait(self.release_period_s):
+        period = self.release_period_s
+        while not self._stop.wait(period):
+            before = file_rss()
             self.release()
+            after = file_rss()
+            dropped = None if before is None or after is None else before - after
+            period = next_period(period, dropped, self.release_period_s, IDLE_PERIOD_S)
 
     def close(self) -> None:
         self._stop.set()
@@ -141,6 +149,24 @@ class ConstantArena:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def next_period(period: float, dropped: int | None, short: float, idle: float) -> float:
+    """The wait before the next release, ``dropped`` bytes having left at the last one after
+    ``period`` (None: unknown): ``short`` while pages come back in a burst, else twice the last
+    wait, up to ``idle``."""
+    if dropped is None or dropped >= BURST_BYTES_PER_S * period:
+        return short
+    return min(period * 2, idle)
+
+
+def file_rss(statm: str = "/proc/self/statm") -> int | None:
+    """Bytes of file (and shared memory) pages resident in this process; None if unknown."""
+    try:
+        with open(statm) as f:
+            return int(f.read().split()[2]) * mmap.PAGESIZE
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 _LIBC = ctypes.CDLL(None, use_errno=True)
