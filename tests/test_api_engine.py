@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 
+import anthropic
 import numpy as np
 import openai
 import pytest
@@ -143,3 +144,30 @@ def test_chat_without_a_template_is_a_clear_400(tmp_path, tiny_model):
         sdk = openai.OpenAI(base_url=f"http://127.0.0.1:{s.http_port}/v1", api_key="none", max_retries=0)
         with pytest.raises(openai.BadRequestError, match="no chat template"):
             sdk.chat.completions.create(model=sdk.models.list().data[0].id, messages=MESSAGES, max_tokens=2)
+
+
+def test_anthropic_messages_streamed_and_not_and_count_tokens_are_the_engines(served, engine):
+    claude = anthropic.Anthropic(base_url=f"http://127.0.0.1:{served.http_port}", api_key="none",
+                                 max_retries=0)
+    alone = engine.chat(MESSAGES, max_tokens=24)
+    greedy = {"temperature": 0}  # the SDK has no temperature argument; older ones send it, as here
+    out = claude.messages.create(model="smol", max_tokens=24, messages=MESSAGES, extra_body=greedy)
+    assert out.content[0].text == alone.text
+    assert out.stop_reason == {"stop": "end_turn", "length": "max_tokens"}[alone.finish_reason]
+    assert (out.usage.input_tokens, out.usage.output_tokens) == (len(engine.prompt_ids(MESSAGES)),
+                                                                 len(alone.token_ids))
+    with claude.messages.stream(model="smol", max_tokens=24, messages=MESSAGES, extra_body=greedy) as stream:
+        assert "".join(stream.text_stream) == alone.text
+        assert stream.get_final_message().usage == out.usage
+    counted = claude.messages.count_tokens(model="smol", messages=MESSAGES)
+    assert counted.input_tokens == out.usage.input_tokens
+
+
+def test_responses_text_format_json_schema_holds(served):
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}},
+              "required": ["city"], "additionalProperties": False}
+    out = served.sdk.responses.create(model="smol", input=MESSAGES, max_output_tokens=48, temperature=0,
+                                      text={"format": {"type": "json_schema", "name": "answer",
+                                                       "schema": schema, "strict": True}})
+    assert out.status == "completed" and out.incomplete_details is None
+    assert set(json.loads(out.output_text)) == {"city"}

@@ -23,9 +23,11 @@ def test_an_anthropic_body_is_the_chat_request_of_its_conversation():
     gen = anthropic.parse({"model": "m", "max_tokens": 9, "system": "be brief", "stop_sequences": ["END"],
                            "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}],
                            "temperature": 0.5, "top_p": 0.9, "top_k": 4, "seed": 3, "stream": True,
-                           "metadata": {"user_id": "u"}})
+                           "metadata": {"user_id": "u"},
+                           "output_config": {"format": {"type": "json_schema", "schema": SCHEMA}}})
     chat = parse_chat({"model": "m", "messages": CHAT, "max_tokens": 9, "stop": ["END"], "temperature": 0.5,
-                       "top_p": 0.9, "top_k": 4, "seed": 3, "stream": True}, 64)
+                       "top_p": 0.9, "top_k": 4, "seed": 3, "stream": True, "response_format": {
+                           "type": "json_schema", "json_schema": {"name": "output", "schema": SCHEMA}}}, 64)
     assert gen == chat
     counted = anthropic.parse_count({"model": "m", "system": "be brief", "messages": CHAT[1:]})
     assert counted.choices[0].prompt == CHAT and counted.choices[0].sampling["max_tokens"] == 1
@@ -88,7 +90,7 @@ _json = st.recursive(
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
     max_leaves=16)
 _ANTHROPIC = ["model", "max_tokens", "messages", "system", "stop_sequences", "temperature", "top_p", "top_k",
-              "metadata", "stream", "tools", "tool_choice", "seed", "timeout"]
+              "metadata", "stream", "tools", "tool_choice", "seed", "timeout", "output_config"]
 _RESPONSES = ["model", "input", "instructions", "max_output_tokens", "temperature", "top_p", "text", "stream",
               "store", "previous_response_id", "conversation", "tools", "tool_choice", "seed", "timeout"]
 _message = st.fixed_dictionaries({"role": st.sampled_from(["user", "assistant", "developer", "x"]) | _json,
@@ -98,7 +100,7 @@ _message = st.fixed_dictionaries({"role": st.sampled_from(["user", "assistant", 
 _value = _json | st.lists(_message, max_size=3) | st.sampled_from([
     "m", 1, 2**64, -1, float("nan"), "\ud800", [{"role": "user", "content": "\ud800"}],
     {"format": {"type": "json_schema", "name": "a", "schema": {"type": 7}}},
-    {"format": {"type": "json_object"}}])
+    {"format": {"type": "json_object"}}, {"format": {"type": "json_schema", "schema": {"maximum": 2**70}}}])
 _BASES = {anthropic.parse: {"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]},
           anthropic.parse_count: {"model": "m", "messages": [{"role": "user", "content": "hi"}]},
           lambda body: openai_responses.parse(body, 64): {"model": "m", "input": "hi"}}

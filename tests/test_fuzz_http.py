@@ -22,7 +22,7 @@ COMPLETION_FIELDS = ["model", "prompt", "max_tokens", "temperature", "top_p", "t
 CHAT_FIELDS = [f for f in COMPLETION_FIELDS if f not in ("prompt", "echo", "suffix", "best_of")] + [
     "messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice"]
 MESSAGES_FIELDS = ["model", "max_tokens", "messages", "system", "stop_sequences", "temperature", "top_p",
-                   "top_k", "metadata", "stream", "tools", "tool_choice", "seed", "timeout"]
+                   "top_k", "metadata", "stream", "tools", "tool_choice", "seed", "timeout", "output_config"]
 RESPONSES_FIELDS = ["model", "input", "instructions", "max_output_tokens", "temperature", "top_p", "text",
                     "stream", "store", "previous_response_id", "tools", "tool_choice", "seed", "timeout"]
 BASES = {"/v1/completions": {"model": '"m"', "prompt": '"one two"', "max_tokens": "2"},

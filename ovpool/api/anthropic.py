@@ -38,8 +38,21 @@ def parse(body: Any) -> Generate:
                 bounds.number(body["temperature"], "temperature", 0.0, 1.0))
     if body.get("metadata") is not None and not isinstance(body["metadata"], dict):
         raise bad("metadata", "must be an object such as {\"user_id\": \"...\"}")
-    with renamed({"stop": "stop_sequences"}):
+    chat["response_format"] = _output_format(body.get("output_config"))
+    with renamed({"stop": "stop_sequences", "response_format": "output_config.format"}):
         return parse_chat(chat, 1)
+
+
+def _output_format(config: Any) -> dict[str, Any] | None:
+    """``output_config.format`` (Anthropic's structured outputs) as the core's response_format."""
+    if config is None:
+        return None
+    fmt = config.get("format") if isinstance(config, dict) else None
+    if fmt is None:
+        return None
+    if not isinstance(fmt, dict) or fmt.get("type") != "json_schema" or "schema" not in fmt:
+        raise bad("output_config.format", "must be {\"type\": \"json_schema\", \"schema\": {...}}")
+    return {"type": "json_schema", "json_schema": {"name": "output", "schema": fmt["schema"]}}
 
 
 def parse_count(body: Any) -> Generate:
