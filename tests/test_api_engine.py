@@ -142,8 +142,16 @@ def test_chat_without_a_template_is_a_clear_400(tmp_path, tiny_model):
     with serve(tmp_path, "--model", str(untemplated), "--workers", "1", env=SLOW_ENV, http=True) as s:
         s.wait_states("ready", timeout=120)
         sdk = openai.OpenAI(base_url=f"http://127.0.0.1:{s.http_port}/v1", api_key="none", max_retries=0)
+        name = sdk.models.list().data[0].id
         with pytest.raises(openai.BadRequestError, match="no chat template"):
-            sdk.chat.completions.create(model=sdk.models.list().data[0].id, messages=MESSAGES, max_tokens=2)
+            sdk.chat.completions.create(model=name, messages=MESSAGES, max_tokens=2)
+        with pytest.raises(openai.BadRequestError, match="no chat template"):
+            sdk.responses.create(model=name, input="hi", max_output_tokens=2)
+        claude = anthropic.Anthropic(base_url=f"http://127.0.0.1:{s.http_port}", api_key="none",
+                                     max_retries=0)
+        with pytest.raises(anthropic.BadRequestError, match="no chat template") as info:
+            claude.messages.create(model=name, messages=MESSAGES, max_tokens=2)
+        assert info.value.body["error"]["type"] == "invalid_request_error"
 
 
 def test_anthropic_messages_streamed_and_not_and_count_tokens_are_the_engines(served, engine):
