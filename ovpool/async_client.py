@@ -2,8 +2,8 @@
 
 ``async with AsyncClient(endpoint) as c: await c.complete("Hi")``. One reader task delivers
 replies and one timer task pings and enforces deadlines; the protocol logic is PendingRequests,
-shared with the threaded Client, and so is the flow control (a stream's reader returns credit as
-it takes tokens; ``aclose()`` cancels what is left).
+shared with the threaded Client, and so is the flow control (ovpool.stream_reader: a stream's
+reader returns credit as it takes tokens; ``aclose()`` cancels what is left).
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """Client (threads) and AsyncClient (asyncio) for the broker.
 
 Both talk to the broker through one DEALER socket and share ``PendingRequests`` for the protocol
-logic. ``Client`` owns a background I/O thread (zmq sockets are not thread-safe, so API calls hand
-it work through a queue and a wake-up pipe); ``AsyncClient`` runs the same in the event loop.
+logic and ovpool.stream_reader for a stream's. ``Client`` owns a background I/O thread (zmq
+sockets are not thread-safe, so API calls hand it work through a queue and a wake-up pipe);
+``AsyncClient`` runs the same in the event loop.
 Remote errors are raised as the same ovpool error classes the broker or worker raised. What they
 share is ovpool.client_base: no message stops either's loop, and ``healthy`` / ``link_state()``
 say whether it runs.
