@@ -151,6 +151,15 @@ def test_responses_stream_has_the_typed_events_in_order(oai, chat_text):
     assert events[-1].response.usage.output_tokens == 5
 
 
+def test_responses_stream_helper_accumulates_the_events(oai, chat_text):
+    """The SDK's stream helper checks that every event names the same response and item."""
+    with oai.responses.stream(**ASKED, extra_body=SEED) as stream:
+        events = list(stream)
+    deltas = [e for e in events if e.type == "response.output_text.delta"]
+    assert deltas[-1].snapshot == chat_text and events[-1].type == "response.incomplete"
+    assert events[-1].response.output[0].content[0].text == chat_text
+
+
 def test_responses_text_format_json_schema_reaches_the_core(oai):
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
     out = oai.responses.create(model="m", input="x", max_output_tokens=2, text={"format": {

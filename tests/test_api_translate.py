@@ -119,3 +119,17 @@ def test_fuzzed_bodies_are_a_generate_or_an_invalid_request(which, fields):
     assert len(gen.choices) == 1
     json.dumps(gen.choices[0].prompt)  # what the wire carries: JSON-able, no lone surrogate reached it
     assert all(m["content"].encode() is not None for m in gen.choices[0].prompt)
+
+
+def test_a_stream_failing_after_its_first_token_ends_with_its_apis_error_event():
+    lost = errors.WorkerLostError("the worker went away")
+    writer = anthropic.MessageWriter(anthropic.parse(_BASES[anthropic.parse]))
+    assert writer.failure(lost) == (b'event: error\ndata: {"type":"error","error":{"type":'
+                                    b'"overloaded_error","message":"the worker went away"}}\n\n')
+    writer = openai_responses.ResponseWriter(openai_responses.parse({"model": "m", "input": "hi"}, 64))
+    opening = writer.opening()  # four events: sequence numbers 0-3
+    assert opening.count(b"event: ") == 4
+    name, data = writer.failure(lost).decode().split("\n")[:2]
+    assert name == "event: error" and json.loads(data.removeprefix("data: ")) == {
+        "type": "error", "sequence_number": 4, "code": lost.code, "message": "the worker went away",
+        "param": None}
