@@ -98,6 +98,9 @@ def test_anthropic_count_tokens_is_the_prompts_token_count(claude):
     ({"stop_sequences": "END"}, "stop_sequences", "list of strings"),
     ({"stop_sequences": [""]}, "stop_sequences", "stop"),  # the core's check, named as Anthropic does
     ({"temperature": 1.5}, "temperature", "temperature"),
+    ({"output_config": "json"}, "output_config", "object"),
+    ({"output_config": {"format": {"type": "json_schema", "schema": {"type": 7}}}}, "output_config.format",
+     "schema"),
     ({"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]}, "messages[1]",
      "prefill"),
     ({"messages": [{"role": "system", "content": "a"}]}, "messages[0].role", "top-level system"),

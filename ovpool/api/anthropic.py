@@ -47,7 +47,9 @@ def _output_format(config: Any) -> dict[str, Any] | None:
     """``output_config.format`` (Anthropic's structured outputs) as the core's response_format."""
     if config is None:
         return None
-    fmt = config.get("format") if isinstance(config, dict) else None
+    if not isinstance(config, dict):
+        raise bad("output_config", "must be an object such as {\"format\": {\"type\": \"json_schema\", ...}}")
+    fmt = config.get("format")
     if fmt is None:
         return None
     if not isinstance(fmt, dict) or fmt.get("type") != "json_schema" or "schema" not in fmt:
