@@ -75,9 +75,8 @@ class AsyncClient(ClientBase):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)  # one may have failed: said already
         self._tasks = []
-        left = self._pending.ids()
-        self._send([Cancel(rid) for rid in left])
-        self._pending.fail_all(errors.BrokerUnavailableError("the client was closed"))
+        left = self._pending.close()
+        self._send(left)
         self._socket.disable_monitor()
         self._monitor.close()
         # Long enough for the CANCELs to leave on a live connection, never long on a dead one.

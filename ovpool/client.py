@@ -89,9 +89,8 @@ class Client(ClientBase):
         self._wake()
         self._thread.join()  # from here on this thread owns the socket
         self._run_commands(time.monotonic())  # those queued after the loop's last turn
-        left = self._pending.ids()
-        self._send([Cancel(rid) for rid in left])
-        self._pending.fail_all(errors.BrokerUnavailableError("the client was closed"))
+        left = self._pending.close()
+        self._send(left)
         self._socket.disable_monitor()
         self._monitor.close()
         # Long enough for the CANCELs to leave on a live connection, never long on a dead one.

@@ -213,9 +213,12 @@ class PendingRequests:
             self._next_ping = now
             self._waiting_since = now
 
-    def ids(self) -> list[str]:
-        """The requests still outstanding."""
-        return list(self._pending)
+    def close(self) -> list[Message]:
+        """The client is closing: fail every request here; the CANCELs that free their slots and
+        queue places at the broker at once."""
+        cancels: list[Message] = [Cancel(rid) for rid in self._pending]
+        self.fail_all(errors.BrokerUnavailableError("the client was closed"))
+        return cancels
 
     def abandon(self, request_id: str) -> list[Message]:
         """Its reader left a stream before the end: forget it; the CANCEL to send."""
@@ -343,7 +346,7 @@ class PendingRequests:
             out.append(Cancel(rid))
         if self._pending and now >= self._next_ping:
             self._next_ping = now + timing.HEARTBEAT_INTERVAL_S
-            out.append(Ping(self.ids()))
+            out.append(Ping(list(self._pending)))
         return out
 
     def _unreachable(self) -> errors.BrokerUnavailableError:

@@ -217,3 +217,16 @@ def test_a_submit_that_cannot_be_encoded_fails_alone_and_is_never_resent():
     assert isinstance(rec.error, errors.InvalidRequestError)
     assert "request r1 cannot be encoded" in str(rec.error)
     assert p.on_message(Pong(["r1"]), 0.1) == [] and len(p) == 1 and other.error is None
+
+
+def test_closing_fails_whats_left_here_and_cancels_it_at_the_broker():
+    p, kept, left, gone = PendingRequests(0.0), Recorder(), Recorder(), Recorder()
+    done, waiting, abandoned = (make_submit("hi", "m", None, {}) for _ in range(3))
+    for sub, rec in ((done, kept), (waiting, left), (abandoned, gone)):
+        p.add(sub, rec, 0.0)
+    p.on_message(final(done.request_id), 0.1)
+    assert p.abandon(abandoned.request_id) == [Cancel(abandoned.request_id)]
+    assert p.close() == [Cancel(waiting.request_id)]
+    assert isinstance(left.error, errors.BrokerUnavailableError) and "closed" in str(left.error)
+    assert kept.error is None and kept.result is not None and gone.error is None
+    assert p.close() == []
