@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import mmap
 import re
+import threading
 import time
 
 import numpy as np
@@ -93,6 +94,27 @@ def test_releases_back_off_while_pages_come_back_slowly_and_not_in_a_burst():
     assert next_period(idle, 3 * mib, short, idle) == short  # 4.7 MiB/s: a burst, back to short
     assert next_period(short, 81 << 10, short, idle) == 0.04  # just under 4 MiB/s: no burst
     assert next_period(0.16, None, short, idle) == short  # residency unknown: release as often as ever
+
+
+def test_the_release_thread_waits_what_each_release_dropped_calls_for(monkeypatch):
+    class Stop(threading.Event):  # each wait is recorded, none waits; the fifth one stops the loop
+        def __init__(self):
+            super().__init__()
+            self.waits = []
+
+        def wait(self, timeout=None):
+            self.waits.append(timeout)
+            return len(self.waits) == 5
+
+    mib = 1 << 20
+    # file RSS before and after each release: a burst, then single pages, then a burst again.
+    readings = iter([200 * mib, 100 * mib, 100 * mib + 4096, 100 * mib, 100 * mib, 100 * mib,
+                     150 * mib, 100 * mib])
+    monkeypatch.setattr(arena_module, "file_rss", lambda: next(readings))
+    with ConstantArena.open() as arena:
+        arena._stop = Stop()
+        arena._releases()
+        assert arena._stop.waits == [0.02, 0.02, 0.04, 0.08, 0.02]
 
 
 def test_file_rss_reads_the_shared_pages_of_statm(tmp_path):
