@@ -50,6 +50,21 @@ def test_a_responses_body_is_the_chat_request_of_its_conversation():
     assert as_object.choices[0].sampling["response_format"]["type"] == "json_object"
 
 
+@pytest.mark.parametrize("parse, body", [
+    (lambda b: parse_chat(b, 64), {"model": "m", "messages": CHAT}),
+    (lambda b: openai_responses.parse(b, 64), {"model": "m", "input": "hi"}),
+    (anthropic.parse, {"model": "m", "max_tokens": 2, "messages": CHAT[1:]}),
+])
+def test_tools_and_a_tool_choice_needing_them_are_refused_by_every_dialect(parse, body):
+    for field, value in (("tools", [{"type": "function", "function": {"name": "f"}}]),
+                         ("tool_choice", "required"), ("tool_choice", {"type": "tool", "name": "f"})):
+        with pytest.raises(errors.InvalidRequestError, match="tool use is not supported yet") as info:
+            parse({**body, field: value})
+        assert info.value.param == field
+    no_tool = {"type": "none"} if parse is anthropic.parse else "none"
+    assert parse({**body, "tool_choice": no_tool, "tools": []}).model == "m"
+
+
 def test_models_say_chat_unless_a_worker_says_its_model_has_no_template():
     status = {"uptime_s": 1.0, "workers": [
         {"models": ["smol", "alias"], "load": {"outcome": "hit", "chat": True}},

@@ -14,8 +14,8 @@ from typing import Any
 from ovpool import bounds, errors
 from ovpool.api import errors as api_errors
 from ovpool.api import sse
-from ovpool.api.dialect import extensions, no_tools, renamed
-from ovpool.api.schema import Generate, bad, body_object, parse_chat
+from ovpool.api.dialect import extensions, renamed
+from ovpool.api.schema import Generate, bad, body_object, no_tools, parse_chat
 from ovpool.completion import Completion, Delta
 
 # HTTP status -> Anthropic's error type; any other status is an api_error.

@@ -65,18 +65,6 @@ def renamed(names: dict[str, str]) -> Iterator[None]:
         raise errors.InvalidRequestError(f"{name}: {exc}", param=name) from None
 
 
-def no_tools(body: dict, choice_ok: Callable[[Any], bool]) -> None:
-    """Refuse ``tools`` and a ``tool_choice`` that would need them (``choice_ok``: the dialect's
-    choices that mean no tool, e.g. "none"), until the worker constrains tool calls (issue 27)."""
-    if body.get("tools"):
-        raise errors.InvalidRequestError("tools: tool use is not supported yet; send messages without "
-                                         "tools", param="tools")
-    if body.get("tool_choice") is not None and not choice_ok(body["tool_choice"]):
-        raise errors.InvalidRequestError("tool_choice: tool use is not supported yet; leave tool_choice "
-                                         "out", param="tool_choice")
-
-
-
 def extensions(body: dict) -> dict[str, Any]:
     """ovpool's own fields, as /v1/chat/completions takes them: ``seed`` (the same tokens again)
     and ``timeout`` (seconds before a 504)."""

@@ -14,8 +14,8 @@ from typing import Any
 from ovpool import bounds, errors
 from ovpool.api import errors as api_errors
 from ovpool.api import sse
-from ovpool.api.dialect import extensions, no_tools, renamed
-from ovpool.api.schema import Generate, bad, body_object, parse_chat
+from ovpool.api.dialect import extensions, renamed
+from ovpool.api.schema import Generate, bad, body_object, no_tools, parse_chat
 from ovpool.completion import Completion, Delta
 
 _ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
@@ -32,7 +32,7 @@ def parse(body: Any, max_tokens: int) -> Generate:
                       "conversation in input")
     if body.get("store") is not None and not isinstance(body["store"], bool):
         raise bad("store", f"must be true or false, got {bounds.describe(body['store'])}")
-    no_tools(body, lambda choice: choice in ("none", "auto"))
+    no_tools(body)
     instructions = body.get("instructions")
     system = [] if instructions is None else [{"role": "system",
                                                 "content": bounds.text(instructions, "instructions")}]

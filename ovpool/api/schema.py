@@ -9,6 +9,7 @@ app answers with 400. The bounds are ovpool.bounds'; the sampling fields are Sam
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -73,7 +74,7 @@ def parse_chat(body: Any, max_tokens: int) -> Generate:
     """A /v1/chat/completions body; ``max_tokens`` is the default when the body gives none."""
     body = body_object(body)
     messages = chat_messages(body.get("messages"))
-    _no_tools(body)
+    no_tools(body)
     tokens = _int(body, "max_completion_tokens", 1, bounds.MAX_TOKENS) or \
         _int(body, "max_tokens", 1, bounds.MAX_TOKENS) or max_tokens
     top = _int(body, "top_logprobs", 0, MAX_LOGPROBS)
@@ -185,9 +186,17 @@ def _prompts(prompt: Any) -> list[str]:
     raise bad("prompt", "must be a string or a non-empty list of strings")
 
 
-def _no_tools(body: dict) -> None:
+def _no_tool(choice: Any) -> bool:
+    return choice in ("none", "auto")  # OpenAI's tool_choice values that call no tool
+
+
+def no_tools(body: dict, choice_ok: Callable[[Any], bool] = _no_tool) -> None:
+    """Refuse ``tools`` and a ``tool_choice`` that would need them (``choice_ok``: the API's choices
+    that mean no tool; OpenAI's by default), until the worker constrains tool calls (issue 27)."""
     if body.get("tools"):
-        raise bad("tools", "tool calling is not supported; send messages only")
+        raise bad("tools", "tool use is not supported yet; send messages without tools")
+    if body.get("tool_choice") is not None and not choice_ok(body["tool_choice"]):
+        raise bad("tool_choice", "tool use is not supported yet; leave tool_choice out")
 
 
 def _include_usage(body: dict, stream: bool) -> bool:
