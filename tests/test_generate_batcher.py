@@ -259,25 +259,29 @@ def test_cache_only_worker_without_the_batching_graph_says_so_and_serves(tiny_mo
         assert done["a"].token_ids == alone(eng, PROMPTS[0], params).token_ids
 
 
-def test_requests_started_before_the_paged_graph_is_ready_finish_unbatched(engine, monkeypatch):
+def test_requests_started_before_the_paged_graph_is_ready_finish_unbatched(tiny_model, monkeypatch):
     import threading
 
     from ovpool.worker.backend import Interleaved
 
-    ready, load = threading.Event(), engine.paged_graph
-    monkeypatch.setattr(engine, "paged_graph", lambda: ready.wait() and load())
-    backend = EngineBackend(engine, slots=3)
-    params = SamplingParams(max_tokens=10, ignore_eos=True)
-    backend.add("early", PROMPTS[0], params)  # the worker serves before the paged graph exists
-    assert isinstance(backend.runs, Interleaved)
-    events = backend.step()
-    ready.set()
-    assert backend.wait_batching(timeout=60)
-    done, _, failed = drain(backend, {0: [("late", PROMPTS[3], params)]})
-    assert not failed and backend.active == 0
-    assert done["early"].token_ids == alone(engine, PROMPTS[0], params).token_ids
-    assert done["late"].token_ids == alone(engine, PROMPTS[3], params).token_ids
-    assert not any(isinstance(e, Finished) for e in events)
+    # An engine on the stateful graph (as a cache start on OpenVINO 2026.4's CPU plugin): its
+    # worker loads the paged graph on a thread, and serves meanwhile on the compatibility seam.
+    stateful = {**F32, "attention": "sdpa"}
+    with Engine(tiny_model(arch="llama", weight_type="Q4_1"), settings=stateful) as engine:
+        ready, load = threading.Event(), engine.paged_graph
+        monkeypatch.setattr(engine, "paged_graph", lambda: ready.wait() and load())
+        backend = EngineBackend(engine, slots=3)
+        params = SamplingParams(max_tokens=10, ignore_eos=True)
+        backend.add("early", PROMPTS[0], params)  # the worker serves before the paged graph exists
+        assert isinstance(backend.runs, Interleaved)
+        events = backend.step()
+        ready.set()
+        assert backend.wait_batching(timeout=60)
+        done, _, failed = drain(backend, {0: [("late", PROMPTS[3], params)]})
+        assert not failed and backend.active == 0
+        assert done["early"].token_ids == alone(engine, PROMPTS[0], params).token_ids
+        assert done["late"].token_ids == alone(engine, PROMPTS[3], params).token_ids
+        assert not any(isinstance(e, Finished) for e in events)
 
 
 def test_idle_warm_up_covers_the_engine_and_a_separate_batching_graph(tiny_model, tmp_path):

@@ -1,6 +1,6 @@
 """Prefix caching end to end: with f32 compute and KV, every greedy answer is exactly the one
 without the cache: multi-turn chats, partial last blocks, shared system prompts, preemption and
-eviction under pressure; the single-stream engine's session reuse too."""
+eviction under pressure; the single-stream engine's reuse too."""
 
 from __future__ import annotations
 
@@ -101,15 +101,15 @@ def test_the_single_stream_engine_reuses_its_previous_sequence(tiny_model, atten
     settings = {**F32, "attention": attention}
     with Engine(path, settings={**settings, "prefix_cache": mode}) as on, \
             Engine(path, settings={**settings, "prefix_cache": "off"}) as off:
-        turn1 = system(50)
+        turn1 = system(60)
         first = on.complete(turn1, **GREEDY.to_dict())
         turn2 = turn1 + first.token_ids + system(4, salt=1)
         with on.generation(turn2, GREEDY) as gen:
-            # The session holds turn 1's prompt and answer but for its last token (sampled, not
-            # fed); exact, only the prompt's positions serve (the answer's came one token a pass).
-            cached = {"prompt": len(turn1), "prompt and answer": len(turn1) + len(first.token_ids) - 1,
-                      "nothing": 0}
-            assert gen.cached == cached[kept]
+            gen.step()  # the pass that admits it
+            # Full blocks of 32 positions are reused: exact, only those of turn 1's prompt (its
+            # answer came one token a pass); else the answer's too (but for its last token, sampled,
+            # not fed). The stateful graph keeps no prefix cache.
+            assert gen.cached == {"prompt": 32, "prompt and answer": 64, "nothing": 0}[kept]
             for _ in gen:
                 pass
             second = gen.completion()
@@ -118,6 +118,7 @@ def test_the_single_stream_engine_reuses_its_previous_sequence(tiny_model, atten
             same_answers({"turn2": (second.token_ids, second.logprobs)},
                          {"turn2": (expected.token_ids, expected.logprobs)})
         with on.generation(system(30, salt=5), GREEDY) as gen:  # another prompt: starts over
+            gen.step()
             assert gen.cached == 0
 
 

@@ -112,6 +112,19 @@ def test_interleaved_generations_match_each_alone(engine):
     assert [g.completion().token_ids for g in gens] == alone
 
 
+def test_a_generation_closed_midway_leaves_the_others_as_they_were(engine):
+    params = SamplingParams(max_tokens=6, ignore_eos=True)
+    expected = engine.complete("a b", **params.to_dict()).token_ids
+    left, kept = engine.generation(PROMPT, params), engine.generation("a b", params)
+    left.step()
+    left.close()
+    assert left.step() is None and not left.finished
+    with pytest.raises(InvalidRequestError, match="not finished"):
+        left.completion()
+    list(kept)
+    assert kept.completion().token_ids == expected
+
+
 def test_chat_renders_the_template(engine):
     messages = [{"role": "user", "content": "hello there"}]
     out = engine.chat(messages, max_tokens=5, ignore_eos=True)

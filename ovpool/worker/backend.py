@@ -34,6 +34,7 @@ if TYPE_CHECKING:  # OpenVINO underneath: not imported for NullBackend users
     from ovpool.worker.engine import Engine
     from ovpool.worker.generate.batcher import Batcher
     from ovpool.worker.generate.generation import Generation
+    from ovpool.worker.generate.streams import Stream
 
 __all__ = ["Backend", "EngineBackend", "Event", "Failed", "Finished", "NullBackend", "Runtime", "Token"]
 log = logging.getLogger("ovpool.worker")
@@ -179,12 +180,13 @@ class EngineBackend:
     """Up to ``slots`` generations of one Engine.
 
     With ``batching=paged`` (the default) each ``step()`` is ONE forward pass over all of them
-    (ovpool.worker.generate.batcher: continuous batching). The paged graph loads in a background thread
-    (OpenVINO 2026.4 cannot import it compiled: it is compiled from the cache's IR, see
-    ovpool.cache.ir), so the worker serves from its first second: until it is ready, and with
-    ``batching=interleaved`` or when it cannot load (cache-only mode without that IR), each
-    generation runs its own pass on its own InferRequest; requests started that way finish that
-    way. ``engine.load_report["batching"]`` says which, in words.
+    (ovpool.worker.generate.batcher: continuous batching), on the engine's own graph where it is
+    the paged one. Where it is not (the compatibility seam, ``Engine._stateful_seam``), the paged
+    graph loads in a background thread (it is compiled from the cache's IR, see ovpool.cache.ir),
+    so the worker serves from its first second: until it is ready, and when it cannot load
+    (cache-only mode without that IR), each generation runs its own pass on its own InferRequest;
+    requests started that way finish that way. ``batching=interleaved`` runs each request as an
+    engine generation. ``engine.load_report["batching"]`` says which, in words.
     """
 
     def __init__(self, engine: Engine, slots: int = 8, aliases: list[str] | None = None,
@@ -273,22 +275,24 @@ class EngineBackend:
 
 
 def _load_batcher(engine: Engine, slots: int) -> concurrent.futures.Future | None:
-    """The Batcher, made on a thread of its own: the engine loads the paged graph, the Batcher
-    runs on it."""
+    """The Batcher: at once on the engine's own paged graph, else on a thread of its own while
+    the engine loads the paged graph."""
     if engine.settings.batching != "paged":
         return None
     pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="paged-graph")
     future = pool.submit(lambda: engine.batcher(max_running=slots))
-    pool.shutdown(wait=False)
+    pool.shutdown(wait=engine.attention == "paged")  # the engine's own graph: ready at once
     return future
 
 
 class Interleaved:
-    """Engine generations side by side, each advanced by its own forward pass per ``step()``."""
+    """Engine generations side by side, each advanced by ``step()``: the worker's side of the
+    compatibility seam (``Engine._stateful_seam``: one pass per generation per step), and the
+    runtime of ``batching=interleaved``."""
 
     def __init__(self, engine: Engine):
         self.engine = engine
-        self._generations: dict[str, Generation] = {}
+        self._generations: dict[str, Generation | Stream] = {}
         self.prompt_tokens = self.cached_prompt_tokens = 0
 
     @property
@@ -301,11 +305,11 @@ class Interleaved:
         gen = self.engine.generation(prompt, params, prefill_chunk=self.engine.settings.prefill_chunk)
         self._generations[request_id] = gen
         self.prompt_tokens += len(gen.prompt_ids)
-        self.cached_prompt_tokens += gen.cached
 
     def cancel(self, request_id: str) -> None:
         gen = self._generations.pop(request_id, None)
         if gen is not None:
+            self.cached_prompt_tokens += gen.cached  # known once it ran
             gen.close()
 
     def step(self) -> list[Event]:

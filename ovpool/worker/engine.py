@@ -2,11 +2,11 @@
 
 A thin facade over three parts: ``graphs`` (ovpool.worker.graphs: which graph, loaded through the
 compiled-model cache, and the paged graph a Batcher runs), ``intake``
-(ovpool.worker.generate.intake: prompts into checked token ids and constraints) and the
-single-stream sessions. Each Generation borrows a session (an InferRequest with its own KV
-cache) from a pool, so several can be interleaved; finished sessions are reused. With the prefix
-cache on (``prefix_cache``) a finished session keeps its KV, and the next generation whose prompt
-begins with that session's tokens (a chat's next turn) computes only the rest.
+(ovpool.worker.generate.intake: prompts into checked token ids and constraints) and a Batcher on
+the paged graph that runs single streams as requests of one batch (ovpool.worker.generate.streams):
+several generations can be interleaved, and a chat's next turn reuses the KV blocks of the last
+one (the Batcher's prefix cache, ``prefix_cache``). Where the engine's graph is not the paged one,
+generations run on the compatibility seam, ``Engine._stateful_seam``.
 """
 
 from __future__ import annotations
@@ -27,8 +27,9 @@ from ovpool.worker.generate.batch import PagedGraph, PagedRunner, PagedSession
 from ovpool.worker.generate.batcher import Batcher
 from ovpool.worker.generate.constraint import Constraint, Vocabulary
 from ovpool.worker.generate.generation import Generation
-from ovpool.worker.generate.intake import Intake, Limits, Prompt, timed
+from ovpool.worker.generate.intake import Admitted, Intake, Limits, Prompt, timed
 from ovpool.worker.generate.session import Session, warm_up
+from ovpool.worker.generate.streams import Stream, Streams
 from ovpool.worker.gguf.model import GGUFModel
 from ovpool.worker.graph.cpu_class import CpuInfo
 from ovpool.worker.graphs import Graphs
@@ -79,6 +80,7 @@ class Engine:
                              Limits(h.vocab_size, h.context_length, s.max_prompt_tokens, s.max_new_tokens),
                              phases)
         self._idle: list[Session | PagedSession] = []
+        self._single: Streams | None = None  # the single streams on the paged graph, see _streams
         self._prefix_auto: str | None = None  # what prefix_cache=auto means here, once known
         self.warmed = False
         if self.settings.warm_up == "load":
@@ -137,6 +139,7 @@ class Engine:
         if not self.graphs.switchable:
             return
         self._idle.clear()  # sessions of the old graph: before its blob goes
+        self._single = None
         self.graphs.serve_on_paged()
         self.warmed = False  # the next warm-up sets the paged graph's kernels (and decode graph) up
 
@@ -208,10 +211,35 @@ class Engine:
             self._release(session)
 
     def generation(self, prompt: Prompt, params: SamplingParams | None = None,
-                   prefill_chunk: int | None = None) -> Generation:
-        """A Generation to drive with ``step()``; ``prefill_chunk`` splits a long prompt over steps."""
+                   prefill_chunk: int | None = None) -> Stream | Generation:
+        """A generation to drive with ``step()``: a request of the engine's Batcher on the paged
+        graph (``prefill_chunk`` tokens of a prompt per pass, the setting), else on the
+        compatibility seam (``_stateful_seam``), where ``prefill_chunk`` splits a long prompt."""
         admitted = self.intake.admit(prompt, params or SamplingParams())
-        return Generation(self._acquire(admitted.ids), self._release, admitted.ids, admitted.params,
+        if self.attention == "paged":
+            return self._streams().open(admitted)
+        return self._stateful_seam(admitted, prefill_chunk)
+
+    def _streams(self) -> Streams:
+        """The single streams' Batcher, made on first use: ``slots`` at once, ``kv_cache_mb`` of KV
+        blocks, and at least enough for one sequence as long as the model's context."""
+        if self._single is None:
+            runner = PagedRunner(self.compiled, self.settings.kv_cache_mb, decode=self.load_result.decode)
+            runner.grow(max(runner.num_blocks, -(-(self.hparams.context_length + 1) // runner.block_size)))
+            self._single = Streams(self.batcher(runner, max_running=self.settings.slots))
+        return self._single
+
+    def _stateful_seam(self, admitted: Admitted, prefill_chunk: int | None) -> Generation:
+        """THE compatibility seam: a generation on a graph other than the paged one, on an
+        InferRequest of its own (no prefix cache: see Session). Only where no paged graph serves:
+        a worker's start-up with a cache on a device that cannot re-import a compiled paged graph
+        (it imports the stateful one, and moves to the paged graph once that is compiled from the
+        cache's IR: ``serve_on_paged``), and the settings attention=sdpa|manual or stateful=false
+        (devices without PagedAttention). Remove it, with ovpool/cache/ir.py and
+        ``backend.Interleaved``, once the OpenVINO that ovpool requires re-imports compiled paged
+        graphs (``graph.loading.reimport_problem`` is None; 2026.4's CPU plugin cannot) and every
+        supported device runs PagedAttention."""
+        return Generation(self._acquire(), self._release, admitted.ids, admitted.params,
                           self.tokenizer, context_length=self.hparams.context_length,
                           prefill_chunk=prefill_chunk, constraint=admitted.constraint)
 
@@ -228,26 +256,21 @@ class Engine:
     def chat(self, messages: Sequence[Mapping[str, Any]], **sampling: Any) -> Completion:
         return self.complete(check_messages(messages), **sampling)
 
-    def _acquire(self, ids: Sequence[int] = ()) -> Session | PagedSession:
-        """An idle session, the one whose cache keeps the most of ``ids``'s beginning (prefix
-        cache), with that much cached (``past``); a new one if none is idle."""
+    def _acquire(self) -> Session | PagedSession:
+        """An idle session of the engine's graph (for logits, warm-ups and the seam), or a new one."""
         if self._idle:
-            mode = self.prefix_cache
-            keep = [0 if mode == "off" else s.reusable(ids, exact=mode == "on") for s in self._idle]
-            session = self._idle.pop(best := keep.index(max(keep)))
-            session.resume(keep[best])
-            return session
+            return self._idle.pop()
         if self.attention == "paged":
             return PagedSession(self.compiled, self.load_result.decode)
         return Session(self.compiled.create_infer_request())
 
     def _release(self, session: Session | PagedSession) -> None:
-        if self.prefix_cache == "off":
-            session.reset()
+        session.reset()
         self._idle.append(session)
 
     def close(self) -> None:
         self._idle.clear()
+        self._single = None
         self.graphs.close()  # last: a hit's compiled model runs on its mapped blob
         self.model.close()
 
@@ -260,10 +283,10 @@ class Engine:
 
 def _exact_prefix_cache(device: str, graph_settings: Mapping[str, Any]) -> str:
     """``on`` where a prompt pass computes each position's keys, values and logits the same
-    whatever else the pass holds (so reused KV is a fresh run's, bit for bit), else ``off``:
-    measured at f32 and at bf16 on the AVX-512 VNNI/BF16 class (SmolLM2: passes of 2 to 128 rows,
-    every layer's KV identical), and the f32 tests check it on every class CI runs on; bf16 on AMX
-    is unmeasured. A u8 KV cache's per-block scales depend on how a block filled."""
+    whatever else the pass holds (so reused KV is a fresh run's, bit for bit), else ``off``: so at
+    f32, and at bf16 on the AVX-512 VNNI/BF16 class (docs/prefix-caching.md, docs/performance.md);
+    the f32 tests check it on every class CI runs on; bf16 on AMX is unmeasured. A u8 KV cache's
+    per-block scales depend on how a block filled."""
     precision = graph_settings["inference_precision"]
     if device_type(device) != "CPU" or graph_settings["kv_cache_precision"] == "u8":
         return "off"

@@ -2,8 +2,8 @@
 
 ``PagedRunner`` allocates the KV block tensors (their element type and layout are what the
 compiled model asks for) and turns a scheduler Plan into the op's inputs for one forward pass.
-``PagedSession`` runs one sequence on it with the stateful Session's interface: the engine's
-single-stream path when it runs the paged graph (ovpool.worker.graph.loading).
+``PagedSession`` runs one sequence on it with the stateful Session's interface: teacher-forced
+logits and warm-ups on the paged graph (generations run on a Batcher, ovpool.worker.generate.streams).
 """
 
 from __future__ import annotations
@@ -131,27 +131,6 @@ class PagedSession:
 
     def reset(self) -> None:
         self.past = 0
-        self.tokens: list[int] = []  # the ids of the cached positions
-        self.prefilled = 0  # how many of them, from the first, prompt passes (2+ tokens) computed
-
-    def reusable(self, ids: Sequence[int], exact: bool = True) -> int:
-        """How many of its cached positions a sequence ``ids`` can start on: their common
-        beginning, leaving at least two tokens of ``ids`` to compute (see scheduler.prompt_chunk);
-        ``exact``: only positions a prompt pass computed (a one-token pass computes keys and values
-        with the paged op's decode kernel, unlike the prompt pass a new sequence would run)."""
-        n, kept = 0, self.tokens[:self.prefilled if exact else self.past]
-        for a, b in zip(kept, ids[:len(ids) - 2], strict=False):
-            if a != b:
-                break
-            n += 1
-        return n
-
-    def resume(self, keep: int) -> None:
-        """Keep the first ``keep`` cached positions (``reusable``) for a new sequence; later ones are
-        overwritten as it goes on (the op reads a block only up to ``past_lens``)."""
-        self.past = keep
-        del self.tokens[keep:]
-        self.prefilled = min(self.prefilled, keep)
 
     def prepare(self) -> None:
         """Make the decode graph now if there is one, so that a warm-up sets it up too."""
@@ -166,10 +145,7 @@ class PagedSession:
             self.runner.grow(max(blocks, 2 * self.runner.num_blocks))
         chunk = Chunk(seq_id="", start=self.past, tokens=list(ids), blocks=list(range(blocks)), sample=True)
         logits = self.runner.forward([chunk], rows=range(logits_from, n))
-        if n >= 2 and self.prefilled == self.past:
-            self.prefilled += n
         self.past += n
-        self.tokens.extend(ids)
         return logits
 
 
@@ -177,8 +153,7 @@ def zero_pages(nbytes: int) -> np.ndarray:
     """``nbytes`` of zeroed memory that takes none until written, 4 KiB at a time: an anonymous
     mapping with huge pages off. np.zeros's memory did not: NumPy advises huge pages for arrays of
     4 MiB and more, so writing one KV block faulted in 2 MiB around it, in every layer's tensor
-    (SmolLM2, AVX-512 VNNI/BF16 host: a worker's 256 MiB pool was 118 MiB resident after four
-    short requests, a single stream's 22.5 MiB 19 MiB after a warm-up)."""
+    (docs/performance.md)."""
     memory = mmap.mmap(-1, max(nbytes, 1))
     if hasattr(mmap, "MADV_NOHUGEPAGE"):  # Linux; elsewhere the system's default pages
         memory.madvise(mmap.MADV_NOHUGEPAGE)

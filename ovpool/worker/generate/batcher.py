@@ -30,7 +30,7 @@ from ovpool.worker.generate.admission import Preparer
 from ovpool.worker.generate.batch import PagedGraph, PagedRunner, PagedSession
 from ovpool.worker.generate.constraint import Constraint, masks_for
 from ovpool.worker.generate.generation import Generation
-from ovpool.worker.generate.intake import Intake
+from ovpool.worker.generate.intake import Admitted, Intake
 from ovpool.worker.generate.scheduler import Scheduler
 from ovpool.worker.generate.session import warm_up
 
@@ -58,6 +58,7 @@ class Batcher:
         self._generations: dict[str, Generation] = {}
         self._preparer = Preparer()
         self._unprepared: dict[str, tuple[SamplingParams, tuple[bytes, ...]]] = {}
+        self._uncounted: set[str] = set()  # scheduled, not yet admitted: their Generation's cached unknown
         self._warm_up = warm_up
         self.warmed = False
 
@@ -116,18 +117,29 @@ class Batcher:
 
     def _admit(self, prompt: Any, params: SamplingParams) -> list[int]:
         ids = self.intake.ids(prompt, params)
+        self._check_fits(ids)
+        return ids
+
+    def _check_fits(self, ids: list[int]) -> None:
         if not self.scheduler.fits(len(ids) + 1):
             raise InvalidRequestError(
                 f"the prompt has {len(ids)} tokens but the KV cache holds "
                 f"{self.scheduler.num_blocks * self.scheduler.block_size} positions; raise kv_cache_mb")
-        return ids
+
+    def add_admitted(self, request_id: str, admitted: Admitted) -> Generation:
+        """Schedule a request its caller admitted (``intake.admit``); the Generation that runs it."""
+        self._check_fits(admitted.ids)
+        return self._schedule(request_id, admitted.ids, admitted.constraint, params=admitted.params,
+                              route_keys=())
 
     def _schedule(self, request_id: str, ids: list[int], constraint: Constraint | None, *,
-                  params: SamplingParams, route_keys: tuple[bytes, ...]) -> None:
-        self._generations[request_id] = Generation(None, None, ids, params, self.intake.tokenizer,
-                                                   context_length=self.intake.context_length,
-                                                   constraint=constraint)
+                  params: SamplingParams, route_keys: tuple[bytes, ...]) -> Generation:
+        gen = Generation(None, None, ids, params, self.intake.tokenizer,
+                         context_length=self.intake.context_length, constraint=constraint)
         self.scheduler.add(request_id, ids, route_keys)
+        self._generations[request_id] = gen
+        self._uncounted.add(request_id)
+        return gen
 
     def _prepared(self) -> list[Event]:
         """Schedule the requests the Preparer admitted; fail those it refused."""
@@ -144,6 +156,7 @@ class Batcher:
         if self._unprepared.pop(request_id, None) is not None:
             self._preparer.cancel(request_id)
         self.scheduler.finish(request_id)
+        self._uncounted.discard(request_id)
         gen = self._generations.pop(request_id, None)
         if gen is not None:
             gen.close()
@@ -152,6 +165,8 @@ class Batcher:
         """One forward pass for every scheduled request; the events it produced."""
         events = self._prepared()
         plan = self.scheduler.plan()
+        if self._uncounted:
+            self._count_cached(plan)
         events += [self._exhausted(rid) for rid in plan.exhausted]
         if not plan.chunks:
             self._preparer.wait(0.05)  # nothing to run but builds: the worker loop would spin
@@ -169,6 +184,13 @@ class Batcher:
         for rid, row in zip(sampled, logits, strict=True):
             events += self._accept(rid, row, masked=masks is not None)
         return events
+
+    def _count_cached(self, plan) -> None:
+        """Tell each Generation the plan admitted how much of its prompt was cached."""
+        for chunk in plan.chunks:
+            if chunk.seq_id in self._uncounted:
+                self._uncounted.discard(chunk.seq_id)
+                self._generations[chunk.seq_id].cached = self.scheduler.cached(chunk.seq_id)
 
     def _accept(self, request_id: str, logits, masked: bool) -> list[Event]:
         gen = self._generations[request_id]

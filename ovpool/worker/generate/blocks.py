@@ -38,7 +38,7 @@ def chain_hashes(seed: bytes, tokens: Sequence[int], block_size: int, start: Seq
 
     ``prompt``: the sequence's first ``prompt`` tokens are computed by prompt passes, the others
     (generated) one at a time, with the paged op's decode kernel, whose keys and values differ
-    from a prompt pass's (SmolLM2: up to 7e-5 at f32, 3 at bf16), so the two never share a block:
+    from a prompt pass's (docs/performance.md), so the two never share a block:
     a later prompt that resends an answer (a chat's next turn) computes it again, exactly as
     without the cache. None: every position counts as a prompt's (they share)."""
     hashes = list(start)

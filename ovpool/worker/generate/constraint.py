@@ -11,9 +11,9 @@ GIL) while the forward pass runs, and applies them over the batch in NumPy.
 EOS is allowed exactly when the constraint is complete (llguidance's mask holds it then); a
 constraint that admits no more text ends its sequence with finish reason ``stop`` at once.
 
-A constraint's cost is bounded (issue 24: ``a{1000000}`` kept SmolLM2's worker busy for minutes,
-a grammar with no base case 48 s): llguidance's limits (``_limits``) cap the regex analysis and the
-Earley items of every mask; a matcher built and its first mask computed in more than
+A constraint's cost is bounded (a huge repetition or a grammar with no base case could keep a
+worker busy for minutes, docs/performance.md): llguidance's limits (``_limits``) cap the regex
+analysis and the Earley items of every mask; a matcher built and its first mask computed in more than
 ``BUDGET_S`` is refused; a matcher that hits a limit later fails its sequence. All of them are an
 InvalidRequestError naming response_format. A batcher builds them on a thread of its own
 (ovpool.worker.generate.admission; llguidance drops the GIL), so the batched step never waits for one.
@@ -29,13 +29,13 @@ import numpy as np
 from ovpool import response_format as formats
 from ovpool.errors import InvalidRequestError
 
-# How long building a matcher and its first mask may take. Every constraint of the tests takes
-# 1-150 ms on SmolLM2 (2 busy AVX2 cores); a{1000000} under the limits below ~0.8 s.
+# How long building a matcher and its first mask may take: well above every constraint of the
+# tests and a{1000000} under the limits below (docs/performance.md).
 BUDGET_S = 2.0
 # llguidance's initial_lexer_fuel (default 1,000,000) also bounds the regex expressions a lexer may
-# build: a{1000000}'s first mask took 113 s at 100,000, 0.74 s at 10,000 (SmolLM2, busy AVX2), and
-# every schema, regex and grammar of the tests needs less. step_max_items (default 50,000) bounds
-# an Earley step: `start: "a" start` took 97 s at the default, under 1 s at 5,000.
+# build, and step_max_items (default 50,000) an Earley step: these values keep a{1000000} and
+# `start: "a" start` under a second while every schema, regex and grammar of the tests fits
+# (docs/performance.md).
 _LEXER_FUEL = 10_000
 _STEP_ITEMS = 5_000
 
@@ -73,10 +73,9 @@ class _GGUFTokens:
 
 
 class Vocabulary:
-    """A model's vocabulary for llguidance. Building it reads every token once and holds the GIL:
-    SmolLM2's 49,152 tokens take 0.33-0.64 s, gemma3-270m's 262,144 2.5-7.9 s (2 busy cores;
-    benchmarks/structured_output.py), so an Engine builds it once, on its first constrained
-    request, and keeps it."""
+    """A model's vocabulary for llguidance. Building it reads every token once and holds the GIL
+    (a fraction of a second to seconds: docs/performance.md, benchmarks/structured_output.py), so
+    an Intake builds it once, on its first constrained request, and keeps it."""
 
     def __init__(self, tokenizer):
         import llguidance  # here, so that importing this module (the batcher does) costs nothing

@@ -11,8 +11,9 @@ import numpy as np
 
 from ovpool.completion import Logprob, TokenLogprobs
 
-# The alternatives are looked for among the logits within this much of the best one first (a
-# median of ~100 tokens of SmolLM2's 49k); fewer than asked for there means a look at all of them.
+# The alternatives are looked for among the logits within this much of the best one first (about
+# a hundred tokens of a 49k vocabulary, docs/performance.md); fewer than asked for there means a
+# look at all of them.
 _WINDOW = np.float32(9.2)
 
 

@@ -81,6 +81,7 @@ class _Seq:
     addresses: list[bytes] = field(default_factory=list)  # of its tokens' full blocks, so far
     registered: int = 0  # how many of its blocks have their address in the pool
     admitted: bool = False  # once: counted in prompt_tokens
+    cached: int = 0  # of its prompt's tokens, the ones its admission found cached
 
     @property
     def tail(self) -> bytes | None:
@@ -173,6 +174,10 @@ class Scheduler:
         running = [(s.keys, s.tail) for s in reversed(self._running) if s.tail is not None]
         return self._held.held(running, self.pool.holds, limit)
 
+    def cached(self, seq_id: str) -> int:
+        """How many of the sequence's prompt tokens its admission found cached (0 before it)."""
+        return self._seqs[seq_id].cached
+
     def __len__(self) -> int:
         return len(self._seqs)
 
@@ -238,9 +243,9 @@ class Scheduler:
 
     def _count(self, seq: _Seq) -> None:
         if not seq.admitted:
-            seq.admitted = True
+            seq.admitted, seq.cached = True, min(seq.computed, seq.prompt)
             self.prompt_tokens += seq.prompt
-            self.cached_prompt_tokens += min(seq.computed, seq.prompt)
+            self.cached_prompt_tokens += seq.cached
 
     def _schedule(self, seq: _Seq, n: int, plan: Plan) -> int:
         """Add ``n`` tokens of ``seq`` to ``plan`` (allocating, preempting if needed); tokens added."""

@@ -23,7 +23,8 @@ _WARM_UP_PROMPT = 8
 
 
 class Session:
-    """Forward passes of one sequence (batch 1). ``reset()`` empties its cache for reuse."""
+    """Forward passes of one sequence (batch 1). ``reset()`` empties its cache for reuse. No prefix
+    cache: the stateful graph computes a prompt in two passes differently from one."""
 
     def __init__(self, request: ov.InferRequest):
         self.request = request
@@ -45,16 +46,6 @@ class Session:
         else:
             self._kv = {name: _empty_kv(port) for name, port in self._past_ports.items()}
         self.past = 0
-
-    def reusable(self, ids: Sequence[int], exact: bool = True) -> int:
-        """None of its cache serves another sequence: the stateful graphs compute a prompt in two
-        passes differently from one (SmolLM2, 20 + 20 tokens vs 40: logits 8e-5 apart at f32, 1.4
-        at bf16), so reusing a cached beginning would change the answers."""
-        return 0
-
-    def resume(self, keep: int) -> None:
-        """Start a new sequence (``keep`` is 0: see ``reusable``)."""
-        self.reset()
 
     def prepare(self) -> None:
         """Nothing to make: one compiled graph (PagedSession may run a second one)."""
@@ -102,8 +93,8 @@ def _empty_kv(port: ov.ConstOutput) -> ov.Tensor:
 
 def warm_up(session) -> None:
     """One pass of each kernel layout on ``session`` (a Session or a PagedSession), then reset: the
-    device's one-time set-up (SmolLM2 on a CPU: ~0.15 s per layout with q4_storage=i8, ~0.5 s with
-    i4) is shared by every request of the compiled model, so no request pays it."""
+    device's one-time set-up (a fraction of a second per layout, docs/performance.md) is shared by
+    every request of the compiled model, so no request pays it."""
     session.prepare()
     session.forward([0] * _WARM_UP_PROMPT, logits_from=_WARM_UP_PROMPT - 1)
     session.forward([0, 0], logits_from=1)
