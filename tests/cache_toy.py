@@ -88,7 +88,9 @@ def load(args: argparse.Namespace, settings: dict) -> tuple[str, str | None, ov.
     return result.outcome, result.entry, result.compiled, result.blob
 
 
-def main(argv: list[str]) -> int:
+def result(argv: list[str]) -> tuple[str, str | None, str]:
+    """(outcome, entry, digest of the output) for the command line ``argv``; in-process, it is
+    what the child prints, without paying for a process start."""
     ap = argparse.ArgumentParser()
     ap.add_argument("cache_dir")
     ap.add_argument("model_file", type=Path)
@@ -97,9 +99,13 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--lock-timeout", type=float, default=-1)
     ap.add_argument("--ir", action="store_true")
     args = ap.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(message)s")
     outcome, entry, compiled, _owner = load(args, dict(item.split("=", 1) for item in args.set))
-    print("RESULT", outcome, entry, digest(run(compiled)), flush=True)
+    return outcome, entry, digest(run(compiled))  # _owner keeps the blob mapped until here
+
+
+def main(argv: list[str]) -> int:
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(message)s")
+    print("RESULT", *result(argv), flush=True)
     return 0
 
 
