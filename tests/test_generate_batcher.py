@@ -275,8 +275,10 @@ def test_requests_started_before_the_paged_graph_is_ready_finish_unbatched(tiny_
         backend.add("early", PROMPTS[0], params)  # the worker serves before the paged graph exists
         assert isinstance(backend.runs, Interleaved)
         events = backend.step()
+        assert backend.idle() is True  # more idle work once the paged graph is there
         ready.set()
         assert backend.wait_batching(timeout=60)
+        assert backend.idle() is False
         done, _, failed = drain(backend, {0: [("late", PROMPTS[3], params)]})
         assert not failed and backend.active == 0
         assert done["early"].token_ids == alone(engine, PROMPTS[0], params).token_ids
@@ -337,7 +339,7 @@ def test_an_unbatched_generation_that_fails_is_an_inference_error():
         def close(self):
             pass
 
-    engine = SimpleNamespace(settings=SimpleNamespace(prefill_chunk=8),
+    engine = SimpleNamespace(config=SimpleNamespace(prefill_chunk=8),
                              generation=lambda prompt, params, prefill_chunk: Failing())
     interleaved = Interleaved(engine)
     interleaved.add("a", "hi", SamplingParams())

@@ -132,6 +132,7 @@ def test_chat_renders_the_template(engine):
                                add_special=False)
     assert out.usage.prompt_tokens == len(expected)
     assert len(out.token_ids) == 5
+    assert engine.load_report["chat"] is True  # READY tells the broker: /v1/models lists it as chat
 
 
 def test_bad_prompts_are_clear_errors(tiny_model):

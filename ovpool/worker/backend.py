@@ -72,8 +72,10 @@ class Backend(Runtime, Protocol):
 
     def held_route_keys(self, limit: int) -> list[bytes]: ...
 
-    def idle(self) -> None:
-        """Nothing is running or waiting: a moment for one-time work (e.g. kernel set-up)."""
+    def idle(self) -> bool | None:
+        """Nothing is running or waiting: a moment for one-time work (e.g. kernel set-up). True: it
+        has more to do later in this idle period (the worker calls it again at its next poll);
+        otherwise it runs once per idle period."""
 
 
 def _check_room(active: int, slots: int) -> None:
@@ -262,9 +264,10 @@ class EngineBackend:
             events += self._batcher.step()
         return events
 
-    def idle(self) -> None:
-        if self.engine.settings.warm_up != "idle":
-            return
+    def idle(self) -> bool:
+        """True while the paged graph still loads: it is taken, and set up, once it has."""
+        if self.engine.config.warm_up != "idle":
+            return False
         self._take_batcher()  # first: a graph the batcher replaces is not worth setting up
         if not self.engine.warmed:
             self.engine.warm_up()
@@ -272,12 +275,13 @@ class EngineBackend:
         self._take_batcher()
         if self._batcher is not None:
             self._batcher.warm_up()
+        return self._loading is not None
 
 
 def _load_batcher(engine: Engine, slots: int) -> concurrent.futures.Future | None:
     """The Batcher: at once on the engine's own paged graph, else on a thread of its own while
     the engine loads the paged graph."""
-    if engine.settings.batching != "paged":
+    if engine.config.batching != "paged":
         return None
     pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="paged-graph")
     future = pool.submit(lambda: engine.batcher(max_running=slots))
@@ -302,7 +306,7 @@ class Interleaved:
     def add(self, request_id: str, prompt: PromptOrMessages, params: SamplingParams,
             route_keys: Sequence[bytes] = ()) -> None:
         """``route_keys`` are not kept: a session's KV is reused by prompt, not by key."""
-        gen = self.engine.generation(prompt, params, prefill_chunk=self.engine.settings.prefill_chunk)
+        gen = self.engine.generation(prompt, params, prefill_chunk=self.engine.config.prefill_chunk)
         self._generations[request_id] = gen
         self.prompt_tokens += len(gen.prompt_ids)
 

@@ -20,6 +20,7 @@ import openvino as ov
 
 from ovpool.cache import prefetch
 from ovpool.completion import Completion, Delta
+from ovpool.config import WorkerConfig
 from ovpool.devices import device_type
 from ovpool.sampling_params import SamplingParams
 from ovpool.settings import Settings
@@ -33,7 +34,7 @@ from ovpool.worker.generate.streams import Stream, Streams
 from ovpool.worker.gguf.model import GGUFModel
 from ovpool.worker.graph.cpu_class import CpuInfo
 from ovpool.worker.graphs import Graphs
-from ovpool.worker.text.chat import check_messages
+from ovpool.worker.text.chat import TEMPLATE_KEY, check_messages
 from ovpool.worker.text.tokenizer import Tokenizer
 
 __all__ = ["Engine", "Prompt"]
@@ -61,6 +62,7 @@ class Engine:
         self.core = ov.Core()
         cache_dir = self.settings.cache_dir or None
         cache_only = self.settings.cache_only if cache_only is None else cache_only
+        self.config = WorkerConfig.of(self.settings)  # what the engine reads of its settings, typed
         # A likely cache hit imports (OpenVINO releases the GIL) while the GGUF header is read.
         early = early or prefetch.start(model, self.device, self.settings, cache_dir, self.core)
         phases: dict[str, float] = {}
@@ -68,22 +70,23 @@ class Engine:
             self.model = GGUFModel.open(model)
         with timed(phases, "tokenizer"):
             self.tokenizer = Tokenizer.from_metadata(self.model.metadata)
-        self.graphs = Graphs(self.model, self.settings, self.device, self.core, cache_dir=cache_dir,
+        self.graphs = Graphs(self.model, self.config, self.device, self.core, cache_dir=cache_dir,
                              cache_only=cache_only, early=early)
         # The compiled model holds its own weights: unmapping the file frees its pages (~its size).
         self.model.close()
         phases["compiled model"] = self.graphs.own.seconds
         self.load_report = {"outcome": self.graphs.own.outcome, "entry": self.graphs.own.entry,
-                            "seconds": phases, "graph_settings": self.graphs.graph_settings}
-        h, s = self.model.hparams, self.settings
-        self.intake = Intake(self.tokenizer, self.model.metadata.get("tokenizer.chat_template"),
+                            "seconds": phases, "graph_settings": self.graphs.graph_settings,
+                            "chat": bool(self.model.metadata.get(TEMPLATE_KEY))}
+        h, s = self.model.hparams, self.config
+        self.intake = Intake(self.tokenizer, self.model.metadata.get(TEMPLATE_KEY),
                              Limits(h.vocab_size, h.context_length, s.max_prompt_tokens, s.max_new_tokens),
                              phases)
         self._idle: list[Session | PagedSession] = []
         self._single: Streams | None = None  # the single streams on the paged graph, see _streams
         self._prefix_auto: str | None = None  # what prefix_cache=auto means here, once known
         self.warmed = False
-        if self.settings.warm_up == "load":
+        if self.config.warm_up == "load":
             self.warm_up()
 
     @property
@@ -114,13 +117,13 @@ class Engine:
     def batcher(self, runner: PagedRunner | None = None, *, max_running: int,
                 prefill_chunk: int | None = None, prefix_cache: str | None = None) -> Batcher:
         """A Batcher of this engine's requests on ``runner`` (default: the paged graph with
-        ``kv_cache_mb`` of blocks); unset values come from the settings."""
+        ``kv_cache_mb`` of blocks); unset values come from the engine's config."""
         options = {"max_running": max_running, "prefix_cache": prefix_cache or self.prefix_cache,
-                   "prefill_chunk": prefill_chunk or self.settings.prefill_chunk,
+                   "prefill_chunk": prefill_chunk or self.config.prefill_chunk,
                    "warm_up": self._warm_up_paged}
         if runner is not None:
             return Batcher(self.intake, runner, identity=self.graphs.paged_identity, **options)
-        return Batcher.from_graph(self.intake, self.paged_graph(), kv_cache_mb=self.settings.kv_cache_mb,
+        return Batcher.from_graph(self.intake, self.paged_graph(), kv_cache_mb=self.config.kv_cache_mb,
                                   **options)
 
     def _warm_up_paged(self) -> None:
@@ -163,8 +166,8 @@ class Engine:
         """How generations reuse KV computed for an earlier sequence (setting ``prefix_cache``):
         ``on`` (exact), ``all`` or ``off``; ``auto`` is ``on`` where that was measured to leave every
         answer as without the cache (docs/prefix-caching.md), else ``off``."""
-        if self.settings.prefix_cache != "auto":
-            return self.settings.prefix_cache
+        if self.config.prefix_cache != "auto":
+            return self.config.prefix_cache
         if self._prefix_auto is None:
             self._prefix_auto = _exact_prefix_cache(self.device, self.graph_settings)
         return self._prefix_auto
@@ -224,9 +227,9 @@ class Engine:
         """The single streams' Batcher, made on first use: ``slots`` at once, ``kv_cache_mb`` of KV
         blocks, and at least enough for one sequence as long as the model's context."""
         if self._single is None:
-            runner = PagedRunner(self.compiled, self.settings.kv_cache_mb, decode=self.load_result.decode)
+            runner = PagedRunner(self.compiled, self.config.kv_cache_mb, decode=self.load_result.decode)
             runner.grow(max(runner.num_blocks, -(-(self.hparams.context_length + 1) // runner.block_size)))
-            self._single = Streams(self.batcher(runner, max_running=self.settings.slots))
+            self._single = Streams(self.batcher(runner, max_running=self.config.slots))
         return self._single
 
     def _stateful_seam(self, admitted: Admitted, prefill_chunk: int | None) -> Generation:

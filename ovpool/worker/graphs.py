@@ -17,7 +17,7 @@ import openvino as ov
 
 from ovpool.cache import prefetch
 from ovpool.cache.loader import LoadResult
-from ovpool.settings import Settings
+from ovpool.config import WorkerConfig
 from ovpool.worker.generate.batch import PagedGraph
 from ovpool.worker.gguf.model import GGUFModel
 from ovpool.worker.graph import builder as graph
@@ -25,18 +25,18 @@ from ovpool.worker.graph import loading
 
 
 class Graphs:
-    """``Graphs(model, settings, device, core, cache_dir, cache_only, early)``: the engine's
+    """``Graphs(model, config, device, core, cache_dir, cache_only, early)``: the engine's
     graph loaded (``own``); ``early``: see ovpool.cache.prefetch (closed here if stale)."""
 
-    def __init__(self, model: GGUFModel, settings: Settings, device: str, core: ov.Core, *,
+    def __init__(self, model: GGUFModel, config: WorkerConfig, device: str, core: ov.Core, *,
                  cache_dir: str | Path | None, cache_only: bool, early: prefetch.BlobImport | None):
-        self.model, self.settings, self.device, self.core = model, settings, device, core
+        self.model, self.config, self.device, self.core = model, config, device, core
         self.cache_dir, self.cache_only = cache_dir, cache_only
-        self.attention = loading.choose_attention(settings, device, core, cache_dir)
-        self.graph_settings = {**graph.resolve_auto(settings, device, core), "attention": self.attention}
-        self.own = loading.load_graph(model, settings.replace(attention=self.attention), device, core,
+        self.attention = loading.choose_attention(config.graph, device, core, cache_dir)
+        self.graph_settings = {**graph.resolve_auto(config.graph, device, core), "attention": self.attention}
+        self.own = loading.load_graph(model, config.with_graph(attention=self.attention), device, core,
                                       cache_dir=cache_dir, cache_only=cache_only,
-                                      hint=prefetch.hint_key(model.path, device, settings), early=early)
+                                      hint=prefetch.hint_key(model.path, device, config.graph), early=early)
         if early is not None and self.own.blob is not early:
             early.close()  # a stale hint: another blob (or none) was loaded
         self.held = [self.own]  # every graph loaded: closed with this
@@ -49,7 +49,7 @@ class Graphs:
             if self.attention == "paged":
                 self._paged = dataclasses.replace(self.own, outcome="shared", seconds=0.0)
             else:
-                self._paged = loading.load_paged(self.model, self.settings, self.device, self.core,
+                self._paged = loading.load_paged(self.model, self.config, self.device, self.core,
                                                  cache_dir=self.cache_dir, cache_only=self.cache_only)
                 self.held.append(self._paged)
                 self.model.close()  # as after the engine's own graph: the compiled one holds its weights
@@ -87,9 +87,9 @@ class Graphs:
     def batching_plan(self) -> str:
         """Whether a worker of this engine batches, and how it gets its batching graph, in one
         plain line (``ovpool status``; ovpool.worker.graph.loading.batching_plan)."""
-        if self.attention == "paged" and self.settings.batching == "paged":
+        if self.attention == "paged" and self.config.batching == "paged":
             return "on (the engine's own graph)"
-        return loading.batching_plan(self.model, self.settings, self.device, self.core,
+        return loading.batching_plan(self.model, self.config, self.device, self.core,
                                      cache_dir=self.cache_dir, cache_only=self.cache_only)
 
     def close(self) -> None:
