@@ -25,8 +25,12 @@ VALID = {"model": "m", "prompt": "one two", "max_tokens": 2, "seed": 1}
 def served_app(keys: tuple[str, ...] = ()) -> Iterator[TestClient]:
     """The app (open, or needing one of ``keys``) in front of a broker and a null worker of "m"."""
     endpoint = free_endpoint()
-    env = {"OVPOOL_MAX_NEW_TOKENS": str(MAX_NEW_TOKENS)}
-    with broker(endpoint, env=env), null_worker(endpoint, model="m"):
+    # The broker's start-up grace, waited out below, is 15 heartbeat intervals: 3 s at 0.2 s, not
+    # 15 s. The broker and its worker beat together; this process keeps the default (its Client
+    # pings more often than the broker's silence limit, 30 intervals of 0.2 s).
+    beat = {"OVPOOL_HEARTBEAT_INTERVAL_S": "0.2"}
+    env = {"OVPOOL_MAX_NEW_TOKENS": str(MAX_NEW_TOKENS), **beat}
+    with broker(endpoint, env=env), null_worker(endpoint, model="m", env=beat):
         with Client(endpoint) as client:
             wait_for_workers(client, 1, timeout=60)
         settings = Settings.resolve({"broker": endpoint})
