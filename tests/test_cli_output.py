@@ -4,6 +4,8 @@ keeps each word whole and each line within the width; ``--json`` is there for pr
 from __future__ import annotations
 
 import json
+import tempfile
+from pathlib import Path
 
 import pytest
 from cli_run import ovpool
@@ -34,7 +36,13 @@ def test_settings_fit_the_terminal(columns):
 
 
 @pytest.mark.parametrize("columns", [80, 400])
-def test_cache_ls_fits_the_terminal(tiny_model, tmp_path, columns):
+def test_cache_ls_fits_the_terminal(tiny_model, columns):
+    # A short directory: pytest's own tmp_path (longer under xdist) would be the widest line.
+    with tempfile.TemporaryDirectory(prefix="c-") as short:
+        _check_cache_ls_fits(tiny_model, Path(short), columns)
+
+
+def _check_cache_ls_fits(tiny_model, tmp_path, columns):
     with Engine(tiny_model(), cache_dir=tmp_path):
         pass
     [row] = json.loads(ovpool("cache", "ls", "--cache-dir", str(tmp_path), "--json").stdout)
