@@ -165,7 +165,8 @@ _SETTINGS = [
             "Engine leaves it to its first requests), load (in Engine(...)) or off",
             choices=("idle", "load", "off"), scopes=(WORKER,)),
     Setting("batching", str, "paged", "how a worker runs its sequences: paged (one batched forward pass "
-            "per step, continuous batching) or interleaved (one pass per sequence)",
+            "per step, continuous batching) or interleaved (no second, batching graph: requests run as "
+            "the engine's own generations, batched on its graph where that is the paged one)",
             choices=("paged", "interleaved"), scopes=(WORKER,)),
     Setting("decode_graph", str, "auto", "a second compiled graph fixed to one token of one sequence "
             "for decode steps of the paged graph, made by a warm-up or after 128 decode steps (a faster "
