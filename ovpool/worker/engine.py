@@ -94,6 +94,11 @@ class Engine:
         return self.graphs.attention
 
     @property
+    def cache_dir(self) -> str | None:
+        """The compiled-model cache this engine's graphs go through; None: no cache."""
+        return self.graphs.cache_dir
+
+    @property
     def graph_settings(self) -> dict[str, Any]:
         return self.graphs.graph_settings
 
