@@ -30,7 +30,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check ovpool tests benchmarks
 
 test: lint
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2
 
 clean:
 	rm -rf $(VENV)
