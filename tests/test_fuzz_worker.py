@@ -25,7 +25,7 @@ from ovpool.protocol import (
     Request,
     encode,
 )
-from ovpool.worker.backend import NullBackend
+from ovpool.worker.null_backend import NullBackend
 from ovpool.worker.process import Worker
 
 _COMMANDS = [encode(m)[1] for m in (Request("r", "m", {}), Cancel("r"), Credit("", 1), Heartbeat(),

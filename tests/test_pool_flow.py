@@ -41,7 +41,8 @@ from ovpool.protocol import (
 from ovpool.sampling_params import SamplingParams
 from ovpool.settings import Settings
 from ovpool.testing.pool import broker, fast_heartbeats, free_endpoint, null_worker, wait_for_workers
-from ovpool.worker.backend import NullBackend, Token
+from ovpool.worker.backend import Token
+from ovpool.worker.null_backend import NullBackend
 
 pytestmark = pytest.mark.slow  # several processes per test
 

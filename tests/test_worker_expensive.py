@@ -18,7 +18,8 @@ from ovpool.client import Client
 from ovpool.completion import Completion
 from ovpool.sampling_params import SamplingParams
 from ovpool.testing.pool import PoolProcess, broker, fast_heartbeats, free_endpoint, wait_for_workers
-from ovpool.worker.backend import Backend, NullBackend
+from ovpool.worker.backend import Backend
+from ovpool.worker.null_backend import NullBackend
 from ovpool.worker.process import Worker
 
 

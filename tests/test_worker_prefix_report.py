@@ -6,7 +6,7 @@ from __future__ import annotations
 from ovpool.prefix_key import after_answer, route_keys
 from ovpool.protocol import HELD_KEYS_MAX, Request
 from ovpool.sampling_params import SamplingParams
-from ovpool.worker.backend import NullBackend
+from ovpool.worker.null_backend import NullBackend
 from ovpool.worker.prefix_report import PrefixReport
 
 CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}]

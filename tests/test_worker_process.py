@@ -26,7 +26,7 @@ from ovpool.protocol import (
     decode,
     encode,
 )
-from ovpool.worker.backend import NullBackend
+from ovpool.worker.null_backend import NullBackend
 from ovpool.worker.process import Worker
 
 WAIT_MS = 10_000  # a bound on a reply that comes at once: reached only if the worker is broken

@@ -117,11 +117,12 @@ def _backend(kind: str, model: str, settings: Any, token_delay: float, early: An
     """(backend, the Engine's load report: {} for the null backend); ``early``: the Engine's
     import begun by prefetch.start; ``names``: --served-name; ``name``: --name. A model that
     cannot load for good is reported to the broker (LOAD_FAILED) before the error is raised."""
-    from ovpool.worker.backend import EngineBackend, NullBackend
-
     if kind == "null":
+        from ovpool.worker.null_backend import NullBackend
+
         yield NullBackend(names or [model], settings.slots, token_delay, settings.max_prompt_tokens), {}
         return
+    from ovpool.worker.backend import EngineBackend
     from ovpool.worker.engine import Engine
     from ovpool.worker.process import report_load_failure
 
