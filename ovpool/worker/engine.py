@@ -230,10 +230,12 @@ class Engine:
 
     def _streams(self) -> Streams:
         """The single streams' Batcher, made on first use: ``slots`` at once, ``kv_cache_mb`` of KV
-        blocks, and at least enough for one sequence as long as the model's context."""
+        blocks, and at least enough for the longest sequence a request may make."""
         if self._single is None:
             runner = PagedRunner(self.compiled, self.config.kv_cache_mb, decode=self.load_result.decode)
-            runner.grow(max(runner.num_blocks, -(-(self.hparams.context_length + 1) // runner.block_size)))
+            c = self.config
+            longest = min(self.hparams.context_length, c.max_prompt_tokens + c.max_new_tokens) + 1
+            runner.grow(max(runner.num_blocks, -(-longest // runner.block_size)))
             self._single = Streams(self.batcher(runner, max_running=self.config.slots))
         return self._single
 
