@@ -114,10 +114,6 @@ class WorkerConfig(_Config):
     def of(cls, settings: Settings) -> WorkerConfig:
         return dataclasses.replace(super().of(settings), graph=GraphConfig.of(settings))
 
-    @classmethod
-    def coerce(cls, config: WorkerConfig | Settings) -> WorkerConfig:
-        return config if isinstance(config, WorkerConfig) else cls.of(config)
-
     def replace(self, **changes: Any) -> WorkerConfig:
         """A copy with ``changes``; graph settings among them go to ``graph``."""
         graph = {k: v for k, v in changes.items() if lookup(k).graph}

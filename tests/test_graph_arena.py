@@ -13,6 +13,7 @@ import numpy as np
 import openvino as ov
 import pytest
 
+from ovpool.config import WorkerConfig
 from ovpool.settings import Settings
 from ovpool.worker.gguf.model import GGUFModel
 from ovpool.worker.graph import arena as arena_module
@@ -157,7 +158,7 @@ def test_tmpfs_gets_no_arena_and_mount_points_are_matched_whole(tmp_path):
 def test_a_cache_hit_runs_on_its_blob_whose_pages_the_arena_releases(tiny_model, tmp_path, monkeypatch):
     path = tiny_model("llama", "Q4_1", False, n_layers=2, n_embd=256, n_ff=768)
     monkeypatch.setattr(arena_module, "RELEASE_PERIOD_S", None)  # released by hand: residency is exact
-    settings = Settings.coerce({"attention": "sdpa"})
+    settings = WorkerConfig.of(Settings.coerce({"attention": "sdpa"}))
     core = ov.Core()
     kwargs = dict(cache_dir=tmp_path, cache_only=False)
     with loading.load_graph(GGUFModel.open(path), settings, "CPU", core, **kwargs) as first:

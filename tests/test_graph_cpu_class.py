@@ -48,9 +48,9 @@ def test_bf16_without_an_int8_path_keeps_the_float_zero_point():
 
 
 def test_the_decode_threads_setting_reaches_the_decode_config_and_no_thread_is_pinned():
-    assert decode_threads({}, "CPU") == 0  # the plugin's default: every core
-    assert decode_threads({"decode_threads": 1}, "CPU") == 1
-    assert decode_threads({"decode_threads": 1}, "GPU") == 0  # a CPU property
+    assert decode_threads(0, "CPU") == 0  # the plugin's default: every core
+    assert decode_threads(1, "CPU") == 1
+    assert decode_threads(1, "GPU") == 0  # a CPU property
     config = compile_config({"inference_precision": "bf16"}, "CPU", ov.Core())
     assert config["ENABLE_CPU_PINNING"] is False  # threads follow free cores on a shared CPU
     assert decode_config(config, 1)["INFERENCE_NUM_THREADS"] == 1

@@ -370,8 +370,6 @@ def decode_config(config: dict, threads: int = 0) -> dict:
 def decode_threads(threads: int, device: str = "CPU") -> int:
     """The decode graph's threads: ``threads`` (the ``decode_threads`` setting) on the CPU (0: the
     plugin's own choice, every core, as for the dynamic graph); other devices take no thread count."""
-    if isinstance(threads, Mapping):  # the old call shape, a mapping of settings (tests)
-        threads = threads.get("decode_threads", 0)
     return threads if device_type(device) == "CPU" else 0
 
 

@@ -49,10 +49,9 @@ def choose_attention(graph_config: GraphConfig, device: str, core: ov.Core,
     """The attention the engine's single-stream graph uses: the setting, with ``auto`` resolved
     to ``paged`` (stateful off: ``sdpa``; a cache directory on a device that cannot re-import
     paged graphs: ``sdpa``)."""
-    g = GraphConfig.coerce(graph_config)
-    if g.attention != "auto":
-        return g.attention
-    if not g.stateful or (cache_dir and reimport_problem(core, device, cache_dir)):
+    if graph_config.attention != "auto":
+        return graph_config.attention
+    if not graph_config.stateful or (cache_dir and reimport_problem(core, device, cache_dir)):
         return "sdpa"
     return "paged"
 
@@ -61,7 +60,6 @@ def cache_identity(model: GGUFModel, config: WorkerConfig, device: str,
                    core: ov.Core, attention=None) -> tuple[GraphIdentity, dict]:
     """The cache identity and compile config of ``model`` on ``device``, without building the graph
     (also used by ``ovpool cache explain``); ``attention``: a graph variant, see graph.port_spec."""
-    config = WorkerConfig.coerce(config)
     graph_settings = graph.resolve_auto(config.graph, device, core)
     ports = graph.port_spec(model.hparams, graph_settings, attention)
     identity = GraphIdentity.from_model(
@@ -76,7 +74,6 @@ def load_graph(model: GGUFModel, config: WorkerConfig, device: str, core: ov.Cor
                early: BlobImport | None = None) -> LoadResult:
     """The compiled graph for ``config.graph.attention`` (resolved: see choose_attention); ``hint``
     and ``early``: see load_compiled."""
-    config = WorkerConfig.coerce(config)
     if config.graph.attention == "paged":
         return load_paged(model, config, device, core, cache_dir=cache_dir, cache_only=cache_only,
                           hint=hint, early=early)
@@ -97,7 +94,7 @@ def load_paged(model: GGUFModel, config: WorkerConfig, device: str, core: ov.Cor
     exact cache entry; where the device cannot import it (``reimport_problem``), its IR is cached
     instead and compiled at each start (``_compiled_from_ir``)."""
     attention = PagedAttention()
-    config = WorkerConfig.coerce(config).with_graph(attention="paged")  # whatever single streams use
+    config = config.with_graph(attention="paged")  # whatever single streams use
     identity, compile_config = cache_identity(model, config, device, core, attention)
     values = dict(identity.settings)
     built: list[ov.Model] = []
@@ -165,7 +162,6 @@ def batching_plan(model: GGUFModel, config: WorkerConfig, device: str, core: ov.
     """Whether a worker of ``model`` batches (continuous batching: the paged graph) and how it
     gets that graph, in one plain line for ``ovpool status`` and ``ovpool cache explain``.
     Reads the cache's manifests only (no blob, no weight)."""
-    config = WorkerConfig.coerce(config)
     if config.batching != "paged":
         return f"off: setting batching={config.batching}"
     why = reimport_problem(core, device, cache_dir) if cache_dir else None
