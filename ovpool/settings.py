@@ -28,15 +28,11 @@ _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 
 
-def xdg_cache_home(env: Mapping[str, str] | None = None) -> Path:
-    """``$XDG_CACHE_HOME``, else ``~/.cache`` (the XDG base directory convention)."""
-    env = os.environ if env is None else env
-    return Path(env.get("XDG_CACHE_HOME") or str(Path(env.get("HOME") or Path.home()) / ".cache"))
-
-
 def default_cache_dir(env: Mapping[str, str] | None = None) -> Path:
-    """``$XDG_CACHE_HOME/ovpool``, else ``~/.cache/ovpool``."""
-    return xdg_cache_home(env) / "ovpool"
+    """``$XDG_CACHE_HOME/ovpool``, else ``~/.cache/ovpool`` (the XDG base directory convention)."""
+    env = os.environ if env is None else env
+    base = env.get("XDG_CACHE_HOME") or str(Path(env.get("HOME") or Path.home()) / ".cache")
+    return Path(base) / "ovpool"
 
 
 @dataclass(frozen=True)
