@@ -106,7 +106,8 @@ def messages(value: Any, param: str = "messages") -> list:
             raise InvalidRequestError(f"{param}[{i}]: must be a map with role and content",
                                       param=f"{param}[{i}]")
         text(message.get("role"), f"{param}[{i}].role", MAX_NAME_CHARS)
-        total += len(text(message.get("content"), f"{param}[{i}].content"))
+        if message.get("content") is not None or not _tool_calls(message, f"{param}[{i}]"):
+            total += len(text(message.get("content"), f"{param}[{i}].content"))
         if "name" in message:
             text(message["name"], f"{param}[{i}].name", MAX_NAME_CHARS)
         if len(message) > 2 + ("name" in message):
@@ -115,6 +116,20 @@ def messages(value: Any, param: str = "messages") -> list:
         raise InvalidRequestError(f"{param}: {total:,} characters of content, more than "
                                   f"{MAX_PROMPT_CHARS:,}", param=param)
     return value
+
+
+def _tool_calls(message: dict, param: str) -> bool:
+    """Whether ``message`` is an assistant's with OpenAI's ``tool_calls`` (its content may then be
+    null): a non-empty list of {"id", "type": "function", "function": {"name", "arguments"}}."""
+    calls = message.get("tool_calls")
+    if message.get("role") != "assistant" or calls is None:
+        return False
+    if type(calls) is not list or not calls or not all(
+            type(c) is dict and type(c.get("function")) is dict and is_text(c["function"].get("name"))
+            and is_text(c["function"].get("arguments")) for c in calls):
+        raise InvalidRequestError(f'{param}.tool_calls: must be a list of {{"id": ..., "type": "function", '
+                                  '"function": {"name": ..., "arguments": "<JSON text>"}}', param=param)
+    return True
 
 
 def request_tokens(choices: int, max_tokens: int, param: str = "max_tokens") -> None:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ovpool.errors import MalformedMessageError
+from ovpool.tools import ToolCall, ToolCallDelta
 
 _REQUIRED = object()
 _NUMBER = (float, int)
@@ -92,12 +93,14 @@ class Delta:
     """Generated text as it streams: the index in the completion of its last token, that token's
     id and the new text; ``logprobs``, when asked for, of every token since the previous Delta
     (a token whose text is held back, an incomplete character or a possible stop string, comes
-    with the next one)."""
+    with the next one). With tools, ``text`` is the reply's text outside its calls and
+    ``tool_calls`` the pieces of calls since the previous Delta (ovpool.tools.ToolCallDelta)."""
 
     index: int
     token_id: int
     text: str
     logprobs: tuple[TokenLogprobs, ...] = ()
+    tool_calls: tuple[ToolCallDelta, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -118,9 +121,11 @@ class Usage:
 
 @dataclass(frozen=True)
 class Completion:
-    """A finished generation. ``finish_reason`` is ``stop`` (EOS or stop string) or ``length``;
-    ``note`` says what the reason alone does not, for a user to read (e.g. ``length`` because the
-    model's context filled before max_tokens), else ""."""
+    """A finished generation. ``finish_reason`` is ``stop`` (EOS or stop string), ``length`` or
+    ``tool_calls`` (the reply ended with the ``tool_calls`` it made; ``text`` is its text outside
+    them, often ""); ``note`` says what the reason alone does not, for a user to read (e.g.
+    ``length`` because the model's context filled before max_tokens), else "". A reply cut at
+    ``length`` inside a call lists only its complete calls."""
 
     text: str
     token_ids: list[int]
@@ -131,6 +136,7 @@ class Completion:
     # One per token of token_ids when SamplingParams.logprobs asked for them, else None.
     logprobs: list[TokenLogprobs] | None = None
     note: str = ""
+    tool_calls: list[ToolCall] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data (JSON and msgpack safe); ``logprobs`` in TokenLogprobs' wire form."""
@@ -139,7 +145,7 @@ class Completion:
                           "completion_tokens": self.usage.completion_tokens},
                 "timings": self.timings,
                 "logprobs": None if self.logprobs is None else [t.to_wire() for t in self.logprobs],
-                "note": self.note}
+                "note": self.note, "tool_calls": [c.to_dict() for c in self.tool_calls]}
 
     @classmethod
     def from_dict(cls, d: Any, where: str = "completion") -> Completion:
@@ -149,6 +155,7 @@ class Completion:
             raise MalformedMessageError(f"{where} must be a map")
         logprobs = d.get("logprobs")
         timings = _take(d, "timings", (dict,), where, {})
+        calls = _take(d, "tool_calls", (list,), where, [])
         return cls(text=_take(d, "text", (str,), where),
                    token_ids=_ints(d.get("token_ids"), f"{where}.token_ids"),
                    finish_reason=_take(d, "finish_reason", (str,), where),
@@ -157,4 +164,6 @@ class Completion:
                             if type(k) is str and type(v) in _NUMBER},
                    logprobs=None if logprobs is None
                    else list(TokenLogprobs.list_from_wire(logprobs, f"{where}.logprobs")),
-                   note=_take(d, "note", (str,), where, ""))
+                   note=_take(d, "note", (str,), where, ""),
+                   tool_calls=[ToolCall.from_dict(c, f"{where}.tool_calls[{i}]")
+                               for i, c in enumerate(calls)])

@@ -32,7 +32,7 @@ from typing import Any, Protocol
 import msgpack
 
 from ovpool import bounds, errors, timing
-from ovpool.completion import Completion, Delta, TokenLogprobs
+from ovpool.completion import Completion, Delta
 from ovpool.protocol import (
     MAX_MESSAGE_BYTES,
     Cancel,
@@ -45,6 +45,7 @@ from ovpool.protocol import (
     Shutdown,
     StatusReply,
     Submit,
+    delta_of,
     encode,
     sampling_to_wire,
 )
@@ -267,9 +268,9 @@ class PendingRequests:
         if msg.seq > p.next_seq:
             return self._gap(p, f"PARTIAL {msg.seq} came after {p.next_seq - 1}")
         if p.sink.streams:
-            logprobs = TokenLogprobs.list_from_wire(msg.logprobs, "PARTIAL.logprobs")
+            delta = delta_of(msg)
             p.next_seq += 1
-            p.sink.delta(Delta(msg.index, msg.token_id, msg.text, logprobs))
+            p.sink.delta(delta)
         else:
             p.next_seq += 1
         return []

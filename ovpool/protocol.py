@@ -30,10 +30,11 @@ from typing import Any, ClassVar
 import msgpack
 import zmq
 
-from ovpool.completion import Completion
+from ovpool.completion import Completion, Delta, TokenLogprobs
 from ovpool.errors import MalformedMessageError, UnsupportedVersionError
 from ovpool.prefix_key import KEY_BYTES
 from ovpool.sampling_params import SamplingParams
+from ovpool.tools import ToolCallDelta
 
 VERSION = b"OVP1"
 _MISSING = object()
@@ -120,7 +121,8 @@ class Partial:
     """One streamed Delta. ``index`` is its position in the completion (a token without text sends
     no PARTIAL, so indices may skip); ``seq`` numbers the request's PARTIALs 0, 1, 2, ... (the key
     for de-duplication and for gap detection: a jump in ``seq`` means a lost message);
-    ``logprobs`` its TokenLogprobs in their wire form (empty unless the request asked)."""
+    ``logprobs`` its TokenLogprobs in their wire form (empty unless the request asked);
+    ``tool_calls`` its ToolCallDeltas as [index, id, name, arguments] lists (ovpool.tools)."""
 
     command: ClassVar[int] = 0x10
     request_id: str
@@ -129,6 +131,7 @@ class Partial:
     text: str
     seq: int
     logprobs: list = field(default_factory=list)
+    tool_calls: list = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -341,6 +344,19 @@ def route_keys_from_wire(keys: list, limit: int = HELD_KEYS_MAX) -> tuple[bytes,
     if not all(type(k) is bytes and len(k) == KEY_BYTES for k in keys):
         raise MalformedMessageError(f"route keys must be {KEY_BYTES}-byte strings")
     return tuple(keys)
+
+
+def partial_of(request_id: str, delta: Delta, seq: int) -> Partial:
+    """A worker's PARTIAL for ``delta``."""
+    return Partial(request_id, delta.index, delta.token_id, delta.text, seq,
+                   [t.to_wire() for t in delta.logprobs], [c.to_wire() for c in delta.tool_calls])
+
+
+def delta_of(msg: Partial) -> Delta:
+    """The Delta of a PARTIAL from an untrusted peer; raises MalformedMessageError."""
+    return Delta(msg.index, msg.token_id, msg.text,
+                 TokenLogprobs.list_from_wire(msg.logprobs, "PARTIAL.logprobs"),
+                 ToolCallDelta.list_from_wire(msg.tool_calls, "PARTIAL.tool_calls"))
 
 
 def completion_to_wire(c: Completion) -> dict[str, Any]:

@@ -10,6 +10,7 @@ from typing import Any
 
 from ovpool import bounds
 from ovpool import response_format as formats
+from ovpool import tools as tooling
 from ovpool.bounds import MAX_LOGIT_BIAS, MAX_LOGPROBS, MAX_PENALTY, MAX_TEMPERATURE
 from ovpool.errors import InvalidRequestError
 
@@ -57,6 +58,12 @@ class SamplingParams:
     # What the output must match: a JSON schema, any JSON object, a regex or a grammar, masked
     # before step 4 (ovpool.response_format, docs/structured-output.md); None: free text.
     response_format: dict | None = None
+    # Functions the model may call (ovpool.tools, docs/tools.md): canonical tools, tool_choice
+    # ("none", "auto", "required" or {"name": ...}; None without tools), and whether a reply may
+    # hold more than one call. A call's name and arguments are held to the declared ones.
+    tools: list | None = None
+    tool_choice: str | dict | None = None
+    parallel_tool_calls: bool = True
 
     def __post_init__(self) -> None:
         d = self.__dict__  # frozen: normalize in place, once
@@ -74,6 +81,14 @@ class SamplingParams:
                                           param=name)
         bounds.logprob_entries(1, d["max_tokens"], d["logprobs"])
         d["response_format"] = formats.normalize(d["response_format"])
+        d["tools"] = tooling.normalize_tools(d["tools"])
+        d["tool_choice"] = tooling.normalize_choice(d["tool_choice"], d["tools"])
+        tooling.check_with_format(d["tools"], d["tool_choice"], d["response_format"])
+
+    @property
+    def calls_tools(self) -> bool:
+        """Whether the reply may hold tool calls (tools given, tool_choice not "none")."""
+        return self.tools is not None and self.tool_choice != "none"
 
     @property
     def penalized(self) -> bool:
@@ -147,6 +162,7 @@ _CHECKS = (
      f"must be a number in [-{MAX_PENALTY:g}, {MAX_PENALTY:g}] (0 disables it)"),
     ("repetition_penalty", _NUM, lambda v: 0 < v < _INF, "must be a number > 0 (1 disables it)"),
     ("logit_bias", (tuple,), lambda v: True, "must map token ids to biases"),
+    ("parallel_tool_calls", (bool,), lambda v: True, "must be true or false"),
     ("logprobs", (int, type(None)), lambda v: v is None or 0 <= v <= MAX_LOGPROBS,
      f"must be None, true or an integer in [0, {MAX_LOGPROBS}] (top alternatives per token)"),
 )

@@ -50,6 +50,7 @@ from ovpool.protocol import (
     decode,
     encode,
     load_to_wire,
+    partial_of,
     route_keys_from_wire,
     sampling_from_wire,
     send_frames,
@@ -219,7 +220,7 @@ class Worker:
             if isinstance(ev, Token):
                 d, seq = ev.delta, active[rid]
                 active[rid] = seq + 1
-                self._reply(Partial(rid, d.index, d.token_id, d.text, seq, [t.to_wire() for t in d.logprobs]))
+                self._reply(partial_of(rid, d, seq))
                 continue
             sent = active.pop(rid)
             if isinstance(ev, Finished):

@@ -65,9 +65,12 @@ def check_messages(messages: Any) -> list[dict[str, Any]]:
     for i, message in enumerate(messages):
         if not isinstance(message, Mapping):
             raise InvalidRequestError(f"messages[{i}] must be a mapping with 'role' and 'content'")
-        for key in ("role", "content"):
-            if not isinstance(message.get(key), str):
-                raise InvalidRequestError(f"messages[{i}][{key!r}] must be a string")
+        if not isinstance(message.get("role"), str):
+            raise InvalidRequestError(f"messages[{i}]['role'] must be a string")
+        # An assistant's message of tool calls (OpenAI's shape) may have no content.
+        if not isinstance(message.get("content"), str) and not (
+                message.get("content") is None and message.get("tool_calls")):
+            raise InvalidRequestError(f"messages[{i}]['content'] must be a string")
         checked.append(dict(message))
     return checked
 
