@@ -1,0 +1,156 @@
+"""Residency as pure logic: which models are loaded under a budget, keep-alive and pins."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ovpool.broker.residency import NEVER, Load, ModelPolicy, ModelState, Residency, Unload
+from ovpool.errors import ConfigError
+
+NAMES = ("a", "b", "c")
+
+
+class World:
+    """The pool around a Residency: loads and unloads finish when told, requests queue, run, end."""
+
+    def __init__(self, policies: list[ModelPolicy], max_loaded: int | None):
+        self.r = Residency(policies, max_loaded)
+        self.max_loaded = max_loaded
+        self.queued = dict.fromkeys((p.name for p in policies), 0)
+        self.active = dict.fromkeys(self.queued, 0)
+        self.pinned = {p.name for p in policies if p.pinned}
+        self.loads: list[str] = []
+        self.now = 0.0
+
+    def observe(self) -> list:
+        actions = self.r.observe(self.now, self.queued, self.active)
+        for action in actions:
+            if isinstance(action, Unload):  # never under requests in flight or waiting, never a pin
+                assert not self.active[action.model] and not self.queued[action.model]
+                assert action.model not in self.pinned
+            else:
+                self.loads.append(action.model)
+        if self.max_loaded is not None:
+            assert self.r.resident() <= self.max_loaded
+        return actions
+
+    def step(self, event: tuple[str, str]) -> None:
+        kind, name = event
+        state = self.r.state(name)
+        if kind == "submit":
+            self.queued[name] += 1
+        elif kind == "ready" and state is ModelState.LOADING:
+            self.r.loaded(name, self.now)
+        elif kind == "gone" and state is ModelState.UNLOADING:
+            self.r.unloaded(name)
+        elif kind == "dispatch" and state is ModelState.LOADED and self.queued[name]:
+            self.queued[name] -= 1
+            self.active[name] += 1
+        elif kind == "finish" and self.active[name]:
+            self.active[name] -= 1
+        elif kind == "tick":
+            self.now += 61.0
+        self.observe()
+
+    def settle(self) -> None:
+        """No new requests: every pending load, unload and request goes on until nothing waits."""
+        for _ in range(200):
+            for name in NAMES:
+                for kind in ("ready", "gone", "dispatch", "finish"):
+                    self.step((kind, name))
+            if not any(self.queued.values()) and not any(self.active.values()):
+                return
+        raise AssertionError(f"requests still wait: {self.queued}, states "
+                             f"{[self.r.state(n).value for n in NAMES]}")
+
+
+events = st.lists(st.tuples(st.sampled_from(("submit", "ready", "gone", "dispatch", "finish", "tick")),
+                            st.sampled_from(NAMES)), max_size=80)
+policies = st.lists(st.tuples(st.sampled_from((NEVER, 0.0, 60.0, 300.0)), st.booleans()),
+                    min_size=3, max_size=3)
+
+
+@settings(max_examples=300, deadline=None)
+@given(events, policies, st.sampled_from((1, 2, 3, None)))
+def test_never_over_budget_never_unloads_a_busy_model_and_every_request_is_served(
+        trace, kinds, max_loaded):
+    models = [ModelPolicy(n, keep, pin) for n, (keep, pin) in zip(NAMES, kinds, strict=True)]
+    pins = sum(p.pinned for p in models)
+    if max_loaded is not None and pins >= max_loaded and pins < len(models):
+        with pytest.raises(ConfigError, match="pinned models"):
+            Residency(models, max_loaded)
+        return
+    world = World(models, max_loaded)
+    world.observe()
+    for event in trace:
+        world.step(event)
+    world.settle()
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(1, 16), st.integers(1, 10))
+def test_concurrent_first_requests_for_a_cold_model_cause_one_load(requests, observations):
+    world = World([ModelPolicy(n) for n in NAMES], max_loaded=2)
+    for _ in range(requests):
+        world.step(("submit", "a"))
+    for _ in range(observations):
+        world.observe()
+    assert world.loads == ["a"]
+
+
+def test_the_least_recently_used_idle_model_unloads_to_make_room():
+    world = World([ModelPolicy(n) for n in NAMES], max_loaded=2)
+    for name in ("a", "b"):
+        world.step(("submit", name))
+        for kind in ("ready", "dispatch", "finish"):
+            world.step((kind, name))
+        world.now += 1
+    world.step(("submit", "a"))  # a is used again: b is now the least recent
+    for kind in ("dispatch", "finish"):
+        world.step((kind, "a"))
+    world.queued["c"] = 1
+    assert world.observe() == [Unload("b", "least recently used, making room for 'c' (max_loaded=2)")]
+    assert world.observe() == []  # c waits for b to go; no second victim
+    world.step(("gone", "b"))
+    assert world.loads[-1] == "c" and world.r.state("c") is ModelState.LOADING
+
+
+def test_a_busy_model_is_not_unloaded_until_its_requests_end():
+    world = World([ModelPolicy(n) for n in NAMES], max_loaded=1)
+    world.step(("submit", "a"))
+    world.step(("ready", "a"))
+    world.step(("dispatch", "a"))  # a long stream runs on a
+    world.step(("submit", "b"))
+    assert world.observe() == []  # b waits: a streams
+    assert world.r.state("a") is ModelState.LOADED and world.r.state("b") is ModelState.UNLOADED
+    world.active["a"] = 0  # the stream ended
+    assert world.observe() == [Unload("a", "least recently used, making room for 'b' (max_loaded=1)")]
+
+
+def test_keep_alive_unloads_an_idle_model_and_never_a_pinned_one():
+    world = World([ModelPolicy("a", 60.0), ModelPolicy("b", 60.0, pinned=True), ModelPolicy("c", NEVER)],
+                  max_loaded=None)
+    assert world.observe() == [Load("b")]  # a pin loads at once
+    for name in ("a", "c"):
+        world.step(("submit", name))
+    for name in NAMES:
+        for kind in ("ready", "dispatch", "finish"):
+            world.step((kind, name))
+    world.now += 59.0
+    assert world.observe() == []
+    world.now += 1.0
+    assert world.observe() == [Unload("a", "idle for its keep-alive of 60 s")]
+    world.now += 1e6
+    assert world.observe() == []
+
+
+def test_a_failed_model_is_not_loaded_again_and_others_go_on():
+    world = World([ModelPolicy(n) for n in NAMES], max_loaded=1)
+    world.step(("submit", "a"))
+    world.r.failed("a", "not a GGUF file")
+    world.queued["a"] = 0  # the broker failed them, naming why
+    world.step(("submit", "b"))
+    assert world.loads == ["a", "b"]
+    assert world.r.describe("a", world.now)["residency"] == "failed"
