@@ -78,7 +78,7 @@ def test_never_over_budget_never_unloads_a_busy_model_and_every_request_is_serve
         trace, kinds, max_loaded):
     models = [ModelPolicy(n, keep, pin) for n, (keep, pin) in zip(NAMES, kinds, strict=True)]
     pins = sum(p.pinned for p in models)
-    if max_loaded is not None and pins >= max_loaded and pins < len(models):
+    if max_loaded is not None and pins and pins >= max_loaded and len(models) > max_loaded:
         with pytest.raises(ConfigError, match="pinned models"):
             Residency(models, max_loaded)
         return

@@ -87,7 +87,7 @@ class Residency:
 
     def __init__(self, models: list[ModelPolicy], max_loaded: int | None = None):
         pinned = [m.name for m in models if m.pinned]
-        if max_loaded is not None and len(pinned) >= max_loaded and len(models) > len(pinned):
+        if max_loaded is not None and pinned and len(pinned) >= max_loaded and len(models) > max_loaded:
             raise ConfigError(f"the pinned models ({', '.join(pinned)}) take the whole budget of "
                               f"max_loaded={max_loaded}, so the others could never load; pin fewer "
                               "or raise --max-loaded")
