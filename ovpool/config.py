@@ -108,6 +108,8 @@ class WorkerConfig(_Config):
     decode_threads: int = _default("decode_threads")
     kv_cache_mb: int = _default("kv_cache_mb")
     prefix_cache: str = _default("prefix_cache")
+    kv_tier: bool = _default("kv_tier")
+    kv_tier_mb: int = _default("kv_tier_mb")
     graph: GraphConfig = field(default_factory=GraphConfig)
 
     @classmethod
@@ -167,6 +169,7 @@ class ApiConfig(_Config):
     SCOPE = API
     broker: str = _default("broker")
     max_new_tokens: int = _default("max_new_tokens")
+    shutdown_timeout_s: float = _default("shutdown_timeout_s")
     client: ClientConfig = field(default_factory=ClientConfig)
 
     @classmethod

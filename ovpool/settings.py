@@ -181,6 +181,13 @@ _SETTINGS = [
             "auto: on where measured exact (CPU at f32; bf16 on AVX-512 VNNI/BF16; not a u8 KV "
             "cache), else off (docs/prefix-caching.md)",
             choices=("auto", "on", "all", "off"), scopes=(WORKER,)),
+    Setting("kv_tier", bool, True, "keep full prompt KV blocks on disk under the cache directory "
+            "(<cache_dir>/v1/kv), shared by the host's workers of one graph and kept across restarts: "
+            "a prompt whose beginning any of them computed loads it instead of computing it; only "
+            "with a cache directory and where prefix_cache is on (docs/prefix-caching.md)",
+            scopes=(WORKER,)),
+    Setting("kv_tier_mb", int, 1024, "MiB of disk the KV tier may take (every model's blocks "
+            "together; least recently used blocks go first)", minimum=1, scopes=(WORKER,)),
     # Graph-changing: these enter the cache fingerprint.
     Setting("inference_precision", str, "auto", "compute precision (auto: fastest correct on the device)",
             choices=("auto", "f32", "bf16", "f16"), scopes=(GRAPH,)),

@@ -12,6 +12,7 @@
       tmp/<name>.<pid>.<random>.partial[.xml|.bin]   while writing; gc removes those of dead processes
       sources.json              content hashes of GGUF files by file identity (source_identity=content)
       probes.json               device capabilities probed once per OpenVINO version (worker/graph/loading.py)
+      kv/<namespace>/<address>.kv   KV blocks of the disk tier (ovpool.cache.kv)
 
 Every file is written to tmp/, fsynced and renamed into place, so a reader sees the old file or
 the new one, never a torn one. The manifest is renamed last, so an export interrupted anywhere
@@ -83,6 +84,7 @@ class CacheStore:
         self.locks_dir, self.tmp_dir = self.base / "locks", self.base / "tmp"
         self.hits_dir, self.hints_dir = self.base / "hits", self.base / "hints"
         self.probes_path = self.base / "probes.json"
+        self.kv_dir = self.base / "kv"
 
     def prepare(self) -> None:
         """Create the layout; an OSError (read-only, permission) means exports must be skipped."""
@@ -244,6 +246,11 @@ class CacheStore:
 
     def write_text(self, path: Path, text: str) -> None:
         self._atomic_write(path, [text.encode()], "text-write")
+
+    def write_file(self, path: Path, chunks: Iterable[bytes], phase: str) -> None:
+        """Write ``chunks`` to ``path`` crash-safely (tmp/ + fsync + rename); ``phase``: the test
+        hook's name for a pause mid-write."""
+        self._atomic_write(path, chunks, phase)
 
     def remove(self, path: Path) -> None:
         with contextlib.suppress(FileNotFoundError):

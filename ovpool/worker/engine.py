@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import openvino as ov
 
-from ovpool.cache import prefetch
+from ovpool.cache import kv, prefetch
 from ovpool.completion import Completion, Delta
 from ovpool.config import WorkerConfig
 from ovpool.devices import device_type
@@ -85,6 +85,7 @@ class Engine:
         self._idle: list[Session | PagedSession] = []
         self._single: Streams | None = None  # the single streams on the paged graph, see _streams
         self._prefix_auto: str | None = None  # what prefix_cache=auto means here, once known
+        self._tiers: list[kv.DiskTier] = []  # the KV tiers of its Batchers (see _kv_tier)
         self.warmed = False
         if self.config.warm_up == "load":
             self.warm_up()
@@ -127,9 +128,21 @@ class Engine:
                    "prefill_chunk": prefill_chunk or self.config.prefill_chunk,
                    "warm_up": self._warm_up_paged}
         if runner is not None:
-            return Batcher(self.intake, runner, identity=self.graphs.paged_identity, **options)
-        return Batcher.from_graph(self.intake, self.paged_graph(), kv_cache_mb=self.config.kv_cache_mb,
-                                  **options)
+            return Batcher(self.intake, runner, identity=self.graphs.paged_identity,
+                           tier=self._kv_tier(self.load_result.entry, options["prefix_cache"]), **options)
+        graph = self.paged_graph()
+        return Batcher.from_graph(self.intake, graph, kv_cache_mb=self.config.kv_cache_mb,
+                                  tier=self._kv_tier(graph.entry, options["prefix_cache"]), **options)
+
+    def _kv_tier(self, entry: str | None, prefix_cache: str) -> kv.DiskTier | None:
+        """The host's disk KV tier of the paged graph of cache entry ``entry`` (setting kv_tier;
+        exact blocks only, so with prefix_cache=on), closed with the engine; None if off."""
+        if not self.config.kv_tier or prefix_cache != "on":
+            return None
+        tier = kv.open_tier(self.cache_dir, entry, self.config.kv_tier_mb)
+        if tier is not None:
+            self._tiers.append(tier)
+        return tier
 
     def _warm_up_paged(self) -> None:
         """The paged graph's set-up: the engine's own warm-up where it is the engine's graph."""
@@ -281,6 +294,8 @@ class Engine:
     def close(self) -> None:
         self._idle.clear()
         self._single = None
+        for tier in self._tiers:  # its pending blocks are written first
+            tier.close()
         self.graphs.close()  # last: a hit's compiled model runs on its mapped blob
         self.model.close()
 

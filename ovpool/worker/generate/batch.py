@@ -71,7 +71,9 @@ class PagedRunner:
                  for name, (kind, dims) in self._layout.items()}
         memory, start = zero_pages(sum(-(-n // 64) * 64 for n in sizes.values())), 0
         self._memory = memory  # the tensors share it: kept alive here
+        self._block_views = {}  # name -> its bytes as [num_blocks, bytes per block] (read_block)
         for name, (kind, dims) in self._layout.items():
+            self._block_views[name] = memory[start:start + sizes[name]].reshape(num_blocks, -1)
             tensor = ov.Tensor(memory[start:start + sizes[name]], ov.Shape([num_blocks, *dims]), kind)
             start += -(-sizes[name] // 64) * 64  # 64-byte aligned, as OpenVINO allocates
             if name in self._caches:
@@ -80,6 +82,17 @@ class PagedRunner:
             for request in self.requests:
                 request.set_tensor(name, tensor)
         self.num_blocks = num_blocks
+
+    def read_block(self, block: int) -> bytes:
+        """Block ``block`` of every layer's key and value cache, as bytes (a KV tier's copy)."""
+        return b"".join(view[block].tobytes() for view in self._block_views.values())
+
+    def write_block(self, block: int, data: bytes) -> None:
+        """Set block ``block`` of every cache from ``read_block``'s bytes (``block_bytes`` of them)."""
+        source, start = np.frombuffer(data, np.uint8), 0
+        for view in self._block_views.values():
+            view[block] = source[start:start + view.shape[1]]
+            start += view.shape[1]
 
     def forward(self, chunks: Sequence[Chunk], rows: Sequence[int] | None = None,
                 during: Callable[[], None] | None = None) -> np.ndarray:

@@ -31,6 +31,7 @@ from ovpool.worker.generate.batch import PagedGraph, PagedRunner, PagedSession
 from ovpool.worker.generate.constraint import Constraint, masks_for
 from ovpool.worker.generate.generation import Generation
 from ovpool.worker.generate.intake import Admitted, Intake
+from ovpool.worker.generate.kv_tier import BlockTier, TierLink
 from ovpool.worker.generate.scheduler import Scheduler
 from ovpool.worker.generate.session import warm_up
 
@@ -49,12 +50,14 @@ class Batcher:
 
     def __init__(self, intake: Intake, runner: PagedRunner, *, max_running: int, prefill_chunk: int,
                  prefix_cache: str = "off", identity: bytes = b"",
-                 warm_up: Callable[[], None] | None = None):
+                 warm_up: Callable[[], None] | None = None, tier: BlockTier | None = None):
         self.intake, self.runner = intake, runner
+        # The lower tier holds exact blocks only (ovpool.worker.generate.kv_tier): with prefix_cache=on.
+        self.tier = TierLink(tier, runner) if tier is not None and prefix_cache == "on" else None
         self.scheduler = Scheduler(num_blocks=runner.num_blocks, block_size=runner.block_size,
                                    prefill_chunk=prefill_chunk, max_running=max_running,
                                    caching=prefix_cache != "off", exact=prefix_cache == "on",
-                                   seed=_graph_seed(identity, runner))
+                                   seed=_graph_seed(identity, runner), tier=self.tier)
         self._generations: dict[str, Generation] = {}
         self._preparer = Preparer()
         self._unprepared: dict[str, tuple[SamplingParams, tuple[bytes, ...]]] = {}
@@ -76,14 +79,14 @@ class Batcher:
     @classmethod
     def from_graph(cls, intake: Intake, graph: PagedGraph, *, kv_cache_mb: int, max_running: int,
                    prefill_chunk: int, prefix_cache: str = "off",
-                   warm_up: Callable[[], None] | None = None) -> Batcher:
+                   warm_up: Callable[[], None] | None = None, tier: BlockTier | None = None) -> Batcher:
         """A Batcher on ``graph`` with ``kv_cache_mb`` of KV blocks."""
         runner = PagedRunner(graph.compiled, kv_cache_mb, decode=graph.decode)
         log.info("continuous batching: %d KV blocks of %d positions (%.0f MiB), graph %s in %.1f s",
                  runner.num_blocks, runner.block_size, runner.kv_bytes / 2**20, graph.outcome,
                  graph.seconds)
         return cls(intake, runner, max_running=max_running, prefill_chunk=prefill_chunk,
-                   prefix_cache=prefix_cache, identity=graph.identity, warm_up=warm_up)
+                   prefix_cache=prefix_cache, identity=graph.identity, warm_up=warm_up, tier=tier)
 
     @property
     def active(self) -> int:

@@ -103,15 +103,17 @@ class _Seq:
 class Scheduler:
     """``caching``: reuse cached full blocks (prefix caching); ``exact``: only blocks computed as
     the new sequence would compute them (see blocks.chain_hashes); ``seed``: the graph's identity,
-    the first block's parent address."""
+    the first block's parent address; ``tier``: a lower tier (ovpool.worker.generate.kv_tier.TierLink)
+    that full prompt blocks are saved to once computed and a chain is continued from at admission."""
 
     def __init__(self, *, num_blocks: int, block_size: int, prefill_chunk: int, max_running: int,
-                 caching: bool = False, exact: bool = True, seed: bytes = b""):
+                 caching: bool = False, exact: bool = True, seed: bytes = b"", tier=None):
         if num_blocks < 1 or block_size < 1 or prefill_chunk < 1 or max_running < 1:
             raise ValueError("num_blocks, block_size, prefill_chunk and max_running must be >= 1")
         self.num_blocks, self.block_size = num_blocks, block_size
         self.prefill_chunk, self.max_running = prefill_chunk, max_running
         self.pool, self.seed, self.exact = BlockPool(num_blocks, caching), seed, exact
+        self.tier = tier if caching else None
         self._waiting: deque[_Seq] = deque()
         self._running: list[_Seq] = []  # admission order
         self._seqs: dict[str, _Seq] = {}
@@ -220,6 +222,8 @@ class Scheduler:
             seq.addresses = self._addresses(seq, full)
             for i in range(seq.registered, full):
                 self.pool.register(seq.blocks[i], seq.addresses[i])
+                if self.tier is not None and (i + 1) * self.block_size <= seq.prompt:
+                    self.tier.save(seq.addresses[i], seq.blocks[i])
             seq.registered = max(seq.registered, full)
         self._planned = []
 
@@ -234,8 +238,27 @@ class Scheduler:
         while n and not _resumable(seq, n * self.block_size):
             n -= 1
         seq.blocks = [self.pool.take(a) for a in seq.addresses[:n]]
+        if self.tier is not None:
+            self._load(seq)
+        n = len(seq.blocks)
         seq.computed = n * self.block_size
         seq.registered = n
+
+    def _load(self, seq: _Seq) -> None:
+        """Continue ``seq``'s cached chain with blocks from the lower tier, as far as it holds them,
+        ``_resumable`` allows and a spare block per running sequence stays free."""
+        for address in seq.addresses[len(seq.blocks):]:
+            if (not _resumable(seq, (len(seq.blocks) + 1) * self.block_size)
+                    or self.pool.available <= len(self._running) + 1):
+                return
+            block = self.pool.take(address)
+            if block is None:
+                block = self.pool.allocate()
+                if not self.tier.load(address, block):
+                    self.pool.release([block])
+                    return
+                self.pool.register(block, address)
+            seq.blocks.append(block)
 
     def _addresses(self, seq: _Seq, blocks: int | None = None) -> list[bytes]:
         return chain_hashes(self.seed, seq.tokens, self.block_size, seq.addresses, blocks,

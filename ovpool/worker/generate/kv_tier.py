@@ -1,0 +1,52 @@
+"""A worker's KV pool over a lower tier: full prompt blocks copied out once computed, and back in
+for a sequence whose chain the pool no longer (or never) held.
+
+The tier is handed in (the host's disk tier, ovpool.cache.kv, which the engine opens: generation
+never reaches the cache itself); all it needs is ``get(address) -> bytes | None`` and
+``put(address, bytes)``. Only blocks whose every position a prompt pass computed go down
+(``prefix_cache=on``'s exact rule: ovpool.worker.generate.blocks.chain_hashes), so a block loaded
+back holds the bytes the new sequence's own prompt pass would have written.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+
+class BlockTier(Protocol):
+    def get(self, address: bytes) -> bytes | None: ...
+
+    def put(self, address: bytes, payload: bytes) -> None: ...
+
+
+class BlockCopier(Protocol):
+    """The KV tensors' side (ovpool.worker.generate.batch.PagedRunner)."""
+
+    block_bytes: int
+
+    def read_block(self, block: int) -> bytes: ...
+
+    def write_block(self, block: int, data: bytes) -> None: ...
+
+
+class TierLink:
+    """``tier`` under the blocks of ``runner``; counts the blocks it moved."""
+
+    def __init__(self, tier: BlockTier, runner: BlockCopier):
+        self.tier, self.runner = tier, runner
+        self.loaded = self.saved = 0
+
+    def load(self, address: bytes, block: int) -> bool:
+        """Fill ``block`` with the tier's copy of ``address``; False if it has none (or a block of
+        another size, which no address of this graph can name: then it is left alone)."""
+        payload = self.tier.get(address)
+        if payload is None or len(payload) != self.runner.block_bytes:
+            return False
+        self.runner.write_block(block, payload)
+        self.loaded += 1
+        return True
+
+    def save(self, address: bytes, block: int) -> None:
+        """Copy ``block`` (just computed, full, all prompt) down to the tier."""
+        self.tier.put(address, self.runner.read_block(block))
+        self.saved += 1

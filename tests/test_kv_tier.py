@@ -1,0 +1,139 @@
+"""The prefix cache's disk tier (ovpool.cache.kv, ovpool.worker.generate.kv_tier): block files
+that are whole or a miss, its budget, and worker processes that restart, share and recover."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from test_cache_loader import read_only
+
+from ovpool.cache import kv
+from ovpool.cache.store import CacheStore
+
+CHILD = Path(__file__).with_name("kv_tier_child.py")
+PROMPT = 200  # tokens: 6 full blocks of 32 (the tiny model's context is 256)
+
+
+def tier(tmp_path, budget: int = 1 << 20) -> kv.DiskTier:
+    return kv.DiskTier(CacheStore(tmp_path), "ns", budget)
+
+
+def test_a_block_file_round_trips_and_a_damaged_one_is_a_miss_and_removed(tmp_path):
+    with tier(tmp_path) as t:
+        t.put(b"a" * 16, b"x" * 1000)
+        t.put(b"b" * 16, b"y" * 1000)
+        t.flush()
+    assert t.get(b"a" * 16) == b"x" * 1000
+    truncated, flipped = t.path(b"a" * 16), t.path(b"b" * 16)
+    truncated.write_bytes(truncated.read_bytes()[:-1])
+    data = bytearray(flipped.read_bytes())
+    data[500] ^= 1
+    flipped.write_bytes(bytes(data))
+    assert t.get(b"a" * 16) is None and t.get(b"b" * 16) is None and t.get(b"c" * 16) is None
+    assert not truncated.exists() and not flipped.exists()
+    assert t.stats["corrupt"] == 2 and not list((tmp_path / "v1" / "tmp").iterdir())
+
+
+def test_the_tier_stays_within_its_budget_least_recently_used_out(tmp_path):
+    with tier(tmp_path, budget=10 * (1000 + kv.HEADER.size)) as t:
+        for i in range(8):
+            t.put(bytes([i]) * 16, b"z" * 1000)
+        t.flush()
+        for i in range(8):  # an old block read again is recent again
+            os.utime(t.path(bytes([i]) * 16), (i, i))
+        assert t.get(bytes([0]) * 16) is not None
+        for i in range(8, 12):
+            t.put(bytes([i]) * 16, b"z" * 1000)
+        t.flush()
+    kept = {p.name for _, _, p in kv.blocks(tmp_path / "v1" / "kv")}
+    assert len(kept) <= 10 and t.path(bytes([0]) * 16).name in kept
+    assert t.path(bytes([1]) * 16).name not in kept and t.path(bytes([11]) * 16).name in kept
+
+
+def test_an_unwritable_tier_warns_once_and_still_reads(tmp_path, caplog):
+    with tier(tmp_path) as t:
+        t.put(b"a" * 16, b"x" * 100)
+        t.flush()
+    with read_only(tmp_path), tier(tmp_path) as t:
+        assert t.get(b"a" * 16) == b"x" * 100
+        for i in range(3):
+            t.put(bytes([i]) * 16, b"y" * 100)
+        t.flush()
+        assert not t.writable and t.get(bytes([1]) * 16) is None
+    assert caplog.text.count("takes no more blocks") == 1
+
+
+def run_worker(model: Path, cache_dir: Path, *flags: str) -> dict:
+    out = subprocess.run([sys.executable, str(CHILD), str(model), str(cache_dir), str(PROMPT), *flags],
+                         capture_output=True, text=True, timeout=300, cwd=CHILD.parent)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def files_by_chain(cache_dir: Path, answer: dict) -> list[Path]:
+    """The tier's block files of ``answer``'s prompt, the chain's first block first."""
+    found = {p.stem: p for p in (cache_dir / "v1" / "kv").glob("*/*.kv")}
+    return [found[address] for address in answer["chain"]]
+
+
+def same_answer(a: dict, b: dict) -> None:
+    assert a["tokens"] == b["tokens"] and a["logprobs"] == b["logprobs"]
+
+
+@pytest.fixture(scope="module")
+def fresh(tiny_model, tmp_path_factory):
+    """The answer without the tier, and a cache directory whose tier holds the prompt."""
+    model, cache_dir = tiny_model(), tmp_path_factory.mktemp("kv-cache")
+    without = run_worker(model, cache_dir, "--no-tier")
+    first = run_worker(model, cache_dir)
+    assert first["saved"] == PROMPT // 32 and first["cached_prompt_tokens"] == 0
+    same_answer(first, without)
+    return model, cache_dir, without
+
+
+def test_a_restarted_worker_loads_the_prefix_from_the_tier_with_the_same_answer(fresh):
+    model, cache_dir, without = fresh
+    again = run_worker(model, cache_dir)
+    assert again["loaded"] == PROMPT // 32 and again["cached_prompt_tokens"] >= 0.9 * PROMPT
+    same_answer(again, without)
+
+
+def test_a_prefix_one_worker_computed_is_a_hit_on_another_running_beside_it(tiny_model, tmp_path):
+    model = tiny_model()
+    first = subprocess.Popen([sys.executable, str(CHILD), str(model), str(tmp_path), str(PROMPT), "--hold"],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=CHILD.parent)
+    try:
+        computed = json.loads(first.stdout.readline())
+        other = run_worker(model, tmp_path)
+    finally:
+        first.communicate("\n", timeout=60)
+    assert computed["saved"] == PROMPT // 32 and other["loaded"] == PROMPT // 32
+    same_answer(other, computed)
+
+
+def test_damaged_block_files_are_recomputed_with_the_same_answer(fresh):
+    model, cache_dir, without = fresh
+    assert len(list((cache_dir / "v1" / "kv").glob("*/*.kv"))) == PROMPT // 32
+    # One flipped bit in the chain's third block, the last one cut short (as a write cut off).
+    files = files_by_chain(cache_dir, without)
+    data = bytearray(files[2].read_bytes())
+    data[-7] ^= 0x10
+    files[2].write_bytes(bytes(data))
+    files[-1].write_bytes(files[-1].read_bytes()[:1000])
+    again = run_worker(model, cache_dir)
+    same_answer(again, without)
+    assert again["loaded"] == 2 and again["saved"] == PROMPT // 32 - 2
+    assert all(kv.unpack(f.read_bytes()) is not None for f in (cache_dir / "v1" / "kv").glob("*/*.kv"))
+
+
+def test_a_read_only_cache_dir_keeps_serving_from_its_tier(fresh):
+    model, cache_dir, without = fresh
+    with read_only(cache_dir):
+        again = run_worker(model, cache_dir)
+    same_answer(again, without)
+    assert again["loaded"] == PROMPT // 32
