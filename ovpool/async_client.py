@@ -22,7 +22,7 @@ from ovpool import errors, timing
 from ovpool.client_base import ClientBase
 from ovpool.completion import Completion, Delta
 from ovpool.pending import STREAM_WINDOW, FutureSink
-from ovpool.protocol import Cancel, Message, Status, Submit
+from ovpool.protocol import Cancel, Drain, Message, Status, Submit
 from ovpool.settings import Settings
 from ovpool.stream_reader import StreamBase, StreamReader, StreamSink, unwrap
 
@@ -120,15 +120,20 @@ class AsyncClient(ClientBase):
     async def cancel(self, request: str | asyncio.Future) -> None:
         self._send([Cancel(getattr(request, "request_id", request))])
 
-    async def status(self, timeout: float = 10.0) -> dict:
+    async def status(self, timeout: float = 10.0, ask_with: Message | None = None) -> dict:
+        """The broker's STATUS (``ask_with``: another command it answers with one, e.g. DRAIN)."""
         self._check_reading()
         future = asyncio.get_running_loop().create_future()
         self._pending.add_status_waiter(FutureSink(future), time.monotonic())
-        self._send([Status()])
+        self._send([ask_with or Status()])
         try:
             return await asyncio.wait_for(future, timeout)
         except asyncio.TimeoutError as exc:
             raise errors.BrokerUnavailableError(f"no status reply from {self.broker} in {timeout}s") from exc
+
+    async def drain(self, worker: str = "", timeout_s: float = 30.0, timeout: float = 10.0) -> dict:
+        """As Client.drain."""
+        return await self.status(timeout, Drain(worker, timeout_s))
 
     def _start(self, msg: Submit, sink: Any) -> None:
         if not self._tasks:

@@ -34,7 +34,7 @@ from ovpool import errors, timing
 from ovpool.client_base import ClientBase, LinkState, dealer
 from ovpool.completion import Completion, Delta
 from ovpool.pending import STREAM_WINDOW, FutureSink
-from ovpool.protocol import Cancel, Message, Status, Submit, Supervised, recv_frames, send_frames
+from ovpool.protocol import Cancel, Drain, Message, Status, Submit, Supervised, recv_frames, send_frames
 from ovpool.settings import Settings
 from ovpool.stream_reader import StreamBase, StreamReader, StreamSink, unwrap
 
@@ -153,18 +153,24 @@ class Client(ClientBase):
         rid = getattr(request, "request_id", request)
         self._call(lambda now: [Cancel(rid)])
 
-    def status(self, timeout: float = 10.0) -> dict:
+    def status(self, timeout: float = 10.0, ask_with: Message | None = None) -> dict:
+        """The broker's STATUS (``ask_with``: another command it answers with one, e.g. DRAIN)."""
         future: concurrent.futures.Future = concurrent.futures.Future()
 
         def ask(now: float) -> list[Message]:
             self._pending.add_status_waiter(FutureSink(future), now)
-            return [Status()]
+            return [ask_with or Status()]
 
         self._call(ask)
         try:
             return future.result(timeout)
         except concurrent.futures.TimeoutError as exc:
             raise errors.BrokerUnavailableError(f"no status reply from {self.broker} in {timeout}s") from exc
+
+    def drain(self, worker: str = "", timeout_s: float = 30.0, timeout: float = 10.0) -> dict:
+        """Drain the pool (``worker`` "") or the workers ``worker`` names (protocol.Drain); the
+        broker's status after it, whose ``draining`` says what drains."""
+        return self.status(timeout, Drain(worker, timeout_s))
 
     def report_supervised(self, host: str, pid: int, workers: list[dict]) -> None:
         """Send ``ovpool serve``'s view of the workers on ``host`` (no reply; STATUS lists it)."""

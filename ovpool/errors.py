@@ -35,7 +35,8 @@ an error that every start would repeat (a worker stops on one with exit status E
         ├── WorkerLostError          request.worker_lost
         ├── ClientTooSlowError       request.client_too_slow  a stream unread for stream_stall_s
         ├── StreamGapError           request.stream_gap  a PARTIAL of a stream went missing
-        └── BrokerUnavailableError   request.broker_unavailable
+        ├── BrokerUnavailableError   request.broker_unavailable
+        └── DrainingError            request.draining    the pool (or worker) is draining: retry
 """
 
 from __future__ import annotations
@@ -180,6 +181,14 @@ class StreamGapError(RequestError):
 
 class BrokerUnavailableError(RequestError):
     code = "request.broker_unavailable"
+
+
+class DrainingError(RequestError):
+    """The pool is draining (a shutdown or restart): a new request is refused at once, and one
+    still running when the drain's shutdown_timeout_s ends fails with this. Retryable: send it
+    again in a moment, or to another replica (HTTP: 503 with Retry-After)."""
+
+    code = "request.draining"
 
 
 def permanent(exc: BaseException) -> bool:

@@ -6,7 +6,7 @@ map's keys are its field names. ``encode`` and ``decode`` are the only places th
 
 Who sends what::
 
-    client → broker   SUBMIT, CANCEL, CREDIT, STATUS, PING, SUPERVISED (from ``ovpool serve``)
+    client → broker   SUBMIT, CANCEL, CREDIT, STATUS, PING, SUPERVISED (from ``ovpool serve``), DRAIN
     broker → client   PARTIAL, FINAL, ERROR, STATUS_REPLY, PONG, SHUTDOWN
     worker → broker   READY, HEARTBEAT, PARTIAL, FINAL, ERROR, DISCONNECT, LOAD_FAILED
     broker → worker   REQUEST, CANCEL, CREDIT, HEARTBEAT, DISCONNECT
@@ -114,6 +114,21 @@ class Supervised:
     host: str
     pid: int
     workers: list
+
+
+@dataclass(frozen=True)
+class Drain:
+    """Start a drain (``ovpool serve`` on SIGTERM, ``ovpool drain``, the HTTP API's admin route);
+    answered with STATUS_REPLY, whose ``draining`` says what drains. ``worker`` "": the whole pool:
+    every new SUBMIT is refused (request.draining, retryable) while what was accepted runs on; what
+    is still unfinished ``timeout_s`` later fails with request.draining. Else the workers whose id is
+    ``worker``, or starts with ``worker@`` (a name, or name@host): they get no new request, what
+    they run finishes, and their supervisor stops them once idle. Draining again only shortens the
+    pool's deadline, never extends it."""
+
+    command: ClassVar[int] = 0x08
+    worker: str = ""
+    timeout_s: float = 30.0
 
 
 @dataclass(frozen=True)
@@ -237,7 +252,7 @@ class Request:
 
 
 Message = (Submit | Cancel | Credit | Status | Ping | Pong | Supervised | Partial | Final | Error
-           | StatusReply | Shutdown | Ready | Heartbeat | Disconnect | LoadFailed | Request)
+           | StatusReply | Shutdown | Ready | Heartbeat | Disconnect | LoadFailed | Request | Drain)
 
 _BY_COMMAND: dict[int, type] = {cls.command: cls for cls in Message.__args__}
 _COMMAND_BYTES: dict[type, bytes] = {cls: bytes([cls.command]) for cls in _BY_COMMAND.values()}

@@ -145,6 +145,10 @@ _SETTINGS = [
     Setting("max_prompt_tokens", int, 8192, "longest prompt a worker accepts", minimum=1, scopes=(WORKER,)),
     Setting("max_new_tokens", int, 4096, "largest max_tokens a request may ask for", minimum=1,
             scopes=(BROKER, WORKER, API)),
+    Setting("shutdown_timeout_s", float, 30.0, "drain (SIGTERM to serve or the HTTP API, `ovpool "
+            "drain`, a rolling restart): how long requests already accepted may run on before what "
+            "is left fails with request.draining (vLLM's --shutdown-timeout); new requests are "
+            "refused at once, retryable (HTTP 503 + Retry-After)", minimum=0.0, scopes=(API,)),
     Setting("curve_secret_key", str, "", "this peer's CURVE key pair file (.key_secret; empty: no CURVE)",
             scopes=(CLIENT, BROKER, WORKER)),
     Setting("curve_server_key", str, "", "the broker's CURVE public key file (clients and workers)",

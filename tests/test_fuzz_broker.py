@@ -11,7 +11,7 @@ import msgpack
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ovpool import protocol, timing
+from ovpool import errors, protocol, timing
 from ovpool.broker import bounds
 from ovpool.broker.metrics import BrokerMetrics, BrokerObserver
 from ovpool.broker.router import Router
@@ -182,6 +182,9 @@ def _run(events: list, step: float) -> None:
     # GOOD never answers: if a request stalled there it draws no more, so a second worker registers.
     loop.receive(b"good-worker-2", protocol.encode(Ready("good@h:5", [MODEL], "CPU", 1, "h", 5)))
     out = loop.receive(FRESH, protocol.encode(Submit("fresh", MODEL, {"max_tokens": 2}, prompt="hi")))
+    if loop.router.drain is not None:  # a fuzzed DRAIN of the pool: refused, retryable, said so
+        assert [(type(m), m.code) for _, m in out] == [(Error, errors.DrainingError.code)]
+        return
     assert [type(m) for _, m in out] == [Request] and out[0][0] in (GOOD, b"good-worker-2")
 
 

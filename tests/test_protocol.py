@@ -13,6 +13,7 @@ from ovpool.protocol import (
     VERSION,
     Cancel,
     Disconnect,
+    Drain,
     Error,
     Final,
     Heartbeat,
@@ -46,7 +47,7 @@ EXAMPLES = [
     Ready("w", ["m", "alias"], "GPU.1", 4, "host", 123), Heartbeat(), Disconnect(["r1"]),
     Ready("w", ["m"], "CPU", 4, "host", 123, {"outcome": "hit", "seconds": 0.4, "entry": "f-p"}),
     Supervised("host", 7, [{"name": "GPU.1", "state": "failing", "reason": "cache MISS", "pid": None}]),
-    Request("r1", "m", {"max_tokens": 3}, prompt="hi"),
+    Request("r1", "m", {"max_tokens": 3}, prompt="hi"), Drain(), Drain("CPU#1", 5.0),
     Shutdown("stopped by a signal"), Shutdown(),
     LoadFailed("CPU@h:9", ["smollm2"], "CPU", "h", 9, "model.unsupported", "architecture 'x' ..."),
 ]

@@ -21,6 +21,7 @@ _TABLE: dict[type, tuple[int, str, str | None]] = {
     errors.QueueFullError: (429, "rate_limit_error", None),
     errors.WorkerLostError: (503, "server_error", None),  # the model's workers are gone
     errors.BrokerUnavailableError: (503, "server_error", None),
+    errors.DrainingError: (503, "server_error", None),  # shutting down or restarting: retry
     errors.CancelledError: (503, "server_error", None),  # cancelled by the pool, not this client
     errors.AuthenticationError: (503, "server_error", None),  # the broker refused this API's CURVE key
     errors.RequestTimeoutError: (504, "timeout", None),
@@ -44,7 +45,7 @@ def body(exc: errors.OvpoolError) -> dict[str, Any]:
 
 def headers(exc: errors.OvpoolError) -> dict[str, str]:
     status = classify(exc)[0]
-    if status == 429:
+    if status == 429 or isinstance(exc, errors.DrainingError):
         return {"Retry-After": str(RETRY_AFTER_S)}
     if status == 401:
         return {"WWW-Authenticate": "Bearer"}

@@ -11,7 +11,8 @@ Placement holds every invariant about it:
   request's prompt (broker/prefixes.py; ties to the least busy); otherwise, or when none holds
   any, the least busy (first registered among equals);
 - a lost worker's requests, and one that stalled (``stall``), go back to the head of their queue,
-  at most ``max_attempts`` dispatches per request, then WorkerLost.
+  at most ``max_attempts`` dispatches per request, then WorkerLost; a draining worker
+  (``drain_worker``) gets none, and what it hands back when it leaves costs no attempt.
 
 ``workers``, ``jobs`` and ``queues`` are read-only views for the Router; a Job's ``client``,
 ``next_seq`` and ``progress_at`` are the Router's (which peer hears the stream, how far, and when
@@ -81,7 +82,7 @@ class Placement:
         return sum(1 for m, q in self._queues.items() if q and not self.serves(m))
 
     def has_free_slot(self, model: str) -> bool:
-        return any(len(w.inflight) < w.cap for w in self._by_model.get(model, ()))
+        return any(len(w.inflight) < w.cap and not w.draining for w in self._by_model.get(model, ()))
 
     def status(self) -> dict:
         return {
@@ -139,6 +140,10 @@ class Placement:
             self._dispatch(model, out)
             if not self.serves(model) and not self._queues.get(model, True):
                 del self._queues[model]
+
+    def drain_worker(self, worker: RegisteredWorker) -> None:
+        """``worker`` gets no new request (what it runs goes on); its queue stays at the broker."""
+        worker.draining = True
 
     def stall(self, job: Job, out: Output, now: float) -> None:
         """``job`` made no progress on its worker: cancel it there and requeue it at the head; its
@@ -214,7 +219,7 @@ class Placement:
 
     def _choose(self, model: str, job: Job) -> RegisteredWorker | None:
         """The worker ``job`` goes to now (see the module docstring), or None: none is free."""
-        free = [w for w in self._by_model.get(model, ()) if len(w.inflight) < w.cap]
+        free = [w for w in self._by_model.get(model, ()) if len(w.inflight) < w.cap and not w.draining]
         if not free:
             return None
         least = min(free, key=_busy)

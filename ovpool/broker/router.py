@@ -16,13 +16,15 @@ placement rules (its Placement, the only code that changes queues and slots), th
 - the broker frees a slot as soon as it sends CANCEL (the worker handles messages in order, so the
   cancel lands before the next request);
 - a request that names no model goes to the only model served; a restarted broker queues requests
-  for models not seen yet for BROKER_GRACE_S, so workers can register again first.
+  for models not seen yet for BROKER_GRACE_S, so workers can register again first;
+- a DRAIN of the pool refuses new SUBMITs and fails what is unfinished at its deadline, a DRAIN of
+  workers takes them out of placement (broker/drain.py); either is answered with STATUS_REPLY.
 """
 
 from __future__ import annotations
 
 from ovpool import errors, timing
-from ovpool.broker import bounds
+from ovpool.broker import bounds, drain
 from ovpool.broker.admission import Admission
 from ovpool.broker.placement import Placement
 from ovpool.broker.state import Counters, Job, LoadFailures, Output, RegisteredWorker, SupervisedHosts
@@ -33,6 +35,7 @@ from ovpool.protocol import (
     Cancel,
     Credit,
     Disconnect,
+    Drain,
     Error,
     Final,
     Heartbeat,
@@ -78,13 +81,14 @@ class Router:
         self._clients_heard: dict[bytes, float] = {}
         self._next_heartbeat = now
         self.supervised = SupervisedHosts()
+        self.drain: drain.PoolDrain | None = None
         self._handlers = {Submit: self._on_submit, Cancel: self._on_cancel, Credit: self._on_credit,
                           Status: self._on_status,
                           Ping: self._on_ping, Supervised: self._on_supervised,
                           Ready: self._on_ready, Partial: self._on_partial,
                           Final: self._on_end, Error: self._on_end,
                           Disconnect: self._on_disconnect, LoadFailed: self._on_load_failed,
-                          Heartbeat: self._on_heartbeat}
+                          Heartbeat: self._on_heartbeat, Drain: self._on_drain}
 
     # -- inputs ---------------------------------------------------------------------------------
 
@@ -141,6 +145,7 @@ class Router:
                 self._drop_worker(worker, now, out, lost=True)
             self._expire_progress(now, out)
         self._expire_deadlines(now, out)
+        self._expire_drain(now, out)
         self._expire_stalled_streams(now, out)
         self._expire_orphans(now, out)
         self.supervised.expire(now)
@@ -156,6 +161,8 @@ class Router:
             "streams": {"open": len(self.streams), "held": self.streams.held()},
             "supervised": self.supervised.entries(),
             "failed": self.failures.entries(now),
+            "draining": {"pool": self.drain.describe(now) if self.drain else None,
+                         "workers": [w.info.worker_id for w in self.workers.values() if w.draining]},
         }
 
     def shutdown(self, now: float) -> Output:
@@ -181,6 +188,11 @@ class Router:
             out.append((peer, Error(msg.request_id, errors.InvalidRequestError.code,
                                     f"request id {msg.request_id!r} is in use by another client;"
                                     " give each request a fresh id")))
+            return
+        if self.drain is not None:
+            self.counters.rejected += 1
+            out.append((peer, Error(msg.request_id, errors.DrainingError.code,
+                                    str(self.drain.refusal(msg.request_id)))))
             return
         try:
             job = self.admission.admit(peer, msg, now)
@@ -211,6 +223,14 @@ class Router:
     def _on_ping(self, peer: bytes, msg: Ping, now: float, out: Output) -> None:
         out.append((peer, Pong([rid for rid in msg.request_ids
                                 if type(rid) is str and rid not in self.jobs and rid not in self.streams])))
+
+    def _on_drain(self, peer: bytes, msg: Drain, now: float, out: Output) -> None:
+        if msg.worker:
+            for worker in drain.named(self.workers.values(), msg.worker):
+                self.placement.drain_worker(worker)
+        else:
+            self.drain = drain.start(self.drain, now, msg.timeout_s)
+        out.append((peer, StatusReply(self.status(now))))
 
     def _on_supervised(self, peer: bytes, msg: Supervised, now: float, out: Output) -> None:
         if not bounds.fit_supervised(msg):
@@ -343,6 +363,14 @@ class Router:
                 self.counters.stalled += 1
                 self.placement.stall(job, out, now)
                 self._forget_failed([job.request_id])
+
+    def _expire_drain(self, now: float, out: Output) -> None:
+        """The pool's drain timed out: what is still unfinished fails, saying so."""
+        if self.drain is None or now < self.drain.deadline:
+            return
+        for job in list(self.jobs.values()):
+            self.counters.failed += 1
+            self._fail(job, self.drain.timed_out(job.request_id), out)
 
     def _expire_stalled_streams(self, now: float, out: Output) -> None:
         for rid in self.streams.stalled(now):

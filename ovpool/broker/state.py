@@ -31,6 +31,7 @@ class RegisteredWorker:
     inflight: set[str] = field(default_factory=set)
     cap: int = 0
     unacked: int = 0  # replies handled since the last CREDIT sent to it
+    draining: bool = False  # a DRAIN named it: no new request (broker/drain.py)
     prefixes: HeldPrefixes = field(default_factory=HeldPrefixes)
 
     def __post_init__(self) -> None:
@@ -40,7 +41,7 @@ class RegisteredWorker:
         i = self.info
         return {"id": i.worker_id, "models": list(i.models), "device": i.device, "slots": i.slots,
                 "cap": self.cap, "active": len(self.inflight), "host": i.host, "pid": i.pid,
-                "load": dict(i.load), "expires_in_s": round(self.expires - now, 3),
+                "load": dict(i.load), "expires_in_s": round(self.expires - now, 3), "draining": self.draining,
                 "prefix_cache": self.prefixes.describe()}
 
 
