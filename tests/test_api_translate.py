@@ -50,19 +50,55 @@ def test_a_responses_body_is_the_chat_request_of_its_conversation():
     assert as_object.choices[0].sampling["response_format"]["type"] == "json_object"
 
 
+WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+CALL = {"id": "call_1", "type": "function", "function": {"name": "weather", "arguments": '{"city": "Paris"}'}}
+TOOL_CHAT = {"model": "m", "max_tokens": 9, "messages": [
+    *CHAT, {"role": "assistant", "content": "Checking.", "tool_calls": [CALL]},
+    {"role": "tool", "tool_call_id": "call_1", "content": "18 C"}, {"role": "user", "content": "and?"}],
+    "tools": [{"type": "function", "function": {"name": "weather", "description": "d", "parameters": WEATHER,
+                                                "strict": True}}],
+    "tool_choice": {"type": "function", "function": {"name": "weather"}}, "parallel_tool_calls": False}
+
+
+def test_every_dialects_tools_and_tool_history_are_the_chat_requests():
+    claude = anthropic.parse({
+        "model": "m", "max_tokens": 9, "system": "be brief",
+        "tools": [{"name": "weather", "description": "d", "input_schema": WEATHER, "strict": True}],
+        "tool_choice": {"type": "tool", "name": "weather", "disable_parallel_tool_use": True},
+        "messages": [{"role": "user", "content": "hi"},
+                     {"role": "assistant", "content": [{"type": "text", "text": "Checking."}, {
+                         "type": "tool_use", "id": "call_1", "name": "weather", "input": {"city": "Paris"}}]},
+                     {"role": "user", "content": [
+                         {"type": "tool_result", "tool_use_id": "call_1", "content": "18 C"},
+                         {"type": "text", "text": "and?"}]}]})
+    responses = openai_responses.parse({
+        "model": "m", "max_output_tokens": 9, "instructions": "be brief", "parallel_tool_calls": False,
+        "tools": [{"type": "function", "name": "weather", "description": "d", "parameters": WEATHER}],
+        "tool_choice": {"type": "function", "name": "weather"},
+        "input": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Checking."},
+                  {"type": "function_call", "call_id": "call_1", "name": "weather",
+                   "arguments": '{"city": "Paris"}'},
+                  {"type": "function_call_output", "call_id": "call_1", "output": "18 C"},
+                  {"role": "user", "content": "and?"}]}, 64)
+    chat = parse_chat(TOOL_CHAT, 64)
+    assert claude == responses == chat
+    assert chat.choices[0].sampling["tools"] == [
+        {"name": "weather", "description": "d", "parameters": WEATHER, "strict": True}]
+    assert chat.choices[0].sampling["tool_choice"] == {"name": "weather"}
+
+
 @pytest.mark.parametrize("parse, body", [
     (lambda b: parse_chat(b, 64), {"model": "m", "messages": CHAT}),
     (lambda b: openai_responses.parse(b, 64), {"model": "m", "input": "hi"}),
     (anthropic.parse, {"model": "m", "max_tokens": 2, "messages": CHAT[1:]}),
 ])
-def test_tools_and_a_tool_choice_needing_them_are_refused_by_every_dialect(parse, body):
-    for field, value in (("tools", [{"type": "function", "function": {"name": "f"}}]),
-                         ("tool_choice", "required"), ("tool_choice", {"type": "tool", "name": "f"})):
-        with pytest.raises(errors.InvalidRequestError, match="tool use is not supported yet") as info:
-            parse({**body, field: value})
-        assert info.value.param == field
+def test_a_tool_choice_needing_tools_is_refused_without_them_by_every_dialect(parse, body):
+    required = {"type": "any"} if parse is anthropic.parse else "required"
+    with pytest.raises(errors.InvalidRequestError, match="only allowed when tools are given") as info:
+        parse({**body, "tool_choice": required})
+    assert info.value.param == "tool_choice"
     no_tool = {"type": "none"} if parse is anthropic.parse else "none"
-    assert parse({**body, "tool_choice": no_tool, "tools": []}).model == "m"
+    assert parse({**body, "tool_choice": no_tool, "tools": []}) == parse(body)
 
 
 def test_models_say_chat_unless_a_worker_says_its_model_has_no_template():
@@ -142,9 +178,9 @@ def test_a_stream_failing_after_its_first_token_ends_with_its_apis_error_event()
     assert writer.failure(lost) == (b'event: error\ndata: {"type":"error","error":{"type":'
                                     b'"overloaded_error","message":"the worker went away"}}\n\n')
     writer = openai_responses.ResponseWriter(openai_responses.parse({"model": "m", "input": "hi"}, 64))
-    opening = writer.opening()  # four events: sequence numbers 0-3
-    assert opening.count(b"event: ") == 4
+    opening = writer.opening()  # response.created and .in_progress: sequence numbers 0-1
+    assert opening.count(b"event: ") == 2
     name, data = writer.failure(lost).decode().split("\n")[:2]
     assert name == "event: error" and json.loads(data.removeprefix("data: ")) == {
-        "type": "error", "sequence_number": 4, "code": lost.code, "message": "the worker went away",
+        "type": "error", "sequence_number": 2, "code": lost.code, "message": "the worker went away",
         "param": None}

@@ -2,8 +2,8 @@
 the chat core (dialect.py): the body becomes a /v1/chat/completions request, the Completion an
 Anthropic message, its stream Anthropic's events, every error Anthropic's error JSON.
 
-Text only: image and document blocks are refused, as are tools until the worker constrains tool
-calls (issue 27). docs/api.md lists what is supported and what is refused.
+Text and tool use (anthropic_tools.py): image and document blocks and Anthropic's server tools are
+refused. docs/api.md lists what is supported and what is refused.
 """
 
 from __future__ import annotations
@@ -12,18 +12,17 @@ import secrets
 from typing import Any
 
 from ovpool import bounds, errors
+from ovpool.api import anthropic_tools, sse
 from ovpool.api import errors as api_errors
-from ovpool.api import sse
 from ovpool.api.dialect import extensions, renamed
-from ovpool.api.schema import Generate, bad, body_object, no_tools, parse_chat
+from ovpool.api.schema import Generate, bad, body_object, parse_chat
 from ovpool.completion import Completion, Delta
 
 # HTTP status -> Anthropic's error type; any other status is an api_error.
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                 404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
                 503: "overloaded_error"}
-_STOP_REASONS = {"length": "max_tokens"}  # else "end_turn" (see docs/api.md for stop_sequence)
-_NO_TOOL_CHOICES = ("auto", "none")
+_STOP_REASONS = {"length": "max_tokens", "tool_calls": "tool_use"}  # else "end_turn" (docs/api.md)
 
 
 def parse(body: Any) -> Generate:
@@ -39,7 +38,8 @@ def parse(body: Any) -> Generate:
     if body.get("metadata") is not None and not isinstance(body["metadata"], dict):
         raise bad("metadata", "must be an object such as {\"user_id\": \"...\"}")
     chat["response_format"] = _output_format(body.get("output_config"))
-    with renamed({"stop": "stop_sequences", "response_format": "output_config.format"}):
+    with renamed({"stop": "stop_sequences", "response_format": "output_config.format"}), \
+            anthropic_tools.schemas_named():
         return parse_chat(chat, 1)
 
 
@@ -60,24 +60,31 @@ def _output_format(config: Any) -> dict[str, Any] | None:
 def parse_count(body: Any) -> Generate:
     """A /v1/messages/count_tokens body: the prompt of ``parse``, one greedy token (its Completion's
     prompt_tokens is the count: the pool has no tokenize-only request)."""
-    return parse_chat({**_chat(body_object(body)), "max_tokens": 1, "temperature": 0}, 1)
+    with anthropic_tools.schemas_named():
+        return parse_chat({**_chat(body_object(body)), "max_tokens": 1, "temperature": 0}, 1)
 
 
 def _chat(body: dict) -> dict[str, Any]:
-    no_tools(body, lambda choice: isinstance(choice, dict) and choice.get("type") in _NO_TOOL_CHOICES)
     system = _system(body.get("system"))
     messages = _messages(body.get("messages"))
-    return {"model": body.get("model"), "messages": [*system, *messages], **extensions(body)}
+    return {"model": body.get("model"), "messages": [*system, *messages], **anthropic_tools.sampling(body),
+            **extensions(body)}
 
 
 def _system(system: Any) -> list[dict[str, str]]:
     if system is None:
         return []
-    text = system if isinstance(system, str) else _blocks(system, "system")
+    text = system if isinstance(system, str) else _text_blocks(system, "system")
     return [{"role": "system", "content": bounds.text(text, "system")}] if text else []
 
 
-def _messages(messages: Any) -> list[dict[str, str]]:
+def _text_blocks(blocks: Any, where: str) -> str:
+    if not isinstance(blocks, list):
+        raise bad(where, "must be a string or a list of {\"type\": \"text\", \"text\": ...} blocks")
+    return anthropic_tools.text_blocks(blocks, where)
+
+
+def _messages(messages: Any) -> list[dict[str, Any]]:
     if not isinstance(messages, list) or not 1 <= len(messages) <= bounds.MAX_MESSAGES:
         raise bad("messages", f"must be a list of 1 to {bounds.MAX_MESSAGES} "
                   "{\"role\": \"user\" or \"assistant\", \"content\": ...}")
@@ -87,32 +94,17 @@ def _messages(messages: Any) -> list[dict[str, str]]:
         if role not in ("user", "assistant"):
             raise bad(f"messages[{i}].role", "must be \"user\" or \"assistant\" (the system prompt is the "
                       "top-level system field)")
-        content = message.get("content")
-        text = content if isinstance(content, str) else _blocks(content, f"messages[{i}].content")
-        out.append({"role": role, "content": bounds.text(text, f"messages[{i}].content")})
-    if out[-1]["role"] == "assistant":
-        raise bad(f"messages[{len(out) - 1}]", "a last assistant message (a prefill to continue) is not "
-                  "supported; end with a user message")
-    return out
-
-
-def _blocks(blocks: Any, where: str) -> str:
-    """Text blocks' text, joined; any other block is refused, naming it."""
-    if not isinstance(blocks, list) or len(blocks) > bounds.MAX_MESSAGES:
-        raise bad(where, f"must be a string or a list of at most {bounds.MAX_MESSAGES} "
-                  "{\"type\": \"text\", \"text\": ...} blocks")
-    parts = []
-    for j, block in enumerate(blocks):
-        kind = block.get("type") if isinstance(block, dict) else None
-        if kind == "text":
-            parts.append(bounds.text(block.get("text"), f"{where}[{j}].text"))
-        elif kind in ("image", "document"):
-            raise bad(f"{where}[{j}]", f"{kind} blocks are not supported: this server reads text only")
-        elif kind in ("tool_use", "tool_result"):
-            raise bad(f"{where}[{j}]", f"{kind} blocks: tool use is not supported yet")
+        content, where = message.get("content"), f"messages[{i}].content"
+        if isinstance(content, str):
+            out.append({"role": role, "content": bounds.text(content, where)})
+        elif isinstance(content, list) and len(content) <= bounds.MAX_MESSAGES:
+            out.extend(anthropic_tools.message(role, content, where))
         else:
-            raise bad(f"{where}[{j}].type", f"must be \"text\", got {bounds.describe(kind)}")
-    return "".join(parts)
+            raise bad(where, f"must be a string or a list of at most {bounds.MAX_MESSAGES} content blocks")
+    if messages[-1]["role"] == "assistant":
+        raise bad(f"messages[{len(messages) - 1}]", "a last assistant message (a prefill to continue) is "
+                  "not supported; end with a user message")
+    return out
 
 
 def _stop_sequences(stops: Any) -> list[str] | None:
@@ -140,9 +132,11 @@ def _usage(c: Completion | None) -> dict[str, int]:
 
 
 def full(gen: Generate, completions: list[Completion]) -> dict[str, Any]:
-    """The non-streamed message."""
+    """The non-streamed message: its text block (unless it has only tool calls), a tool_use block
+    per call."""
     (c,) = completions
-    return {**_head(gen, _message_id()), "content": [{"type": "text", "text": c.text}],
+    text = [{"type": "text", "text": c.text}] if c.text or not c.tool_calls else []
+    return {**_head(gen, _message_id()), "content": [*text, *map(anthropic_tools.use_block, c.tool_calls)],
             "stop_reason": _stop_reason(c), "stop_sequence": None, "usage": _usage(c)}
 
 
@@ -150,28 +144,61 @@ def _message_id() -> str:
     return "msg_" + secrets.token_hex(12)
 
 
+def _event(kind: str, **fields: Any) -> bytes:
+    return sse.event(kind, {"type": kind, **fields})
+
+
 class MessageWriter:
-    """Anthropic's stream (dialect.Writer): message_start, one text block (content_block_start,
-    ping, a text_delta per Delta, content_block_stop), message_delta (stop reason and usage),
-    message_stop. The prompt's token count comes with the Completion, so message_start says 0
-    input tokens and message_delta the real count."""
+    """Anthropic's stream (dialect.Writer): message_start; the content blocks, each opened when
+    its first piece comes (content_block_start, then ping after the first), its deltas (text_delta,
+    or a tool_use block's input_json_delta fragments) and content_block_stop; message_delta (stop
+    reason and usage), message_stop. A reply with neither text nor calls has one empty text block,
+    as the non-streamed message does. The prompt's token count comes with the Completion, so
+    message_start says 0 input tokens and message_delta the real count."""
 
     def __init__(self, gen: Generate):
         self.gen = gen
         self.completion: Completion | None = None
         self._id = _message_id()
+        self._blocks = 0  # content blocks started
+        self._open: str | None = None  # the open block's type
+        self._calls: dict[int, int] = {}  # a call's index -> its block's
 
     def opening(self) -> bytes:
         message = {**_head(self.gen, self._id), "content": [], "stop_reason": None, "stop_sequence": None,
                    "usage": _usage(None)}
-        return (sse.event("message_start", {"type": "message_start", "message": message})
-                + sse.event("content_block_start", {"type": "content_block_start", "index": 0,
-                                                    "content_block": {"type": "text", "text": ""}})
-                + sse.event("ping", {"type": "ping"}))
+        return _event("message_start", message=message)
+
+    def _start(self, block: dict[str, Any]) -> bytes:
+        out = self._stop() + _event("content_block_start", index=self._blocks, content_block=block)
+        if not self._blocks:
+            out += _event("ping")
+        self._blocks += 1
+        self._open = block["type"]
+        return out
+
+    def _stop(self) -> bytes:
+        if self._open is None:
+            return b""
+        self._open = None
+        return _event("content_block_stop", index=self._blocks - 1)
 
     def delta(self, index: int, delta: Delta) -> bytes:
-        return sse.event("content_block_delta", {"type": "content_block_delta", "index": 0,
-                                                 "delta": {"type": "text_delta", "text": delta.text}})
+        out = b""
+        if delta.text:
+            if self._open != "text":
+                out += self._start({"type": "text", "text": ""})
+            out += _event("content_block_delta", index=self._blocks - 1,
+                          delta={"type": "text_delta", "text": delta.text})
+        for piece in delta.tool_calls:
+            if piece.id:
+                out += self._start({"type": "tool_use", "id": anthropic_tools.use_id(piece.id),
+                                    "name": piece.name, "input": {}})
+                self._calls[piece.index] = self._blocks - 1
+            if piece.arguments and piece.index in self._calls:
+                out += _event("content_block_delta", index=self._calls[piece.index],
+                              delta={"type": "input_json_delta", "partial_json": piece.arguments})
+        return out
 
     def done(self, index: int, completion: Completion) -> bytes:
         self.completion = completion
@@ -179,10 +206,11 @@ class MessageWriter:
 
     def closing(self) -> bytes:
         c = self.completion
-        return (sse.event("content_block_stop", {"type": "content_block_stop", "index": 0})
-                + sse.event("message_delta", {"type": "message_delta", "usage": _usage(c), "delta": {
-                    "stop_reason": _stop_reason(c), "stop_sequence": None}})
-                + sse.event("message_stop", {"type": "message_stop"}))
+        empty = self._start({"type": "text", "text": ""}) if not self._blocks else b""
+        return (empty + self._stop()
+                + _event("message_delta", usage=_usage(c), delta={"stop_reason": _stop_reason(c),
+                                                                   "stop_sequence": None})
+                + _event("message_stop"))
 
     def failure(self, exc: errors.OvpoolError) -> bytes:
         return sse.event("error", body(exc))

@@ -62,7 +62,8 @@ def renamed(names: dict[str, str]) -> Iterator[None]:
         name = names.get(exc.param or "")
         if name is None:
             raise
-        raise errors.InvalidRequestError(f"{name}: {exc}", param=name) from None
+        why = str(exc).removeprefix(f"{exc.param}: ")  # the core's message names its own field first
+        raise errors.InvalidRequestError(f"{name}: {why}", param=name) from None
 
 
 def extensions(body: dict) -> dict[str, Any]:

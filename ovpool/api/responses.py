@@ -10,9 +10,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ovpool import errors
-from ovpool.api import sse
+from ovpool.api import chat_tools, sse
 from ovpool.api.schema import Generate
 from ovpool.completion import Completion, Delta, Logprob, TokenLogprobs
+from ovpool.tools import ToolCallDelta
 
 
 @dataclass
@@ -60,7 +61,7 @@ def full(reply: Reply, completions: list[Completion]) -> dict[str, Any]:
 def _choice(gen: Generate, index: int, prompt: Any, c: Completion) -> dict[str, Any]:
     logprobs = None if gen.logprobs is None else logprobs_object(gen, c.logprobs or (), 0)
     if gen.chat:
-        return _noted({"index": index, "message": {"role": "assistant", "content": c.text},
+        return _noted({"index": index, "message": chat_tools.message(c),
                        "logprobs": logprobs, "finish_reason": c.finish_reason}, c)
     text = prompt + c.text if gen.echo else c.text
     return _noted({"index": index, "text": text, "logprobs": logprobs, "finish_reason": c.finish_reason}, c)
@@ -74,10 +75,11 @@ def _noted(choice: dict[str, Any], c: Completion) -> dict[str, Any]:
     return choice
 
 
-def chunk(reply: Reply, index: int, text: str, tokens: Sequence[TokenLogprobs] = ()) -> dict[str, Any]:
-    """A stream chunk carrying ``text`` for choice ``index`` and its tokens' log-probabilities if
-    asked for (the first chunk of a chat choice also carries its role; the first of an echoing
-    completion, its prompt)."""
+def chunk(reply: Reply, index: int, text: str, tokens: Sequence[TokenLogprobs] = (),
+          calls: tuple[ToolCallDelta, ...] = ()) -> dict[str, Any]:
+    """A stream chunk carrying ``text`` (and the pieces of tool ``calls``) for choice ``index`` and
+    its tokens' log-probabilities if asked for (the first chunk of a chat choice also carries its
+    role; the first of an echoing completion, its prompt)."""
     gen = reply.gen
     first = index not in reply.started
     reply.started.add(index)
@@ -87,8 +89,8 @@ def chunk(reply: Reply, index: int, text: str, tokens: Sequence[TokenLogprobs] =
         logprobs = logprobs_object(gen, tokens, offset)
         reply.offsets[index] = offset + sum(len(t.chosen.text) for t in tokens)
     if gen.chat:
-        delta = {"role": "assistant", "content": text} if first else {"content": text}
-        body = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": None}
+        body = {"index": index, "delta": chat_tools.delta(first, text, calls), "logprobs": logprobs,
+                "finish_reason": None}
     else:
         if first and gen.echo:
             text = gen.choices[index].prompt + text
@@ -157,7 +159,7 @@ class ChunkWriter:
         return b""
 
     def delta(self, index: int, delta: Delta) -> bytes:
-        return sse.data(chunk(self.reply, index, delta.text, delta.logprobs))
+        return sse.data(chunk(self.reply, index, delta.text, delta.logprobs, delta.tool_calls))
 
     def done(self, index: int, completion: Completion) -> bytes:
         return sse.data(last_chunk(self.reply, index, completion))

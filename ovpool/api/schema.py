@@ -9,11 +9,12 @@ app answers with 400. The bounds are ovpool.bounds'; the sampling fields are Sam
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from ovpool import bounds
+from ovpool.api import chat_tools
+from ovpool.api.chat_tools import bad
 from ovpool.bounds import MAX_CHOICES, MAX_JSON_DEPTH, MAX_LOGPROBS
 from ovpool.errors import InvalidRequestError
 from ovpool.protocol import MAX_MESSAGE_BYTES
@@ -33,7 +34,7 @@ class Choice:
     SamplingParams keyword arguments."""
 
     index: int
-    prompt: str | list[dict[str, str]]
+    prompt: str | list[dict[str, Any]]
     sampling: dict[str, Any]
 
 
@@ -50,10 +51,6 @@ class Generate:
     echo: bool = False
     logprobs: int | None = None  # None: not asked for; else how many top alternatives per token
     timeout: float | None = None
-
-
-def bad(param: str, why: str) -> InvalidRequestError:
-    return InvalidRequestError(f"{param}: {why}", param=param)
 
 
 def parse_json(raw: bytes) -> Any:
@@ -74,7 +71,6 @@ def parse_chat(body: Any, max_tokens: int) -> Generate:
     """A /v1/chat/completions body; ``max_tokens`` is the default when the body gives none."""
     body = body_object(body)
     messages = chat_messages(body.get("messages"))
-    no_tools(body)
     tokens = _int(body, "max_completion_tokens", 1, bounds.MAX_TOKENS) or \
         _int(body, "max_tokens", 1, bounds.MAX_TOKENS) or max_tokens
     top = _int(body, "top_logprobs", 0, MAX_LOGPROBS)
@@ -109,7 +105,7 @@ def _generate(body: dict, chat: bool, prompts: list, max_tokens: int, logprobs: 
     bounds.request_tokens(n * len(prompts), max_tokens, tokens_param)
     bounds.logprob_entries(n * len(prompts), max_tokens, logprobs)
     stream = bool(_bool(body, "stream"))
-    base = {"max_tokens": max_tokens, **_sampling(body)}
+    base = {"max_tokens": max_tokens, **_sampling(body), **(chat_tools.body_sampling(body) if chat else {})}
     if logprobs is not None:
         base["logprobs"] = logprobs
     return Generate(chat, model, _choices(base, prompts, n), n, stream, _include_usage(body, stream), echo,
@@ -120,10 +116,11 @@ def _choices(base: dict[str, Any], prompts: list, n: int) -> list[Choice]:
     """n choices per prompt from the SamplingParams arguments ``base``, checked once here; with a
     seed, choice j of a prompt has seed + j."""
     seed = base.pop("seed", None)
-    fmt = SamplingParams(**base).response_format
-    base.pop("response_format", None)
-    if fmt is not None:
-        base["response_format"] = fmt  # canonical: checked again where the request is made
+    params = SamplingParams(**base)
+    for name in ("response_format", "tools", "tool_choice"):  # canonical: checked again where the
+        base.pop(name, None)                                  # request is made
+        if getattr(params, name) is not None:
+            base[name] = getattr(params, name)
     seeds = [None if seed is None else (seed + j) % bounds.SEED_RANGE for j in range(n)]
     return [Choice(i * n + j, prompt, {**base, "seed": seeds[j]})
             for i, prompt in enumerate(prompts) for j in range(n)]
@@ -142,8 +139,9 @@ def _sampling(body: dict) -> dict[str, Any]:
     return out
 
 
-def chat_messages(messages: Any) -> list[dict[str, str]]:
-    """OpenAI chat messages as {role, content} strings (text parts joined; other parts refused)."""
+def chat_messages(messages: Any) -> list[dict[str, Any]]:
+    """OpenAI chat messages as the core's: {role, content} strings (text parts joined; other parts
+    refused), an assistant's tool_calls and a tool message's tool_call_id (chat_tools.history)."""
     if not isinstance(messages, list) or not 1 <= len(messages) <= bounds.MAX_MESSAGES:
         raise bad("messages", f"must be a list of 1 to {bounds.MAX_MESSAGES} "
                   "{\"role\": ..., \"content\": ...}")
@@ -153,7 +151,8 @@ def chat_messages(messages: Any) -> list[dict[str, str]]:
             raise bad(f"messages[{i}]", "must be an object with a string role")
         if message.get("name") is not None:  # not rendered, but OpenAI's: checked like the rest
             bounds.text(message["name"], f"messages[{i}].name", bounds.MAX_NAME_CHARS)
-        out.append({"role": message["role"], "content": _content(message.get("content"), i)})
+        content = _content(message.get("content"), i)
+        out.append(chat_tools.history(message, message["role"], content, f"messages[{i}]"))
     return bounds.messages(out)
 
 
@@ -184,19 +183,6 @@ def _prompts(prompt: Any) -> list[str]:
     if isinstance(prompt, list) and prompt and all(isinstance(p, int) for p in prompt):
         raise bad("prompt", "token-id prompts are not supported; send the text")
     raise bad("prompt", "must be a string or a non-empty list of strings")
-
-
-def _no_tool(choice: Any) -> bool:
-    return choice in ("none", "auto")  # OpenAI's tool_choice values that call no tool
-
-
-def no_tools(body: dict, choice_ok: Callable[[Any], bool] = _no_tool) -> None:
-    """Refuse ``tools`` and a ``tool_choice`` that would need them (``choice_ok``: the API's choices
-    that mean no tool; OpenAI's by default), until the worker constrains tool calls (issue 27)."""
-    if body.get("tools"):
-        raise bad("tools", "tool use is not supported yet; send messages without tools")
-    if body.get("tool_choice") is not None and not choice_ok(body["tool_choice"]):
-        raise bad("tool_choice", "tool use is not supported yet; leave tool_choice out")
 
 
 def _include_usage(body: dict, stream: bool) -> bool:
