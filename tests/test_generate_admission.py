@@ -18,7 +18,7 @@ class Vocabulary:
     def __init__(self, release: threading.Event):
         self.release = release
 
-    def constraint(self, fmt: dict, ignore_eos: bool) -> str:
+    def constraint(self, fmt: dict, ignore_eos: bool, param: str = "response_format") -> str:
         self.release.wait()
         return "constraint"
 

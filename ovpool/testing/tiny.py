@@ -16,7 +16,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as QT
 
 from ovpool.testing.kquants import QUANTIZERS
-from ovpool.testing.tiny_vocab import KINDS, Vocab, vocab, write_tokenizer
+from ovpool.testing.tiny_vocab import CHATML_TEMPLATE, KINDS, Vocab, vocab, write_tokenizer
 
 WEIGHT_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K", "Q5_0", "Q5_1", "Q5_K",
                 "Q3_K", "Q2_K", "IQ4_NL", "IQ4_XS")
@@ -58,6 +58,7 @@ class TinySpec:
     pre: str = ""                # tokenizer.ggml.pre of a BPE vocabulary; "": default for the arch
     embed_type: str = ""         # token_embd/output's weight type; "": weight_type (a real gemma3
                                  # file has a Q8_0 embedding beside Q5_0/Q4_K/Q6_K matrices)
+    chat_template: str = CHATML_TEMPLATE  # e.g. tiny_vocab.QWEN_TOOLS_TEMPLATE (tools in it)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "embed_type", self.embed_type or self.weight_type)
@@ -90,7 +91,7 @@ class TinySpec:
         path = Path(path)
         writer = gguf.GGUFWriter(str(path), self.arch)
         _write_hparams(writer, self)
-        write_tokenizer(writer, self.vocab, self.pre or _PRE[self.arch], self.add_bos)
+        write_tokenizer(writer, self.vocab, self.pre or _PRE[self.arch], self.add_bos, self.chat_template)
         kinds = {name: kind for name, _, kind in tensor_plan(self)}
         types = {"embed": self.embed_type, "matmul": self.weight_type}
         for name, data in self.weights().items():

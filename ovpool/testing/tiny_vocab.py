@@ -21,6 +21,30 @@ CHATML_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
+# Qwen2.5's template, shortened: the tools in the system turn, calls as <tool_call> JSON, results
+# in <tool_response> (a template of the hermes tool-call family: ovpool/worker/text/tool_format.py).
+QWEN_TOOLS_TEMPLATE = (
+    "{%- if tools %}<|im_start|>system\n"
+    "{%- if messages[0]['role'] == 'system' %}{{ messages[0]['content'] }}\n\n{%- endif %}"
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "<tools>{%- for tool in tools %}\n{{ tool | tojson }}{%- endfor %}\n</tools>\n\n"
+    "For each function call, return a json object with function name and arguments within "
+    "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, "
+    "\"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n"
+    "{%- elif messages[0]['role'] == 'system' %}"
+    "<|im_start|>system\n{{ messages[0]['content'] }}<|im_end|>\n{%- endif %}"
+    "{%- for message in messages %}"
+    "{%- if message.role == 'user' or (message.role == 'assistant' and not message.tool_calls) %}"
+    "<|im_start|>{{ message.role }}\n{{ message.content }}<|im_end|>\n"
+    "{%- elif message.role == 'assistant' %}<|im_start|>assistant"
+    "{%- if message.content %}\n{{ message.content }}{%- endif %}"
+    "{%- for tool_call in message.tool_calls %}{%- set tool_call = tool_call.function %}"
+    "\n<tool_call>\n{\"name\": \"{{ tool_call.name }}\", \"arguments\": "
+    "{{ tool_call.arguments | tojson }}}\n</tool_call>{%- endfor %}<|im_end|>\n"
+    "{%- elif message.role == 'tool' %}<|im_start|>user\n<tool_response>\n{{ message.content }}"
+    "\n</tool_response><|im_end|>\n{%- endif %}{%- endfor %}"
+    "{%- if add_generation_prompt %}<|im_start|>assistant\n{%- endif %}"
+)
 KINDS = ("bpe", "spm")
 
 
@@ -57,7 +81,8 @@ def vocab(kind: str, n_merges: int) -> Vocab:
     raise ValueError(f"tokenizer must be one of {KINDS}")
 
 
-def write_tokenizer(writer: gguf.GGUFWriter, v: Vocab, pre: str, add_bos: bool) -> None:
+def write_tokenizer(writer: gguf.GGUFWriter, v: Vocab, pre: str, add_bos: bool,
+                    chat_template: str = CHATML_TEMPLATE) -> None:
     writer.add_tokenizer_model("gpt2" if v.merges is not None else "llama")
     writer.add_token_list(v.tokens)
     writer.add_token_types(v.types)
@@ -72,4 +97,4 @@ def write_tokenizer(writer: gguf.GGUFWriter, v: Vocab, pre: str, add_bos: bool) 
     writer.add_eos_token_id(v.tokens.index(v.eos))
     writer.add_add_bos_token(add_bos)
     writer.add_add_eos_token(False)
-    writer.add_chat_template(CHATML_TEMPLATE)
+    writer.add_chat_template(chat_template)

@@ -264,7 +264,8 @@ class Engine:
         supported device runs PagedAttention."""
         return Generation(self._acquire(), self._release, admitted.ids, admitted.params,
                           self.tokenizer, context_length=self.hparams.context_length,
-                          prefill_chunk=prefill_chunk, constraint=admitted.constraint)
+                          prefill_chunk=prefill_chunk, constraint=admitted.constraint,
+                          tools=self.intake.tool_reader(admitted.params))
 
     def stream(self, prompt: Prompt, **sampling: Any) -> Iterator[Delta]:
         with self.generation(prompt, SamplingParams.from_dict(sampling)) as gen:

@@ -22,15 +22,15 @@ class Preparer:
 
     def __init__(self) -> None:
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="admission")
-        self._jobs: dict[str, tuple[Future, list[float]]] = {}
+        self._jobs: dict[str, tuple[Future, list[float], str]] = {}
 
     def __len__(self) -> int:
         return len(self._jobs)
 
     def submit(self, request_id: str, admit: Callable[[], list[int]], vocabulary: Callable[[], Vocabulary],
-               fmt: dict | None, ignore_eos: bool) -> None:
+               fmt: dict | None, ignore_eos: bool, param: str = "response_format") -> None:
         """``admit`` (the prompt's checked ids) and ``vocabulary`` (the model's, built on first
-        use) are not part of the budget."""
+        use) are not part of the budget; ``param`` is the field ``fmt`` came from, for errors."""
         started: list[float] = []
 
         def prepare() -> tuple[list[int], Constraint | None]:
@@ -39,9 +39,9 @@ class Preparer:
                 return ids, None
             vocab = vocabulary()
             started.append(time.monotonic())
-            return ids, vocab.constraint(fmt, ignore_eos)
+            return ids, vocab.constraint(fmt, ignore_eos, param)
 
-        self._jobs[request_id] = (self._pool.submit(prepare), started)
+        self._jobs[request_id] = (self._pool.submit(prepare), started, param)
 
     def cancel(self, request_id: str) -> None:
         self._jobs.pop(request_id, None)
@@ -49,15 +49,15 @@ class Preparer:
     def wait(self, timeout: float) -> None:
         """Wait up to ``timeout`` for a build to end (a step with nothing else to do)."""
         if self._jobs:
-            wait([future for future, _ in self._jobs.values()], timeout, return_when="FIRST_COMPLETED")
+            wait([job[0] for job in self._jobs.values()], timeout, return_when="FIRST_COMPLETED")
 
     def take(self) -> list[tuple[str, tuple[list[int], Constraint | None] | OvpoolError]]:
         now, out = time.monotonic(), []
-        for rid, (future, started) in list(self._jobs.items()):
+        for rid, (future, started, param) in list(self._jobs.items()):
             if future.done():
                 out.append((rid, _outcome(future)))
             elif started and now - started[0] > BUDGET_S:
-                out.append((rid, too_complex(f"building it took more than {BUDGET_S} s")))
+                out.append((rid, too_complex(f"building it took more than {BUDGET_S} s", param)))
             else:
                 continue
             del self._jobs[rid]

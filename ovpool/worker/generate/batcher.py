@@ -110,13 +110,13 @@ class Batcher:
             route_keys: Sequence[bytes] = ()) -> None:
         """Admit a request: at once when it is cheap, else on the Preparer's thread (a long
         prompt's tokenization, a constraint's build), its refusal then a Failed event of a step."""
-        keys = tuple(route_keys)
-        if params.response_format is None and _text_length(prompt) <= INLINE_CHARS:
+        keys, fmt = tuple(route_keys), self.intake.output_format(params)  # tools' grammar too
+        if fmt is None and _text_length(prompt) <= INLINE_CHARS:
             self._schedule(request_id, self._admit(prompt, params), None, params=params, route_keys=keys)
             return
         self._unprepared[request_id] = (params, keys)
         self._preparer.submit(request_id, lambda: self._admit(prompt, params), self.intake.vocabulary,
-                              params.response_format, params.ignore_eos)
+                              fmt, params.ignore_eos, "tools" if params.calls_tools else "response_format")
 
     def _admit(self, prompt: Any, params: SamplingParams) -> list[int]:
         ids = self.intake.ids(prompt, params)
@@ -138,7 +138,8 @@ class Batcher:
     def _schedule(self, request_id: str, ids: list[int], constraint: Constraint | None, *,
                   params: SamplingParams, route_keys: tuple[bytes, ...]) -> Generation:
         gen = Generation(None, None, ids, params, self.intake.tokenizer,
-                         context_length=self.intake.context_length, constraint=constraint)
+                         context_length=self.intake.context_length, constraint=constraint,
+                         tools=self.intake.tool_reader(params))
         self.scheduler.add(request_id, ids, route_keys)
         self._generations[request_id] = gen
         self._uncounted.add(request_id)

@@ -48,10 +48,10 @@ def _limits():
                                      verbose_errors=False)
 
 
-def too_complex(why: str) -> InvalidRequestError:
-    return InvalidRequestError(f"response_format is too complex for this worker ({why.splitlines()[0]});"
+def too_complex(why: str, param: str = "response_format") -> InvalidRequestError:
+    return InvalidRequestError(f"{param} is too complex for this worker ({why.splitlines()[0]});"
                                " simplify it (fewer or smaller repetitions, a grammar whose rules end)",
-                               param="response_format")
+                               param=param)
 
 
 class _GGUFTokens:
@@ -87,22 +87,22 @@ class Vocabulary:
         self.words = (self.size + 31) // 32   # an int32 bit mask row: bit i of word i // 32 is id i
         self.executor = llguidance.LLExecutor()
 
-    def constraint(self, fmt: dict, ignore_eos: bool = False) -> Constraint:
+    def constraint(self, fmt: dict, ignore_eos: bool = False, param: str = "response_format") -> Constraint:
         """A matcher for a canonical ``fmt``, its first mask computed (so the step that uses it
         does not pay for the lexer's set-up); a grammar llguidance refuses, or one over the limits
-        or BUDGET_S, is an InvalidRequestError."""
+        or BUDGET_S, is an InvalidRequestError naming ``param`` (what ``fmt`` came from)."""
         import llguidance
 
         start = time.perf_counter()
         matcher = llguidance.LLMatcher(self.lltokenizer, formats.grammar(fmt), log_level=0, limits=_limits())
         if matcher.is_error():
-            raise InvalidRequestError(f"response_format: {matcher.get_error()}", param="response_format")
+            raise InvalidRequestError(f"{param}: {matcher.get_error()}", param=param)
         constraint = Constraint(self, matcher, ignore_eos)
         MaskBatch([constraint]).compute()
         constraint.check()
         spent = time.perf_counter() - start
         if spent > BUDGET_S:
-            raise too_complex(f"its first token mask took {spent:.1f} s, more than {BUDGET_S} s")
+            raise too_complex(f"its first token mask took {spent:.1f} s, more than {BUDGET_S} s", param)
         return constraint
 
 

@@ -22,6 +22,7 @@ from ovpool.worker.generate.logprobs import Logprobs
 from ovpool.worker.generate.sampler import Sampler, StopMatcher
 from ovpool.worker.generate.scheduler import prompt_chunk
 from ovpool.worker.generate.session import Session
+from ovpool.worker.text.tool_reader import ToolReader
 
 log = logging.getLogger("ovpool.worker")
 
@@ -31,7 +32,8 @@ class Generation:
 
     def __init__(self, session: Session | None, release: Callable[[Session], None] | None,
                  prompt_ids: Sequence[int], params: SamplingParams, tokenizer, *, context_length: int,
-                 prefill_chunk: int | None = None, constraint: Constraint | None = None):
+                 prefill_chunk: int | None = None, constraint: Constraint | None = None,
+                 tools: ToolReader | None = None):
         self._session, self._release = session, release
         self.prompt_ids, self.params = list(prompt_ids), params
         # A session may keep the KV of the prompt's beginning (Engine.prefix_cache): not recomputed.
@@ -45,6 +47,7 @@ class Generation:
         self._token_logprobs: list[TokenLogprobs] = []
         self._sent_logprobs = 0  # how many of them a Delta carried
         self.constraint = constraint
+        self._tools = tools  # reads the reply's tool calls out of its text
         self._decoder = tokenizer.stream_decoder()
         self._stop = StopMatcher(params.stop)
         self.token_ids: list[int] = []
@@ -119,16 +122,22 @@ class Generation:
             text += tail if stopped else tail + self._stop.flush()
         self.finish_reason = reason
         self.close()
-        return self._delta(token, text, index)
+        delta = self._delta(token, text, index)
+        if self._tools is not None:
+            self.finish_reason = self._tools.finish_reason(reason)
+        return delta
 
     def _delta(self, token: int, text: str, index: int | None = None) -> Delta | None:
         logprobs = tuple(self._token_logprobs[self._sent_logprobs:])
+        calls = ()
+        if self._tools is not None:  # the text outside the calls, and the calls' pieces
+            text, calls = self._tools.feed(text, final=self.finished)
         # Without text a Delta only carries log-probabilities, at the end (else they wait for text).
-        if not text and not (logprobs and self.finished):
+        if not text and not calls and not (logprobs and self.finished):
             return None
         self._text.append(text)
         self._sent_logprobs = len(self._token_logprobs)
-        return Delta(len(self.token_ids) - 1 if index is None else index, token, text, logprobs)
+        return Delta(len(self.token_ids) - 1 if index is None else index, token, text, logprobs, calls)
 
     def completion(self) -> Completion:
         if not self.finished:
@@ -137,7 +146,7 @@ class Generation:
                           finish_reason=self.finish_reason,
                           usage=Usage(len(self.prompt_ids), len(self.token_ids)), timings=self._timings(),
                           logprobs=None if self._logprobs is None else list(self._token_logprobs),
-                          note=self.note)
+                          note=self.note, tool_calls=[] if self._tools is None else self._tools.calls)
 
     def _timings(self) -> dict[str, float]:
         first, last = self._stamps[0], self._stamps[-1]

@@ -1,6 +1,7 @@
 """Request intake: a prompt (text, token ids or chat messages) and its SamplingParams into what a
 runtime runs: the prompt's token ids, checked against every limit (ovpool.worker.generate.limits),
-and the structured-output Constraint of its ``response_format``.
+and the structured-output Constraint of its ``response_format`` or its tools (the model's
+tool-call family renders them and holds the reply to them: ovpool.worker.text.tool_format).
 
 An Intake is built once per model from its tokenizer, chat template and hyperparameters; the
 Batcher and the single-stream Engine admit through the same one.
@@ -20,8 +21,10 @@ from ovpool.errors import InvalidRequestError
 from ovpool.sampling_params import SamplingParams
 from ovpool.worker.generate.constraint import Constraint, Vocabulary
 from ovpool.worker.generate.limits import check_logit_bias, check_max_tokens, check_prompt, check_prompt_chars
+from ovpool.worker.text import tool_format
 from ovpool.worker.text.chat import render
 from ovpool.worker.text.tokenizer import Tokenizer
+from ovpool.worker.text.tool_reader import ToolReader
 
 Prompt = str | Sequence[int] | Sequence[Mapping[str, Any]]
 
@@ -52,6 +55,7 @@ class Intake:
     def __init__(self, tokenizer: Tokenizer, chat_template: str | None, limits: Limits,
                  phases: dict[str, float] | None = None):
         self.tokenizer, self.chat_template, self.limits = tokenizer, chat_template, limits
+        self.tool_family = tool_format.family(chat_template)
         self._phases = {} if phases is None else phases
         self._vocabulary: Vocabulary | None = None  # made on the first request with a response_format
         self._vocabulary_lock = threading.Lock()
@@ -68,19 +72,24 @@ class Intake:
     def ids(self, prompt: Prompt, params: SamplingParams) -> list[int]:
         """The prompt's token ids, once the request is within every limit."""
         check_max_tokens(params.max_tokens, self.limits.max_new_tokens)
-        ids = self.prompt_ids(prompt)
+        ids = self.prompt_ids(prompt, params)
         self.check(ids, new_tokens=1, max_tokens=params.max_tokens)
         check_logit_bias(params.logit_bias, self.limits.vocab_size)
         return ids
 
-    def prompt_ids(self, prompt: Prompt) -> list[int]:
-        """Token ids of a text, a list of ids, or chat messages (rendered with the chat template)."""
+    def prompt_ids(self, prompt: Prompt, params: SamplingParams | None = None) -> list[int]:
+        """Token ids of a text, a list of ids, or chat messages (rendered with the chat template,
+        and ``params``' tools)."""
+        items = [] if isinstance(prompt, str) else list(prompt)
+        is_chat = bool(items) and all(isinstance(m, Mapping) for m in items)
+        if params is not None and params.calls_tools and not is_chat:
+            raise InvalidRequestError("tools need chat messages (the model's template renders them), "
+                                      "not a plain prompt", param="tools")
         if isinstance(prompt, str):
             return self._tokenize_checked(prompt)
-        items = list(prompt)
-        if items and all(isinstance(m, Mapping) for m in items):
+        if is_chat:
             # The template writes any BOS itself, as Hugging Face's apply_chat_template does.
-            return self._tokenize_checked(self.render_chat(items), add_special=False)
+            return self._tokenize_checked(self.render_chat(items, params), add_special=False)
         if all(isinstance(t, int | np.integer) and not isinstance(t, bool) for t in items):
             return [int(t) for t in items]
         raise InvalidRequestError("a prompt is a string, a list of token ids, or a list of chat messages "
@@ -92,15 +101,28 @@ class Intake:
                      max_prompt_tokens=limits.max_prompt_tokens, new_tokens=new_tokens,
                      max_tokens=max_tokens)
 
-    def render_chat(self, messages: Sequence[Mapping[str, Any]]) -> str:
+    def render_chat(self, messages: Sequence[Mapping[str, Any]], params: SamplingParams | None = None) -> str:
+        messages, extra = tool_format.prepare(self.tool_family, messages, params)
         return render(self.chat_template, messages, add_generation_prompt=True,
-                      bos_token=self.tokenizer.bos_token, eos_token=self.tokenizer.eos_token)
+                      bos_token=self.tokenizer.bos_token, eos_token=self.tokenizer.eos_token, **extra)
+
+    def output_format(self, params: SamplingParams) -> dict | None:
+        """What the output is held to: its response_format, or the grammar of calls to its tools
+        (a canonical response_format of type grammar); None for free text."""
+        if params.calls_tools:
+            return {"type": "grammar", "lark": tool_format.grammar(self.tool_family, params)}
+        return params.response_format
+
+    def tool_reader(self, params: SamplingParams) -> ToolReader | None:
+        """The reader of the reply's calls, when it may make any."""
+        return ToolReader(self.tool_family) if params.calls_tools else None
 
     def constraint(self, params: SamplingParams) -> Constraint | None:
-        """The Constraint of ``params.response_format`` on this model's vocabulary; None without one."""
-        if params.response_format is None:
+        """The Constraint of ``output_format`` on this model's vocabulary; None without one."""
+        fmt = self.output_format(params)
+        if fmt is None:
             return None
-        return self.vocabulary().constraint(params.response_format, ignore_eos=params.ignore_eos)
+        return self.vocabulary().constraint(fmt, ignore_eos=params.ignore_eos, param=_param(params))
 
     def vocabulary(self) -> Vocabulary:
         """This model's vocabulary for constrained decoding, built on first use (a batcher's
@@ -114,6 +136,11 @@ class Intake:
     def _tokenize_checked(self, text: str, add_special: bool = True) -> list[int]:
         check_prompt_chars(len(text), self.limits.max_prompt_tokens, self._longest_token)
         return self.tokenizer.encode(text, add_special=add_special)
+
+
+def _param(params: SamplingParams) -> str:
+    """The field an output format's error names."""
+    return "tools" if params.calls_tools else "response_format"
 
 
 class timed:

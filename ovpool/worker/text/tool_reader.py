@@ -1,0 +1,190 @@
+"""A reply's tool calls read as it streams: the text a generation writes in, its visible text and
+ToolCallDeltas out, and at the end its ToolCalls (ovpool.worker.text.tool_format says the forms).
+
+The grammar holds the reply to its family's form, so reading is deterministic: each time text
+arrives the reader reads the whole reply so far again (replies are short) into a view, its text
+outside the calls and each call's name and arguments so far, and sends what grew since the last
+view. A view only grows as text arrives, so the pieces sent are exactly the final reply: a call's
+first piece (id and name) once its name is complete, then its arguments' JSON text as written.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+
+from ovpool.tools import ToolCall, ToolCallDelta, new_call_id
+from ovpool.worker.text.tool_format import HERMES, OPEN
+
+
+@dataclass
+class _Call:
+    name: str | None    # None until its closing quote arrived
+    arguments: str      # its JSON text so far
+    complete: bool
+
+
+_NAME = re.compile(r'\{\s*"name"\s*:\s*"([^"]*)"\s*,\s*"arguments"\s*:\s*')
+_NAME_ONLY = re.compile(r'\{\s*"name"\s*:\s*"([^"]*)"')
+_GENERIC = re.compile(r'\{\s*"(tool_calls|response)"\s*:\s*')
+_NUMBER_CHARS = set("0123456789+-.eE")
+
+
+class ToolReader:
+    """One reply's reader for family ``kind``."""
+
+    def __init__(self, kind: str):
+        self.kind = kind
+        self._raw = ""
+        self._text = 0            # characters of visible text sent
+        self._sent: list[int] = []  # per announced call: characters of its arguments sent
+        self._ids: list[str] = []
+        self._calls: list[_Call] = []
+
+    def feed(self, text: str, final: bool = False) -> tuple[str, tuple[ToolCallDelta, ...]]:
+        """The visible text and the call pieces that ``text`` (the reply's next text) adds;
+        ``final``: it is the last (text held back as a possible call's start is let go)."""
+        self._raw += text
+        visible, self._calls = self._view(final)
+        out_text, self._text = visible[self._text:], len(visible)
+        return out_text, tuple(self._pieces())
+
+    @property
+    def calls(self) -> list[ToolCall]:
+        """The reply's complete calls so far."""
+        return [ToolCall(self._ids[i], c.name, c.arguments) for i, c in enumerate(self._calls)
+                if c.complete and i < len(self._ids)]
+
+    def finish_reason(self, reason: str) -> str:
+        """A reply that stopped after its calls ends with ``tool_calls``."""
+        return "tool_calls" if reason == "stop" and self.calls else reason
+
+    def _pieces(self):
+        for i, call in enumerate(self._calls):
+            if call.name is None:
+                return
+            if i == len(self._ids):
+                self._ids.append(new_call_id())
+                self._sent.append(0)
+                yield ToolCallDelta(i, self._ids[i], call.name, "")
+            if len(call.arguments) > self._sent[i]:
+                yield ToolCallDelta(i, "", "", call.arguments[self._sent[i]:])
+                self._sent[i] = len(call.arguments)
+
+    def _view(self, final: bool) -> tuple[str, list[_Call]]:
+        raw = self._raw
+        if self.kind == HERMES:
+            start = raw.find(OPEN)
+            if start < 0:
+                return raw if final else raw[:len(raw) - _held(raw, OPEN)], []
+            return raw[:start], _hermes_calls(raw, start)
+        match = _GENERIC.match(raw)
+        if match is None:
+            return "", []
+        if match.group(1) == "response":
+            return _string_prefix(raw, match.end()), []
+        return "", _generic_calls(raw, match.end())
+
+
+def _held(raw: str, marker: str) -> int:
+    """How many characters at the end of ``raw`` may begin ``marker``."""
+    return next((n for n in range(min(len(marker) - 1, len(raw)), 0, -1) if marker.startswith(raw[-n:])), 0)
+
+
+def _hermes_calls(raw: str, pos: int) -> list[_Call]:
+    calls = []
+    while raw.startswith(OPEN, pos):
+        call, pos = _call(raw, pos + len(OPEN))
+        if call is None:
+            break
+        calls.append(call)
+        if not call.complete:
+            break
+        pos = raw.find(OPEN, pos)
+        if pos < 0:
+            break
+    return calls
+
+
+def _generic_calls(raw: str, pos: int) -> list[_Call]:
+    pos = _skip_space(raw, pos)
+    if not raw.startswith("[", pos):
+        return []
+    calls = []
+    pos += 1
+    while True:
+        call, pos = _call(raw, pos)
+        if call is None:
+            return calls
+        calls.append(call)
+        pos = _skip_space(raw, pos)
+        if not call.complete or not raw.startswith(",", pos):
+            return calls
+        pos += 1
+
+
+def _call(raw: str, pos: int) -> tuple[_Call | None, int]:
+    """The call object at ``pos`` (after whitespace) and where it ends; None before its name."""
+    pos = _skip_space(raw, pos)
+    match = _NAME.match(raw, pos)
+    if match is None:
+        named = _NAME_ONLY.match(raw, pos)
+        return (_Call(named.group(1), "", False) if named else None), len(raw)
+    start = match.end()
+    end = _value_end(raw, start)
+    if end is None:
+        return _Call(match.group(1), raw[start:], False), len(raw)
+    close = _skip_space(raw, end)
+    return _Call(match.group(1), raw[start:end], close < len(raw) and raw[close] == "}"), close + 1
+
+
+def _skip_space(raw: str, pos: int) -> int:
+    while pos < len(raw) and raw[pos] in " \t\r\n":
+        pos += 1
+    return pos
+
+
+def _value_end(raw: str, pos: int) -> int | None:
+    """Where the JSON value at ``pos`` ends, None if it has not ended yet."""
+    if pos >= len(raw):
+        return None
+    if raw[pos] not in "{[\"":
+        end = pos
+        while end < len(raw) and (raw[end] in _NUMBER_CHARS or raw[end].isalpha()):
+            end += 1
+        return end if end < len(raw) else None
+    depth, in_string, escaped = 0, False, False
+    for i in range(pos, len(raw)):
+        ch = raw[i]
+        if in_string:
+            escaped, in_string = (False, True) if escaped else (ch == "\\", ch != '"')
+            if not in_string and depth == 0:
+                return i + 1
+        elif ch == '"':
+            in_string = True
+        elif ch in "{[":
+            depth += 1
+        elif ch in "}]":
+            depth -= 1
+            if depth == 0:
+                return i + 1
+    return None
+
+
+def _string_prefix(raw: str, pos: int) -> str:
+    """The decoded text of the JSON string at ``pos`` so far: an escape cut short, or the first
+    half of a surrogate pair, waits for the rest."""
+    if not raw.startswith('"', pos):
+        return ""
+    end = _value_end(raw, pos)
+    if end is not None:
+        return json.loads(raw[pos:end], strict=False)
+    body, i = raw[pos + 1:], 0
+    while i < len(body):
+        step = (6 if body[i + 1:i + 2] == "u" else 2) if body[i] == "\\" else 1
+        if i + step > len(body):
+            break
+        i += step
+    text = json.loads(f'"{body[:i]}"', strict=False)
+    return text[:-1] if text and "\ud800" <= text[-1] <= "\udbff" else text
