@@ -131,3 +131,78 @@ def test_fuzzed_whole_bodies_are_4xx(http, raw):
         assert 400 <= response.status_code < 500, (raw[:200], response.text[:500])
         assert_error_shape(path, response.json())
     assert_still_serving(http)
+
+
+# -- tool calling: each dialect's tools, tool_choice and tool history, valid and hostile parts --
+
+def _raw(*texts: str) -> st.SearchStrategy[str]:
+    """One of ``texts`` (raw JSON), or one time in eight any fuzzed value in its place (so that
+    many bodies pass the checks and reach the pool and the stream writers)."""
+    hostile = st.sampled_from(SPECIAL) | _json
+    return st.integers(0, 7).flatmap(lambda i: hostile if i == 0 else st.sampled_from(texts))
+
+
+_SCHEMA = _raw('{"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}', "{}",
+               '{"type": 7}', '{"type": "object", "properties": {"a": {"$ref": "#/nope"}}}',
+               '{"type": "object", "properties": {"a": {"maximum": 36893488147419103232}}}')
+_NAME = _raw('"get_weather"', '"add"', '"bad name"', '"' + "x" * 65 + '"', '"\\ud800"')
+_ID = _raw('"call_1"', '"toolu_1"', '"\\ud800"', '""')
+_ARGS = _raw('"{\\"a\\": 1}"', '"{}"', '"not json"', '{"a": 1}')
+_PARALLEL = _raw("true", "false")
+
+
+def _object(required: tuple[str, ...] = (), **parts: st.SearchStrategy[str]) -> st.SearchStrategy[str]:
+    """A JSON object text of ``parts``, each field but the ``required`` ones sometimes left out."""
+    fields = st.fixed_dictionaries({k: v for k, v in parts.items() if k in required},
+                                   optional={k: v for k, v in parts.items() if k not in required})
+    return fields.map(lambda d: "{" + ", ".join(f'"{k}": {v}' for k, v in d.items()) + "}")
+
+
+def _list(item: st.SearchStrategy[str]) -> st.SearchStrategy[str]:
+    return st.lists(item, max_size=3).map(lambda xs: "[" + ", ".join(xs) + "]")
+
+
+_CHAT_TOOL = _object(("type", "function"), type=_raw('"function"', '"custom"'), function=_object(
+    ("name",), name=_NAME, description=_raw('"d"'), parameters=_SCHEMA, strict=_raw("true", "false")))
+_CHAT_CALL = _object(("id", "function"), id=_ID, type=_raw('"function"'),
+                     function=_object(("name", "arguments"), name=_NAME, arguments=_ARGS))
+_CHAT_HISTORY = st.tuples(_list(_CHAT_CALL), _ID, _raw('"18 C"', "null")).map(
+    lambda t: '[{"role": "user", "content": "hi"}, {"role": "assistant", "content": null, "tool_calls": '
+              f'{t[0]}}}, {{"role": "tool", "tool_call_id": {t[1]}, "content": {t[2]}}}]')
+_FLAT_TOOL = _object(("type", "name"), type=_raw('"function"', '"web_search"'), name=_NAME,
+                     description=_raw('"d"'), parameters=_SCHEMA, strict=_raw("true", "false"))
+_ITEMS = st.lists(_object(("type", "call_id", "name", "arguments"), type=_raw('"function_call"'), call_id=_ID,
+                          name=_NAME, arguments=_ARGS, status=_raw('"completed"'))
+                  | _object(("type", "call_id", "output"), type=_raw('"function_call_output"', '"reasoning"'),
+                            call_id=_ID, output=_raw('"18 C"', '[{"type": "input_text", "text": "x"}]'))
+                  | _object(("role", "content"), role=_raw('"user"', '"assistant"'), content=_raw('"hi"')),
+                  min_size=1, max_size=4).map(lambda items: "[" + ", ".join(items) + "]")
+_CLAUDE_TOOL = _object(("name", "input_schema"), name=_NAME, description=_raw('"d"'), input_schema=_SCHEMA,
+                       type=_raw('"custom"', '"bash_20250124"'))
+_TEXT = _object(("type", "text"), type=_raw('"text"'), text=_raw('"hi"'))
+_USE = _object(("type", "id", "name", "input"), type=_raw('"tool_use"'), id=_ID, name=_NAME,
+               input=_raw('{"a": 1}'))
+_RESULT = _object(("type", "tool_use_id"), type=_raw('"tool_result"'), tool_use_id=_ID, is_error=_raw("true"),
+                  content=_raw('"18 C"', '[{"type": "text", "text": "x"}]'))
+_CLAUDE_HISTORY = st.tuples(_list(_TEXT | _USE), _list(_RESULT | _TEXT)).map(
+    lambda t: f'[{{"role": "user", "content": "hi"}}, {{"role": "assistant", "content": {t[0]}}}, '
+              f'{{"role": "user", "content": {t[1]}}}]')
+TOOL_FIELDS = {
+    "/v1/chat/completions": {"tools": _list(_CHAT_TOOL), "messages": _CHAT_HISTORY,
+                             "parallel_tool_calls": _PARALLEL,
+                             "tool_choice": _raw('"auto"', '"none"', '"required"', '{"type": "function", '
+                                                 '"function": {"name": "get_weather"}}'),
+                             "functions": _raw("[]"), "stream": _raw("true")},
+    "/v1/responses": {"tools": _list(_FLAT_TOOL), "input": _ITEMS, "parallel_tool_calls": _PARALLEL,
+                      "tool_choice": _raw('"required"', '{"type": "function", "name": "get_weather"}',
+                                          '{"type": "allowed_tools"}'), "stream": _raw("true")},
+    "/v1/messages": {"tools": _list(_CLAUDE_TOOL), "messages": _CLAUDE_HISTORY, "stream": _raw("true"),
+                     "tool_choice": _raw('{"type": "any"}', '{"type": "tool", "name": "get_weather"}',
+                                         '{"type": "auto", "disable_parallel_tool_use": true}')}}
+
+
+@FUZZ
+@given(path=st.sampled_from(list(TOOL_FIELDS)), data=st.data())
+def test_fuzzed_tool_requests_are_4xx_or_served(http, path, data):
+    fields = data.draw(st.fixed_dictionaries({}, optional=TOOL_FIELDS[path]))
+    _check(http, path, fields)

@@ -87,12 +87,14 @@ def tool_message(call_id: Any, content: str, where: str) -> dict[str, Any]:
             "content": content}
 
 
-def call(call_id: Any, name: Any, arguments: Any, where: str, id_field: str = "id") -> dict[str, Any]:
+def call(call_id: Any, name: Any, arguments: Any, where: str,
+         fields: tuple[str, str, str] = ("id", "name", "arguments")) -> dict[str, Any]:
     """One canonical (OpenAI-shaped) call of an assistant message, its parts checked (errors name
-    the id as the dialect does: ``id_field``)."""
-    return {"id": bounds.text(call_id, f"{where}.{id_field}", bounds.MAX_NAME_CHARS), "type": "function",
-            "function": {"name": bounds.text(name, f"{where}.name", bounds.MAX_NAME_CHARS),
-                         "arguments": bounds.text(arguments, f"{where}.arguments")}}
+    them as the dialect does: ``fields``, below ``where``)."""
+    at = [f"{where}.{field}" for field in fields]
+    return {"id": bounds.text(call_id, at[0], bounds.MAX_NAME_CHARS), "type": "function",
+            "function": {"name": bounds.text(name, at[1], bounds.MAX_NAME_CHARS),
+                         "arguments": bounds.text(arguments, at[2])}}
 
 
 def _call(value: Any, where: str) -> dict[str, Any]:
@@ -101,7 +103,8 @@ def _call(value: Any, where: str) -> dict[str, Any]:
         raise bad(where, "must be {\"id\": ..., \"type\": \"function\", \"function\": {\"name\": ..., "
                   "\"arguments\": \"<JSON text>\"}}")
     function = value["function"]
-    return call(value.get("id"), function.get("name"), function.get("arguments"), f"{where}.function")
+    return call(value.get("id"), function.get("name"), function.get("arguments"), where,
+                ("id", "function.name", "function.arguments"))
 
 
 # -- replies ----------------------------------------------------------------------------------

@@ -50,7 +50,8 @@ def _choice(choice: Any) -> Any:
 
 def call_item(item: dict, where: str, messages: list[dict[str, Any]]) -> None:
     """A function_call item: a call of the assistant message before it, or of a new one."""
-    call = chat_tools.call(item.get("call_id"), item.get("name"), item.get("arguments"), where, "call_id")
+    call = chat_tools.call(item.get("call_id"), item.get("name"), item.get("arguments"), where,
+                           ("call_id", "name", "arguments"))
     last = messages[-1] if messages else None
     if last is not None and last["role"] == "assistant":
         messages[-1] = chat_tools.assistant(last["content"] or "", [*last.get("tool_calls", ()), call])

@@ -19,7 +19,7 @@ from ovpool.startup import defer_heavy_imports
 COMMAND_MODULES = {"api": "api", "settings": "settings_cmd", "generate": "generate", "broker": "pool",
                    "worker": "pool",
                    "complete": "pool", "status": "pool", "keys": "pool", "serve": "serve", "probe": "serve",
-                   "cache": "cache", "bench": "bench"}
+                   "cache": "cache", "bench": "bench", "drain": "drain", "restart": "drain"}
 
 
 class _LazyGroup(click.Group):

@@ -19,8 +19,8 @@ from ovpool.cli.common import (
     check_cache_dir,
     resolve_settings,
     settings_options,
-    stop_on_signals,
 )
+from ovpool.cli.drain import serve_signals
 from ovpool.errors import BrokerUnavailableError
 from ovpool.serve import state
 from ovpool.serve.keys import CURVE_SETTINGS, ChildKeys, child_keys
@@ -178,10 +178,12 @@ def _run(spec: PoolSpec, settings: Any, keys: ChildKeys, state_file: str | None,
     http_env = {**base, **keys.env("client"), API_KEY_ENV: ",".join(api_keys)}
     client, status = _status_fn(spec.endpoint, settings.replace(**keys.client))
     publish = _publisher(state_file, client, keys.client)
-    with client, stop_on_signals() as stop, \
+    with client, serve_signals(state_file) as orders, \
             Pool(spec, status, publish, env={**base, **keys.env("worker")}, http_env=http_env,
-                 broker_env={**base, **keys.env("broker")}, keep_up=keep_up) as pool:
-        pool.run(stop)
+                 broker_env={**base, **keys.env("broker")}, keep_up=keep_up,
+                 broker_drain=lambda worker, timeout_s: client.drain(worker, timeout_s, timeout=2.0),
+                 shutdown_timeout_s=settings.shutdown_timeout_s) as pool:
+        pool.run(orders)
 
 
 def _echo_start(spec: PoolSpec, remote: str | None, keys: ChildKeys) -> None:

@@ -42,6 +42,8 @@ def check(view: dict | None, *, need_ready: bool, now: float | None = None) -> t
     summary = ", ".join(f"{states.count(s)} {s}" for s in sorted(set(states))) or "no workers"
     if need_ready and "ready" not in states:
         return False, f"no worker ready ({summary})"
+    if need_ready and view.get("draining"):  # load balancers stop sending while it drains
+        return False, f"draining ({summary})"
     return True, summary
 
 

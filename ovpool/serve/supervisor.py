@@ -17,6 +17,12 @@ A worker's life::
 
 A run is a *fast failure* when it exits before it was ready or within ``stable_after_s`` of its
 start; the delay doubles with each fast failure in a row, capped, and a stable run resets it.
+
+A planned exit is none of these: ``draining(name, then)`` marks a worker serve drains (it shows as
+``draining``); when it exits it is restarted at once (``then`` "restart": a rolling restart, the
+exit is not counted as a failure) or left stopped (``then`` "retire": `ovpool drain`, a drain of
+serve on a worker host). ``revive`` restarts a worker that is backing off or failing now (a
+rolling restart gives a failing worker its new binary, settings or model file too).
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ class WorkerPhase(str, Enum):
     BACKOFF = "backoff"
     FAILING = "failing"
     STOPPED = "stopped"
+    DRAINING = "draining"  # serve drains it: a planned exit follows (restart or retire)
 
 
 @dataclass(frozen=True)
@@ -61,6 +68,7 @@ class _Worker:
     fast_failures: int = 0
     last_exit: int | None = None
     reason: str = ""
+    then: str = ""  # what follows the planned exit of a draining worker: "restart" or "retire"
 
 
 @dataclass
@@ -104,6 +112,8 @@ class Supervisor:
         if self._stopping:
             w.state, w.reason = WorkerPhase.STOPPED, "stopped by serve"
             return w.state
+        if w.state is WorkerPhase.DRAINING:
+            return self._planned_exit(w, now)
         w.reason = reason or f"exited with status {code}"
         fast = not w.ready or now - w.started_at < self.policy.stable_after_s
         w.fast_failures = w.fast_failures + 1 if fast else 0
@@ -116,6 +126,30 @@ class Supervisor:
         else:
             w.state, w.restart_at = WorkerPhase.BACKOFF, now + self.policy.delay(w.fast_failures)
         return w.state
+
+    def draining(self, name: str, then: str) -> None:
+        """Serve drains ``name`` (a running worker); its next exit is planned: see the docstring."""
+        w = self._workers[name]
+        assert then in ("restart", "retire"), then
+        w.state, w.then, w.ready = WorkerPhase.DRAINING, then, False
+        w.reason = "draining: " + ("rolling restart" if then == "restart" else "stops once idle")
+
+    def revive(self, name: str, now: float) -> None:
+        """Start ``name`` now if it waits for a restart or was given up on (with a clean slate)."""
+        w = self._workers[name]
+        if w.state in (WorkerPhase.BACKOFF, WorkerPhase.FAILING, WorkerPhase.STOPPED):
+            w.state, w.restart_at, w.fast_failures = WorkerPhase.BACKOFF, now, 0
+
+    def _planned_exit(self, w: _Worker, now: float) -> WorkerPhase:
+        if w.then == "restart":
+            w.state, w.restart_at, w.reason = WorkerPhase.BACKOFF, now, "replaced by a rolling restart"
+        else:
+            w.state, w.reason = WorkerPhase.STOPPED, "drained"
+        w.then = ""
+        return w.state
+
+    def pid(self, name: str) -> int | None:
+        return self._workers[name].pid
 
     def stop(self) -> None:
         """Shutting down: no more restarts; later exits are expected."""
