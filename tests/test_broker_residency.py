@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import pytest
+from broker_helpers import C1, C2, LATE, W1, of, ready, submit
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ovpool import errors, timing
 from ovpool.broker.residency import NEVER, Load, ModelPolicy, ModelState, Residency, Unload
+from ovpool.broker.router import Router
 from ovpool.errors import ConfigError
+from ovpool.protocol import Error, Ping, Request, Supervised
 
 NAMES = ("a", "b", "c")
 
@@ -154,3 +158,34 @@ def test_a_failed_model_is_not_loaded_again_and_others_go_on():
     world.step(("submit", "b"))
     assert world.loads == ["a", "b"]
     assert world.r.describe("a", world.now)["residency"] == "failed"
+
+
+# -- the broker's side: requests for a model a supervisor loads on demand wait for it ------------
+
+
+def _report(state: str, reason: str = "") -> Supervised:
+    return Supervised("h", 10, [{"name": "x:CPU", "state": "unloaded", "model": "x", "residency": state,
+                                 "residency_reason": reason}])
+
+
+def test_a_request_for_an_unloaded_model_waits_past_the_grace_and_goes_to_its_worker_once_loaded():
+    r = Router(now=0.0)
+    r.handle(C2, _report("unloaded"), LATE)
+    assert r.handle(C1, submit("a", model="x"), LATE) == []  # queued, not refused
+    later = LATE + timing.BROKER_GRACE_S + 1
+    r.handle(C2, _report("loading"), later)  # serve reports twice a heartbeat
+    r.handle(C1, Ping(["a"]), later)  # so does a waiting client
+    r.tick(later)  # not an orphan: its supervisor loads it
+    assert r.status(LATE)["queues"] == {"x": 1}
+    out = r.handle(W1, ready(models=("x",)), later)
+    assert [m.request_id for _, m in of(out, Request)] == ["a"]
+
+
+def test_a_model_reported_failed_fails_what_waits_for_it_and_refuses_the_next_naming_why():
+    r = Router(now=0.0)
+    r.handle(C2, _report("loading"), LATE)
+    assert r.handle(C1, submit("a", model="x"), LATE) == []
+    (peer, err), = of(r.handle(C2, _report("failed", "model file 'x.gguf' is not a GGUF file"), LATE), Error)
+    assert peer == C1 and err.code == errors.ModelNotFoundError.code and "not a GGUF file" in err.message
+    (_, err), = r.handle(C1, submit("b", model="x"), LATE)
+    assert err.message == "model 'x' cannot be loaded: model file 'x.gguf' is not a GGUF file"

@@ -5,6 +5,10 @@ worker serving it reported that its model has no chat template (READY's ``load.c
 protocol.load_to_wire): a base model such as gemma3-270m takes prompts only, and its workers answer
 a chat request with a 400 that says so. A worker that does not say (the null backend, an older
 worker) is taken to chat.
+
+Each model has a ``state``: ``loaded`` when a worker serves it; a model `ovpool serve` loads on
+demand (several models) may also be ``unloaded``, ``loading``, ``unloading`` or ``failed`` (with the
+``reason``), from the entries serve reports to the broker (broker/residency.py).
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from ovpool.errors import ModelNotFoundError
 
 
 def listed(status: dict[str, Any]) -> list[dict[str, Any]]:
-    """The model objects, by id: each served name, its worker count and capabilities."""
+    """The model objects, by id: each served or loadable name, its worker count, capabilities, state."""
     counts: dict[str, int] = {}
     templateless: set[str] = set()
     for worker in status["workers"]:
@@ -26,9 +30,24 @@ def listed(status: dict[str, Any]) -> list[dict[str, Any]]:
             if isinstance(load, dict) and load.get("chat") is False:
                 templateless.add(name)
     created = int(time.time() - status["uptime_s"])
-    return [{"id": name, "object": "model", "created": created, "owned_by": "ovpool", "workers": n,
-             "capabilities": ["completion"] if name in templateless else ["chat", "completion"]}
-            for name, n in sorted(counts.items())]
+    states = _residency(status)
+    return [{"id": name, "object": "model", "created": created, "owned_by": "ovpool",
+             "workers": counts.get(name, 0),
+             "capabilities": ["completion"] if name in templateless else ["chat", "completion"],
+             **({"state": "loaded"} if counts.get(name) else states.get(name, {"state": "loaded"}))}
+            for name in sorted(set(counts) | set(states))]
+
+
+def _residency(status: dict[str, Any]) -> dict[str, dict[str, str]]:
+    """The models `ovpool serve` loads on demand (its SUPERVISED entries with ``residency``):
+    name -> {"state": unloaded, loading, loaded, unloading or failed[, "reason": why it failed]}."""
+    found: dict[str, dict[str, str]] = {}
+    for entry in status.get("supervised", []):
+        name, state = entry.get("model"), entry.get("residency")
+        if isinstance(name, str) and isinstance(state, str) and found.get(name, {}).get("state") != "loaded":
+            found[name] = {"state": state, **({"reason": entry.get("residency_reason", "")}
+                                              if state == "failed" else {})}
+    return found
 
 
 def one(status: dict[str, Any], model_id: str) -> dict[str, Any]:

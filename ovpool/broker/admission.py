@@ -6,7 +6,8 @@ finite, it has both or neither of prompt and messages, its model name, prompt or
 are outside ovpool.bounds (every field of a message too), its sampling parameters are invalid
 (SamplingParams: nested ones included) or ask for more than ``max_new_tokens``, it names a model
 no worker serves (after the start-up grace a restarted broker gives workers to register again,
-or at once when a worker that was to serve it reported that it cannot load it: LOAD_FAILED), or
+or at once when a worker that was to serve it reported that it cannot load it: LOAD_FAILED; a
+model a supervisor loads on demand, SUPERVISED entries with ``model``, waits for its load), or
 its model's queue is full. During the grace, requests wait for at most ``MAX_UNSEEN_MODELS``
 models not served yet. The whole message is within protocol.MAX_MESSAGE_BYTES (the server).
 """
@@ -18,7 +19,7 @@ import secrets
 
 from ovpool import bounds, errors, timing
 from ovpool.broker.placement import Placement
-from ovpool.broker.state import Job, LoadFailures
+from ovpool.broker.state import Job, LoadFailures, SupervisedHosts
 from ovpool.prefix_key import NO_KEYS, route_keys
 from ovpool.protocol import Request, Submit, sampling_from_wire
 from ovpool.sampling_params import SamplingParams
@@ -29,9 +30,10 @@ MAX_UNSEEN_MODELS = 16  # models not served yet that requests may wait for in th
 
 class Admission:
     def __init__(self, placement: Placement, failures: LoadFailures, *, started: float, queue_limit: int,
-                 max_new_tokens: int):
+                 max_new_tokens: int, supervised: SupervisedHosts | None = None):
         self.placement = placement  # its prefix_routing: whether requests get route keys
         self.failures = failures
+        self.supervised = supervised if supervised is not None else SupervisedHosts()  # on-demand models
         self.started = started
         self.queue_limit = queue_limit
         self.max_new_tokens = max_new_tokens
@@ -64,6 +66,11 @@ class Admission:
         served = self.placement.served()
         if (model or not served) and self.failures.explain(model):
             raise self.not_served(model)  # a worker that cannot load it: no use waiting for it
+        state, reason = self.supervised.residency(model) if model else ("", "")
+        if state == "failed":
+            raise errors.ModelNotFoundError(f"model {model!r} cannot be loaded: {reason}")
+        if state:
+            return model  # not loaded now: it waits while its supervisor loads it
         starting = now < self.started + timing.BROKER_GRACE_S
         if not model:
             if not served and starting:

@@ -16,7 +16,8 @@ placement rules (its Placement, the only code that changes queues and slots), th
 - the broker frees a slot as soon as it sends CANCEL (the worker handles messages in order, so the
   cancel lands before the next request);
 - a request that names no model goes to the only model served; a restarted broker queues requests
-  for models not seen yet for BROKER_GRACE_S, so workers can register again first;
+  for models not seen yet for BROKER_GRACE_S, so workers can register again first, and those of
+  a model a supervisor loads on demand (SUPERVISED entries naming it) until their deadlines;
 - a DRAIN of the pool refuses new SUBMITs and fails what is unfinished at its deadline, a DRAIN of
   workers takes them out of placement (broker/drain.py); either is answered with STATUS_REPLY.
 """
@@ -75,12 +76,12 @@ class Router:
         self.jobs = self.placement.jobs
         self.queues = self.placement.queues
         self.failures = LoadFailures()
+        self.supervised = SupervisedHosts()
         self.admission = Admission(self.placement, self.failures, started=now, queue_limit=queue_limit,
-                                   max_new_tokens=max_new_tokens)
+                                   max_new_tokens=max_new_tokens, supervised=self.supervised)
         self._told_to_register: set[bytes] = set()
         self._clients_heard: dict[bytes, float] = {}
         self._next_heartbeat = now
-        self.supervised = SupervisedHosts()
         self.drain: drain.PoolDrain | None = None
         self._handlers = {Submit: self._on_submit, Cancel: self._on_cancel, Credit: self._on_credit,
                           Status: self._on_status,
@@ -239,6 +240,13 @@ class Router:
                 f" (of size {bounds.MAX_REPORT_SIZE:,} at most)")))
             return
         self.supervised.update(msg, now)
+        for model in {w.get("model") for w in msg.workers} - {None}:
+            state, reason = self.supervised.residency(model)
+            if state == "failed" and not self.placement.serves(model):  # its queue waits in vain
+                for rid in list(self.queues.get(model, ())):
+                    self.counters.failed += 1
+                    self._fail(self.jobs[rid], errors.ModelNotFoundError(
+                        f"model {model!r} cannot be loaded: {reason}"), out)
 
     # -- worker messages ------------------------------------------------------------------------
 
@@ -406,8 +414,8 @@ class Router:
         if now < self.started + timing.BROKER_GRACE_S:
             return
         for model, queue in list(self.queues.items()):  # failing the last request drops its queue
-            if self.placement.serves(model):
-                continue
+            if self.placement.serves(model) or self.supervised.residency(model)[0] not in ("", "failed"):
+                continue  # served, or a supervisor loads it on demand: it waits for that
             for rid in [r for r in queue if now - self.jobs[r].waiting_since >= timing.BROKER_GRACE_S]:
                 job = self.jobs[rid]
                 self.counters.failed += 1

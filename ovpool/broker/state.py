@@ -108,6 +108,15 @@ class SupervisedHosts:
         """Every supervised worker of every host, as ``{"host": ..., **entry}``."""
         return [{**w, "host": host} for host, (_, msg) in sorted(self._hosts.items()) for w in msg.workers]
 
+    def residency(self, model: str) -> tuple[str, str]:
+        """(state, reason) of ``model`` in a supervisor's catalog of models it loads on demand
+        (broker/residency.py: unloaded, loading, loaded, unloading, failed), ("", "") if none has it.
+        A model some host can serve wins over one failed elsewhere."""
+        found = [(w.get("residency"), w.get("residency_reason", "")) for _, msg in self._hosts.values()
+                 for w in msg.workers if w.get("model") == model and isinstance(w.get("residency"), str)]
+        usable = [f for f in found if f[0] != "failed"]
+        return (usable or found or [("", "")])[0]
+
     def failing(self) -> set[tuple[str, str]]:
         """(host, worker name) of each worker a supervisor reports failing."""
         return {(host, w.get("name")) for host, (_, msg) in self._hosts.items() for w in msg.workers

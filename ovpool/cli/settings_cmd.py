@@ -9,7 +9,7 @@ from ovpool.settings import REGISTRY, SCOPES, VARIABLES, Setting
 
 _SCOPE_TITLES = {"client": "Clients (ovpool.Client, the HTTP API's client)", "broker": "The broker",
                  "worker": "Workers (and Engine)", "graph": "The compiled graph (cache fingerprint)",
-                 "api": "The HTTP API", "process": "Every process"}
+                 "api": "The HTTP API", "serve": "`ovpool serve` (its models)", "process": "Every process"}
 
 
 @click.command("settings")
