@@ -1,5 +1,6 @@
 """NullBackend: a Backend without a model (tokens derived from the seed and prompt, an optional
-per-step delay), so the broker, worker and client can be tested and benchmarked without OpenVINO."""
+per-step delay), so the broker, worker and client can be tested and benchmarked without OpenVINO.
+A request that may call tools gets calls instead (``_calls``), streamed in pieces."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from collections.abc import Sequence
 
 from ovpool.completion import Completion, Delta, Logprob, TokenLogprobs, Usage
 from ovpool.sampling_params import SamplingParams
+from ovpool.tools import ToolCall, ToolCallDelta, new_call_id
 from ovpool.worker.backend import PromptOrMessages, check_room
 from ovpool.worker.events import Event, Finished, Token
 from ovpool.worker.generate.limits import check_logit_bias, check_prompt_length
@@ -26,6 +28,23 @@ class _NullSession:
         self.token_ids: list[int] = []
         self.logprobs: list[TokenLogprobs] = []
         self.started = time.perf_counter()
+        self.calls = _calls(params)
+        # One piece a step: each call's id and name, then its arguments in two halves.
+        self.pieces = [p for i, c in enumerate(self.calls) for p in (
+            ToolCallDelta(i, c.id, c.name, ""), ToolCallDelta(i, "", "", c.arguments[:1]),
+            ToolCallDelta(i, "", "", c.arguments[1:]))]
+
+
+def _calls(params: SamplingParams) -> list[ToolCall]:
+    """The chosen tool (named), else the first; with "required" and parallel calls, one of each
+    of the first two; arguments ``{}``."""
+    if not params.calls_tools:
+        return []
+    tools = params.tools
+    if isinstance(params.tool_choice, dict):
+        tools = [t for t in tools if t["name"] == params.tool_choice["name"]]
+    many = params.tool_choice == "required" and params.parallel_tool_calls
+    return [ToolCall(new_call_id(), t["name"], "{}") for t in tools[:2 if many else 1]]
 
 
 class NullBackend:
@@ -53,7 +72,7 @@ class NullBackend:
     def add(self, request_id: str, prompt: PromptOrMessages, params: SamplingParams,
             route_keys: Sequence[bytes] = ()) -> None:
         check_room(self.active, self.slots)
-        text = prompt if isinstance(prompt, str) else "\n".join(m["content"] for m in prompt)
+        text = prompt if isinstance(prompt, str) else "\n".join(m.get("content") or "" for m in prompt)
         n = len(text.split())  # a word is a "token" here
         check_prompt_length(n, self.max_prompt_tokens)
         check_logit_bias(params.logit_bias, self.vocab_size)
@@ -83,6 +102,14 @@ class NullBackend:
         for rid, s in list(self._sessions.items()):
             token_id = s.rng.randrange(self.vocab_size)
             s.token_ids.append(token_id)
+            if s.calls:  # the last token allowed carries every piece left
+                n = len(s.pieces) if len(s.token_ids) >= s.params.max_tokens else 1
+                pieces, s.pieces = tuple(s.pieces[:n]), s.pieces[n:]
+                events.append(Token(rid, Delta(len(s.token_ids) - 1, token_id, "", (), pieces)))
+                if not s.pieces:
+                    del self._sessions[rid]
+                    events.append(Finished(rid, self._completion(s)))
+                continue
             logprobs = self._logprobs(token_id, s.params.logprobs)
             s.logprobs.extend(logprobs)
             events.append(Token(rid, Delta(len(s.token_ids) - 1, token_id, f" t{token_id}", logprobs)))
@@ -106,7 +133,9 @@ class NullBackend:
     @staticmethod
     def _completion(s: _NullSession) -> Completion:
         total = time.perf_counter() - s.started
-        return Completion(text="".join(f" t{t}" for t in s.token_ids), token_ids=list(s.token_ids),
-                          finish_reason="length", usage=Usage(s.prompt_tokens, len(s.token_ids)),
-                          timings={"total_s": total},
-                          logprobs=None if s.params.logprobs is None else list(s.logprobs))
+        text = "" if s.calls else "".join(f" t{t}" for t in s.token_ids)
+        return Completion(text=text, token_ids=list(s.token_ids),
+                          finish_reason="tool_calls" if s.calls else "length",
+                          usage=Usage(s.prompt_tokens, len(s.token_ids)), timings={"total_s": total},
+                          logprobs=None if s.params.logprobs is None else list(s.logprobs),
+                          tool_calls=s.calls)
