@@ -110,6 +110,7 @@ class WorkerConfig(_Config):
     prefix_cache: str = _default("prefix_cache")
     kv_tier: bool = _default("kv_tier")
     kv_tier_mb: int = _default("kv_tier_mb")
+    cache_max_mb: int = _default("cache_max_mb")
     graph: GraphConfig = field(default_factory=GraphConfig)
 
     @classmethod

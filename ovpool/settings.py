@@ -199,6 +199,9 @@ _SETTINGS = [
             scopes=(WORKER,)),
     Setting("kv_tier_mb", int, 1024, "MiB of disk the KV tier may take (every model's blocks "
             "together; least recently used blocks go first)", minimum=1, scopes=(WORKER,)),
+    Setting("cache_max_mb", int, 20480, "MiB the whole cache directory may take (compiled models "
+            "and the KV tier): past it, the least recently used entries and blocks go as new ones "
+            "are written, never one a live worker maps (docs/cache.md)", minimum=1, scopes=(WORKER,)),
     # Graph-changing: these enter the cache fingerprint.
     Setting("inference_precision", str, "auto", "compute precision (auto: fastest correct on the device)",
             choices=("auto", "f32", "bf16", "f16"), scopes=(GRAPH,)),

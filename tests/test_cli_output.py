@@ -48,7 +48,7 @@ def _check_cache_ls_fits(tiny_model, tmp_path, columns):
     [row] = json.loads(ovpool("cache", "ls", "--cache-dir", str(tmp_path), "--json").stdout)
     out = ovpool("cache", "ls", "--cache-dir", str(tmp_path), env={"COLUMNS": str(columns)}).stdout
     assert_fits(out, columns, [row["entry"], row["architecture"], row["form"], row["device"],
-                               tiny_model().name, *(f"{k}={v}" for k, v in row["settings"].items())])
+                               str(tiny_model()), *(f"{k}={v}" for k, v in row["settings"].items())])
     verify = json.loads(ovpool("cache", "verify", "--cache-dir", str(tmp_path), "--json").stdout)
     assert [(r["entry"], r["ok"]) for r in verify] == [(row["entry"], True)]
 

@@ -20,11 +20,12 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, is_dataclass
 from pathlib import Path
-from typing import Any
-
-import openvino as ov
+from typing import TYPE_CHECKING, Any
 
 from ovpool.devices import device_type
+
+if TYPE_CHECKING:  # `ovpool cache ls` reads stat identities without importing OpenVINO
+    import openvino as ov
 
 Descriptor = tuple[str, str, tuple[int, ...], int]  # (name, ggml type name, shape, offset)
 _STAT_FIELDS = ("st_dev", "st_ino", "st_size", "st_mtime_ns", "st_ctime_ns")
@@ -109,6 +110,8 @@ def _cpu_flags() -> list[str]:
 
 
 def openvino_version() -> str:
+    import openvino as ov
+
     return ov.get_version()
 
 

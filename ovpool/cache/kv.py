@@ -29,6 +29,7 @@ import threading
 import time
 import zlib
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 
 from ovpool.cache.store import CacheStore
@@ -41,6 +42,8 @@ SUFFIX = ".kv"
 MAX_PENDING_BYTES = 64 << 20
 # Past the budget, the oldest blocks go until the tier is this fraction of it (one scan per many writes).
 EVICT_TO = 0.9
+# The whole directory's budget (ovpool.cache.budget) is checked each time this much more is written.
+DIR_CHECK_BYTES = 64 << 20
 
 
 def pack(payload: bytes) -> bytes:
@@ -68,12 +71,45 @@ def blocks(kv_dir: Path) -> list[tuple[float, int, Path]]:
     return sorted(found)
 
 
+def trim(kv_dir: Path, budget_bytes: int, to_bytes: int | None = None) -> tuple[list[str], int]:
+    """If the tier holds more than ``budget_bytes``, remove its least recently used blocks until it
+    holds ``to_bytes`` (default: the budget); (names removed, bytes left)."""
+    found = blocks(kv_dir)
+    left, removed = sum(size for _, size, _ in found), []
+    if left <= budget_bytes:
+        return removed, left
+    for _, size, path in found:
+        if left <= (budget_bytes if to_bytes is None else to_bytes):
+            break
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+            left -= size
+            removed.append(path.name)
+    return removed, left
+
+
+def check(kv_dir: Path) -> list[dict]:
+    """Every block file with ``ok`` and, if not, its ``problem`` (``ovpool cache verify``)."""
+    results = []
+    for _, size, path in blocks(kv_dir):
+        try:
+            ok = unpack(path.read_bytes()) is not None
+        except OSError:
+            ok = False
+        results.append({"block": f"{path.parent.name}/{path.name}", "ok": ok,
+                        "problem": None if ok else f"not a whole block ({size} bytes, or its crc32 differs)"})
+    return results
+
+
 class DiskTier:
     """The blocks of one ``namespace`` in ``store``'s cache directory, within ``budget_bytes`` for
-    the whole tier (every namespace); a context manager (it owns the writer thread)."""
+    the whole tier (every namespace); a context manager (it owns the writer thread). ``dir_check``
+    keeps the whole cache directory within its budget: called every DIR_CHECK_BYTES written."""
 
-    def __init__(self, store: CacheStore, namespace: str, budget_bytes: int):
-        self.store, self.budget_bytes = store, budget_bytes
+    def __init__(self, store: CacheStore, namespace: str, budget_bytes: int,
+                 dir_check: Callable[[], object] | None = None):
+        self.store, self.budget_bytes, self._dir_check = store, budget_bytes, dir_check
+        self._unchecked = DIR_CHECK_BYTES  # written since the last dir_check: one runs at the first write
         self.dir = store.kv_dir / namespace
         self.writable = True
         self._pending: deque[tuple[bytes, bytes]] = deque()
@@ -168,21 +204,18 @@ class DiskTier:
 
     def _account(self, written: int) -> None:
         """Keep the whole tier within its budget, oldest blocks out first."""
+        self._unchecked += written
+        if self._dir_check is not None and self._unchecked >= DIR_CHECK_BYTES:
+            self._unchecked = 0
+            self._dir_check()
         if self._usage is None:
             self._usage = sum(size for _, size, _ in blocks(self.store.kv_dir))
         else:
             self._usage += written
-        if self._usage <= self.budget_bytes:
-            return
-        found = blocks(self.store.kv_dir)
-        self._usage = sum(size for _, size, _ in found)
-        for _, size, path in found:
-            if self._usage <= self.budget_bytes * EVICT_TO:
-                break
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
-                self._usage -= size
-                self.stats["evicted"] += 1
+        if self._usage > self.budget_bytes:
+            removed, self._usage = trim(self.store.kv_dir, self.budget_bytes,
+                                        int(self.budget_bytes * EVICT_TO))
+            self.stats["evicted"] += len(removed)
 
     def close(self) -> None:
         """Write what is pending (bounded by ``flush``'s timeout), then stop the writer."""
@@ -207,9 +240,10 @@ def _size(path: Path) -> int | None:
         return None
 
 
-def open_tier(cache_dir: str | Path | None, entry: str | None, budget_mb: int) -> DiskTier | None:
+def open_tier(cache_dir: str | Path | None, entry: str | None, budget_mb: int,
+              dir_check: Callable[[], object] | None = None) -> DiskTier | None:
     """The disk tier for the paged graph of cache entry ``entry`` (its family is the namespace),
-    or None without a cache directory, an entry or a budget."""
-    if not cache_dir or not entry or budget_mb <= 0:
+    or None without a cache directory or an entry."""
+    if not cache_dir or not entry:
         return None
-    return DiskTier(CacheStore(cache_dir), entry.split("-", 1)[0], budget_mb << 20)
+    return DiskTier(CacheStore(cache_dir), entry.split("-", 1)[0], budget_mb << 20, dir_check)

@@ -2,6 +2,9 @@
 
 Every removal happens under the family's lock, so it never races an export: gc skips a family
 whose lock is held (an export in progress may have renamed its blob but not yet its manifest).
+An entry is stale when it can never match again (``stale``): its model file is gone or changed
+(stat identity), or another graph builder or OpenVINO version wrote it; what this ovpool writes
+(``Current``) comes from the caller, since the cache does not import the worker's graph builder.
 """
 
 from __future__ import annotations
@@ -11,18 +14,48 @@ import json
 import os
 import re
 from collections.abc import Iterator
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ovpool.cache import budget, kv
+from ovpool.cache.budget import try_lock
+from ovpool.cache.fingerprint import stat_identity
 from ovpool.cache.manifest import Entry, Manifest
 from ovpool.cache.store import CacheStore, crc32_of
-from ovpool.errors import CacheCorruptError, CacheError, CacheLockedError, CacheMissError
+from ovpool.errors import CacheCorruptError, CacheError, CacheMissError
 
 if TYPE_CHECKING:  # a type only: importing lookup imports OpenVINO, which `ovpool cache ls` never needs
     from ovpool.cache.lookup import Lookup
 
 _TEMP_NAME = re.compile(r"^.+\.(?P<pid>\d+)\.[0-9a-f]+\.partial(\.xml|\.bin)?$")
+
+
+@dataclass(frozen=True)
+class Current:
+    """What this ovpool would write: its graph builder's hash and its OpenVINO version."""
+
+    builder_hash: str
+    openvino: str
+
+
+def stale(manifest: Manifest, current: Current | None) -> str | None:
+    """Why no start can match the manifest's entries again, or None."""
+    parts = manifest.parts
+    for i, path in enumerate(manifest.models):
+        if f"model[{i}] sha256" in parts:
+            continue  # content identity: a copy of the file elsewhere still matches
+        try:
+            here = stat_identity(path)
+        except OSError:
+            return f"its model file {path} is gone"
+        if any(str(v) != parts.get(f"model[{i}] {k}") for k, v in here.items()):
+            return f"its model file {path} was replaced or touched since"
+    if current is not None and parts.get("graph builder") != current.builder_hash:
+        return "another ovpool graph builder wrote it"
+    if current is not None and parts.get("openvino") != current.openvino:
+        return f"OpenVINO {parts.get('openvino')} wrote it (this is {current.openvino})"
+    return None
 
 
 def entries(store: CacheStore) -> Iterator[tuple[Manifest, Entry]]:
@@ -31,18 +64,21 @@ def entries(store: CacheStore) -> Iterator[tuple[Manifest, Entry]]:
             yield manifest, entry
 
 
-def describe(store: CacheStore, manifest: Manifest, entry: Entry) -> dict[str, Any]:
-    """One entry as `ls` and `show` report it."""
+def describe(store: CacheStore, manifest: Manifest, entry: Entry,
+             current: Current | None = None) -> dict[str, Any]:
+    """One entry as `ls` and `show` report it; ``last_hit`` None if it was never hit."""
     parts = manifest.parts
     return {
         "entry": entry.id, "family": manifest.family, "models": manifest.models,
         "form": parts.get("cached form", "compiled model"),  # or ovpool.cache.ir's FORM
         "architecture": parts.get("architecture"),
-        "device": f"{parts.get('device type')} ({parts.get('device architecture')})",
+        # The ISA flags as words, so a table can wrap them (AMX hosts list eleven).
+        "device": f"{parts.get('device type')} ({str(parts.get('device architecture')).replace('+', ' ')})",
         "settings": {k[len("setting "):]: v for k, v in parts.items() if k.startswith("setting ")},
         "ports": entry.ports, "size": entry.size, "checksum": entry.checksum,
-        "openvino": entry.openvino, "created": entry.created, "last_hit": store.last_hit(entry),
-        "hits": store.hits(entry),
+        "openvino": entry.openvino, "created": entry.created,
+        "last_hit": store.last_hit(entry) if store.hits(entry) else None, "hits": store.hits(entry),
+        "stale": stale(manifest, current),
         "blob": str(store.blob_path(entry)),
     }
 
@@ -73,11 +109,25 @@ def unreadable(store: CacheStore) -> list[dict[str, Any]]:
 
 
 def verify(store: CacheStore) -> list[dict[str, Any]]:
-    """Every manifest and entry with ``ok`` and, if not ok, ``problem`` (full checksums)."""
+    """Every manifest, entry and KV block with ``ok`` and, if not ok, ``problem`` (full checksums)."""
     results = unreadable(store)
     for _, entry in entries(store):
         results.append({"entry": entry.id, **_check_blob(store, entry)})
-    return results
+    return results + kv.check(store.kv_dir)
+
+
+def sizes(store: CacheStore) -> dict[str, int]:
+    """Bytes by kind: compiled-model blobs, IR blobs, the KV tier, the rest; and in all."""
+    ir_families = {m.family for m in store.readable_manifests() if "cached form" in m.parts}
+    found = {"compiled": 0, "ir": 0, "kv": 0, "kv_blocks": 0}
+    for blob in store.blobs_dir.glob("*.blob") if store.blobs_dir.is_dir() else []:
+        with contextlib.suppress(FileNotFoundError):
+            found["ir" if blob.name.split("-", 1)[0] in ir_families else "compiled"] += blob.stat().st_size
+    for _, size, _ in kv.blocks(store.kv_dir):
+        found["kv"] += size
+        found["kv_blocks"] += 1
+    total = budget.usage(store) if store.base.is_dir() else 0
+    return {**found, "other": total - found["compiled"] - found["ir"] - found["kv"], "total": total}
 
 
 def _check_blob(store: CacheStore, entry: Entry) -> dict[str, Any]:
@@ -109,12 +159,16 @@ def remove(store: CacheStore, entry_id: str) -> str:
     return entry.id
 
 
-def gc(store: CacheStore, max_bytes: int | None = None) -> dict[str, Any]:
+def gc(store: CacheStore, max_bytes: int | None = None, current: Current | None = None,
+       kv_bytes: int | None = None) -> dict[str, Any]:
     """Remove dead writers' temp files, garbage manifests, unreferenced blobs (and hit counters),
-    then LRU entries beyond ``max_bytes``, then start-up hints naming no blob (ovpool.cache.prefetch).
-    Returns what was removed, by kind, and ``freed_bytes``: how much smaller the directory is."""
+    stale entries (see ``stale``) no live process maps, the KV tier's least recently used blocks
+    beyond ``kv_bytes``, then least recently used entries and blocks while the directory holds
+    more than ``max_bytes`` (ovpool.cache.budget), then start-up hints naming no blob
+    (ovpool.cache.prefetch). Returns what was removed, by kind, and ``freed_bytes``: how much
+    smaller the directory is."""
     before = disk_usage(store)
-    report = _collect(store, max_bytes)
+    report = _collect(store, max_bytes, current, kv_bytes)
     return {**report, "freed_bytes": max(0, before - disk_usage(store))}
 
 
@@ -123,17 +177,35 @@ def disk_usage(store: CacheStore) -> int:
     return sum(p.stat().st_size for p in store.base.rglob("*") if p.is_file()) if store.base.is_dir() else 0
 
 
-def _collect(store: CacheStore, max_bytes: int | None) -> dict[str, list[str]]:
+def _collect(store: CacheStore, max_bytes: int | None, current: Current | None,
+             kv_bytes: int | None) -> dict[str, list[str]]:
     with _writing(store):
-        report = {"temp": _dead_temps(store), "manifests": [], "blobs": [], "entries": []}
+        report = {"temp": _dead_temps(store), "manifests": [], "blobs": [],
+                  "stale": _stale_entries(store, current), "kv": [], "entries": []}
         for family in _blob_families(store) | set(store.families()):
-            with _try_lock(store, family) as held:
+            with try_lock(store, family) as held:
                 if held:
                     _gc_family(store, family, report)
+        if kv_bytes is not None:
+            report["kv"] = kv.trim(store.kv_dir, kv_bytes)[0]
         if max_bytes is not None:
-            report["entries"] = _evict_lru(store, max_bytes)
+            report["entries"] = budget.enforce(store, max_bytes)
         report["hints"] = _stale_hints(store)
     return report
+
+
+def _stale_entries(store: CacheStore, current: Current | None) -> list[str]:
+    """Remove every stale entry no live process maps; their ids, each with why."""
+    held, removed = budget.mapped(store), []
+    for manifest in list(store.readable_manifests()):
+        reason = stale(manifest, current)
+        for entry in manifest.entries.values() if reason else ():
+            if entry.blob in held:
+                continue
+            with try_lock(store, manifest.family) as free:
+                if free and store.drop_entry(manifest.family, entry.id, expected=entry):
+                    removed.append(f"{entry.id} ({reason})")
+    return removed
 
 
 def _stale_hints(store: CacheStore) -> list[str]:
@@ -204,27 +276,3 @@ def _gc_family(store: CacheStore, family: str, report: dict[str, list[str]]) -> 
     for hits in store.hits_dir.glob(f"{family}-*.hits"):
         if hits not in counted:  # its entry is gone (a hit raced the removal): not a report item
             store.remove(hits)
-
-
-def _evict_lru(store: CacheStore, max_bytes: int) -> list[str]:
-    ranked = sorted(entries(store), key=lambda me: store.last_hit(me[1]))
-    total = sum(e.size for _, e in ranked)
-    removed = []
-    for manifest, entry in ranked:
-        if total <= max_bytes:
-            break
-        with _try_lock(store, manifest.family) as held:
-            if held and store.drop_entry(manifest.family, entry.id, expected=entry):
-                total -= entry.size
-                removed.append(entry.id)
-    return removed
-
-
-@contextlib.contextmanager
-def _try_lock(store: CacheStore, family: str) -> Iterator[bool]:
-    """Hold the family lock if it is free now; yield False if an export holds it."""
-    try:
-        with store.lock(family, timeout=0):
-            yield True
-    except CacheLockedError:
-        yield False

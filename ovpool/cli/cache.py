@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import datetime
 import functools
-import os
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -18,7 +17,9 @@ from ovpool.errors import ConfigError
 
 # What `cache gc` removes, by the key of its report.
 _GC_KINDS = {"temp": "temp file(s) of dead writers", "manifests": "unreadable manifest(s)",
-             "blobs": "blob(s) no entry uses", "entries": "least recently hit entr(y/ies)",
+             "blobs": "blob(s) no entry uses", "stale": "entr(y/ies) that can never match again",
+             "kv": "KV block(s) beyond kv_tier_mb",
+             "entries": "least recently used entr(y/ies) and KV block(s) beyond the budget",
              "hints": "stale start-up hint(s)"}
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
@@ -43,8 +44,30 @@ def cache_options(func: Callable) -> Callable:
     return wrapper
 
 
-def _when(ts: float) -> str:
-    return datetime.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S")
+def _when(ts: float | None) -> str:
+    return "never" if ts is None else datetime.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _current() -> maintenance.Current:
+    """What this ovpool writes (imports the graph builder and OpenVINO: only where entries exist)."""
+    from ovpool.cache.fingerprint import openvino_version
+    from ovpool.worker.graph.builder import BUILDER_HASH
+
+    return maintenance.Current(BUILDER_HASH, openvino_version())
+
+
+def _budgets() -> tuple[int, int]:
+    """(cache_max_mb, kv_tier_mb) in bytes, from the settings."""
+    settings = resolve_settings()
+    return settings.cache_max_mb << 20, settings.kv_tier_mb << 20
+
+
+def _usage_line(store: CacheStore) -> str:
+    found, (whole, kv) = maintenance.sizes(store), _budgets()
+    return (f"in all {_size(found['total'])} of {_size(whole)} (cache_max_mb)\n"
+            f"  compiled models {_size(found['compiled'])}, IR {_size(found['ir'])}, "
+            f"other {_size(found['other'])}\n"
+            f"  KV tier {_size(found['kv'])} in {found['kv_blocks']} blocks, of {_size(kv)} (kv_tier_mb)")
 
 
 def _size(n: int) -> str:
@@ -73,7 +96,9 @@ def cache_group() -> None:
 def ls_command(store: CacheStore, as_json: bool) -> None:
     """List entries: model file, architecture, form, device, settings, ports, size, created, hits,
     last hit."""
-    rows = [maintenance.describe(store, m, e) for m, e in maintenance.entries(store)]
+    found = list(maintenance.entries(store))
+    current = _current() if found else None
+    rows = [maintenance.describe(store, m, e, current) for m, e in found]
     bad = maintenance.unreadable(store)
     for r in bad:  # stderr, so --json stays one document
         click.echo(f"BAD manifest {r['family']}: {r['problem']} (`ovpool cache gc` removes it)", err=True)
@@ -82,18 +107,22 @@ def ls_command(store: CacheStore, as_json: bool) -> None:
         return
     if not rows:
         click.echo(f"no entries in {store.root}" + (" (nothing cached yet)" if not bad else ""))
+        click.echo(_usage_line(store))
         return
     from ovpool.cli.tables import print_table
 
-    # File names keep the table readable; `cache show` and --json give the full paths.
     print_table(f"model cache {store.root}",
                 ("entry", "model", "arch", "form", "device", "settings", "ports", "size", "created",
-                 "hits", "last hit"),
-                [(r["entry"], "\n".join(os.path.basename(m) for m in r["models"]), r["architecture"],
+                 "hits", "last hit", "stale"),
+                [(r["entry"], "\n".join(r["models"]), r["architecture"],
                   r["form"], r["device"], " ".join(f"{k}={v}" for k, v in r["settings"].items()),
                   f"{len(r['ports'])} ports", _size(r["size"]), _when(r["created"]), str(r["hits"]),
-                  _when(r["last_hit"])) for r in rows],
+                  _when(r["last_hit"]), "STALE" if r["stale"] else "") for r in rows],
                 whole=("entry",))  # show and rm need it whole
+    for r in rows:
+        if r["stale"]:
+            click.echo(f"STALE {r['entry']}: {r['stale']} (`ovpool cache gc` removes it)")
+    click.echo(_usage_line(store))
 
 
 @cache_group.command("show")
@@ -125,7 +154,7 @@ def verify_command(store: CacheStore, as_json: bool) -> None:
         emit_json(results)
     else:
         for r in results:
-            click.echo(f"{'ok ' if r['ok'] else 'BAD'} {r['entry'] or r['family']}"
+            click.echo(f"{'ok ' if r['ok'] else 'BAD'} {r.get('block') or r['entry'] or r['family']}"
                        + (f": {r['problem']}" if r["problem"] else ""))
         click.echo(f"{sum(r['ok'] for r in results)} of {len(results)} ok")
     if not all(r["ok"] for r in results):
@@ -133,13 +162,17 @@ def verify_command(store: CacheStore, as_json: bool) -> None:
 
 
 @cache_group.command("gc")
-@click.option("--max-bytes", default=None, help="Then evict least recently hit entries beyond this "
-              "size (e.g. 20G).")
+@click.option("--max-bytes", default=None, help="Then evict least recently used entries and KV blocks "
+              "while the directory is larger than this (e.g. 20G; default: setting cache_max_mb).")
 @cache_options
 def gc_command(max_bytes: str | None, store: CacheStore, as_json: bool) -> None:
-    """Remove temp files of dead writers, unreadable manifests, unreferenced blobs, LRU entries,
-    hints whose blob is gone."""
-    report = maintenance.gc(store, _parse_bytes(max_bytes))
+    """Remove temp files of dead writers, unreadable manifests, unreferenced blobs, entries that
+    can never match again (model file gone or changed, another graph builder or OpenVINO), KV
+    blocks beyond kv_tier_mb, least recently used entries and blocks beyond the budget, hints
+    whose blob is gone. Never an entry a live process maps."""
+    whole, kv = _budgets()
+    current = _current() if store.families() else None
+    report = maintenance.gc(store, _parse_bytes(max_bytes) or whole, current, kv_bytes=kv)
     if as_json:
         emit_json(report)
         return

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import openvino as ov
 
-from ovpool.cache import kv, prefetch
+from ovpool.cache import budget, kv, prefetch
 from ovpool.completion import Completion, Delta
 from ovpool.config import WorkerConfig
 from ovpool.devices import device_type
@@ -74,6 +74,8 @@ class Engine:
                              cache_only=cache_only, early=early)
         # The compiled model holds its own weights: unmapping the file frees its pages (~its size).
         self.model.close()
+        if self.graphs.own.outcome.endswith("wrote"):
+            self._keep_cache_within()
         phases["compiled model"] = self.graphs.own.seconds
         self.load_report = {"outcome": self.graphs.own.outcome, "entry": self.graphs.own.entry,
                             "seconds": phases, "graph_settings": self.graphs.graph_settings,
@@ -116,6 +118,8 @@ class Engine:
         """The paged graph to batch with (``graphs.paged_graph``); how it came is in
         ``load_report["paged"]``."""
         graph = self.graphs.paged_graph()
+        if "paged" not in self.load_report and graph.outcome.endswith("wrote"):
+            self._keep_cache_within()
         self.load_report["paged"] = {"outcome": graph.outcome, "entry": graph.entry,
                                      "seconds": graph.seconds}
         return graph
@@ -139,10 +143,17 @@ class Engine:
         exact blocks only, so with prefix_cache=on), closed with the engine; None if off."""
         if not self.config.kv_tier or prefix_cache != "on":
             return None
-        tier = kv.open_tier(self.cache_dir, entry, self.config.kv_tier_mb)
+        tier = kv.open_tier(self.cache_dir, entry, self.config.kv_tier_mb, dir_check=self._keep_cache_within)
         if tier is not None:
             self._tiers.append(tier)
         return tier
+
+    def _keep_cache_within(self) -> None:
+        """The cache directory within cache_max_mb, least recently used out (ovpool.cache.budget);
+        after each load (an export may have grown it) and as the KV tier writes. Not in
+        cache-only mode, which changes nothing in the cache."""
+        if not self.graphs.cache_only:
+            budget.keep_within(self.cache_dir, self.config.cache_max_mb)
 
     def _warm_up_paged(self) -> None:
         """The paged graph's set-up: the engine's own warm-up where it is the engine's graph."""
