@@ -23,6 +23,7 @@ from ovpool.cli.common import (
 from ovpool.cli.drain import serve_signals
 from ovpool.errors import BrokerUnavailableError
 from ovpool.serve import state
+from ovpool.serve.catalog import ModelEntry, catalog
 from ovpool.serve.keys import CURVE_SETTINGS, ChildKeys, child_keys
 from ovpool.serve.spec import (
     DEFAULT_BIND,
@@ -43,7 +44,7 @@ def _available_devices() -> list[str]:
 
 
 def _spec(devices: str | None, workers: int | None, bind: str, remote: str | None, http: str | None,
-          settings: Any, **fields: Any) -> PoolSpec:
+          settings: Any, models: tuple[ModelEntry, ...], **fields: Any) -> PoolSpec:
     if remote:
         endpoint.check(remote, "--broker endpoint")
     else:
@@ -54,7 +55,11 @@ def _spec(devices: str | None, workers: int | None, bind: str, remote: str | Non
         from ovpool.api.server import parse_bind
 
         parse_bind(http)  # a bad --http fails now, not in the child
-    return PoolSpec(devices=tuple(listed), bind=None if remote else bind, broker=remote or "",
+    if len(models) > 1 and fields.get("served_names"):
+        raise click.UsageError("--served-name names the one model of a pool; with several, give "
+                               "names as --model NAME=PATH or served_names in a --models file")
+    return PoolSpec(models=models, max_loaded=settings.max_loaded or None, keep_alive_s=settings.keep_alive_s,
+                    devices=tuple(listed), bind=None if remote else bind, broker=remote or "",
                     cache_dir=settings.cache_dir,
                     cache_only=settings.cache_only, metrics_port=settings.metrics_port, http=http, **fields)
 
@@ -99,8 +104,20 @@ def _publisher(state_file: str | None, client: Any, client_keys: dict[str, str])
 
 
 @click.command("serve")
-@click.option("--model", default=DEFAULT_MODEL, show_default=True, envvar="OVPOOL_MODEL",
-              help="GGUF path or alias (env OVPOOL_MODEL).")
+@click.option("--model", "models", multiple=True, envvar="OVPOOL_MODEL", metavar="[NAME=]MODEL",
+              help=f"GGUF path or alias, repeatable: several load on demand (default {DEFAULT_MODEL}; "
+                   "env OVPOOL_MODEL). NAME=PATH names it; else the alias or the file's stem.")
+@click.option("--models-dir", default=None, type=click.Path(file_okay=False), metavar="DIR",
+              help="Serve every .gguf file in DIR too, each by its file's stem, loaded on demand.")
+@click.option("--models", "models_file", default=None, type=click.Path(dir_okay=False), metavar="FILE",
+              help="A TOML models file: per-model path, served names, slots, devices, keep-alive, "
+                   "pinned (docs/operations.md, Many models).")
+@click.option("--max-loaded", type=int, default=None, metavar="N",
+              help="Several models: at most N loaded at once; the least recently used idle one "
+                   "unloads first (setting max_loaded; 0: no limit).")
+@click.option("--keep-alive", type=float, default=None, metavar="SECONDS",
+              help="Several models: unload one idle this long (setting keep_alive_s, default 300; "
+                   "-1: never).")
 @click.option("--devices", default=None, metavar="LIST",
               help="One worker per device: CPU,GPU.0,GPU.1 (a device may repeat), or auto (every GPU).")
 @click.option("--workers", type=int, default=None, help="N workers on CPU (instead of --devices).")
@@ -144,7 +161,9 @@ def _publisher(state_file: str | None, client: Any, client_keys: dict[str, str])
               help="Keep serving (broker, HTTP API) when every worker has failed for good; by default "
                    "serve then exits with status 2.")
 @settings_options
-def serve_command(devices: str | None, workers: int | None, bind: str, remote: str | None,
+def serve_command(models: tuple[str, ...], models_dir: str | None, models_file: str | None,
+                  max_loaded: int | None, keep_alive: float | None,
+                  devices: str | None, workers: int | None, bind: str, remote: str | None,
                   cache_dir: str | None, cache_only: bool | None, metrics_port: int | None,
                   state_file: str | None, http: str | None, no_http: bool, api_key_file: str | None,
                   api_key_flag: tuple[str, ...], keep_up: bool, open_pool: bool,
@@ -158,36 +177,46 @@ def serve_command(devices: str | None, workers: int | None, bind: str, remote: s
                                f"file for --api-key-file (mode 0600) or in {API_KEY_ENV}")
     curve = {k: fields.pop(k) for k in CURVE_SETTINGS}
     settings = resolve_settings(assignments, cache_dir=cache_dir, cache_only=cache_only,
-                                metrics_port=metrics_port, **curve)
+                                metrics_port=metrics_port, max_loaded=max_loaded, keep_alive_s=keep_alive,
+                                **curve)
     if fields.get("backend") != "null":
         check_cache_dir(settings)
-    spec = _spec(devices, workers, bind, remote, _http_bind(http, no_http, remote), settings,
+    entries = catalog(models if models or models_dir or models_file else (DEFAULT_MODEL,), models_dir,
+                      models_file)
+    spec = _spec(devices, workers, bind, remote, _http_bind(http, no_http, remote), settings, entries,
                  assignments=_without_curve(assignments), served_names=served_names, **fields)
     api_keys = _api_keys(api_key_file)
-    preflight.check(spec)  # before any child: one line and status 2 for what no restart fixes
+    bad = preflight.check(spec)  # before any child: one line and status 2 for what no restart fixes
     with child_keys(settings, local_broker=spec.bind is not None, open_pool=open_pool) as keys:
         _echo_start(spec, remote, keys)
-        _run(spec, settings, keys, state_file, api_keys, keep_up)
+        _run(spec, settings, keys, state_file, api_keys, keep_up, bad)
 
 
 def _run(spec: PoolSpec, settings: Any, keys: ChildKeys, state_file: str | None, api_keys: list[str],
-         keep_up: bool) -> None:
+         keep_up: bool, bad: dict[str, str]) -> None:
     from ovpool.serve.pool import Pool
 
     base = {k: v for k, v in os.environ.items() if k != API_KEY_ENV}
     http_env = {**base, **keys.env("client"), API_KEY_ENV: ",".join(api_keys)}
     client, status = _status_fn(spec.endpoint, settings.replace(**keys.client))
     publish = _publisher(state_file, client, keys.client)
+    drain = getattr(client, "drain", None)
     with client, serve_signals(state_file) as orders, \
             Pool(spec, status, publish, env={**base, **keys.env("worker")}, http_env=http_env,
                  broker_env={**base, **keys.env("broker")}, keep_up=keep_up,
+                 drain=(lambda name: drain(worker=name, timeout=1.0)) if drain else None,
                  broker_drain=lambda worker, timeout_s: client.drain(worker, timeout_s, timeout=2.0),
                  shutdown_timeout_s=settings.shutdown_timeout_s) as pool:
+        for model, reason in bad.items():  # a model file preflight found bad: failed from the start
+            pool.loads.residency.failed(model, reason)
         pool.run(orders)
 
 
 def _echo_start(spec: PoolSpec, remote: str | None, keys: ChildKeys) -> None:
-    click.echo(f"ovpool serve: {spec.model} on {len(spec.devices)} worker(s) ({', '.join(spec.devices)}), "
+    what = spec.model if not spec.on_demand else (
+        f"{len(spec.models)} models on demand ({', '.join(m.name for m in spec.models)}; at most "
+        f"{spec.max_loaded or 'all'} loaded)")
+    click.echo(f"ovpool serve: {what} on {len(spec.devices)} worker(s) ({', '.join(spec.devices)}), "
                f"broker {spec.endpoint}" + (" (remote)" if remote else "") + f" ({keys.mode})"
                + f", cache {spec.cache_dir or 'off'}"
                + (f", HTTP API http://{spec.http}/v1" if spec.http else ""))

@@ -31,8 +31,9 @@ from ovpool import timing
 from ovpool.errors import ConfigError
 from ovpool.serve.child import ChildProcess
 from ovpool.serve.drain import Drains, Roll, pool_idle
+from ovpool.serve.loads import DrainFn, ModelLoads
 from ovpool.serve.service import Service
-from ovpool.serve.spec import PoolSpec, worker_names
+from ovpool.serve.spec import PoolSpec
 from ovpool.serve.supervisor import RestartPolicy, Supervisor, WorkerPhase
 
 log = logging.getLogger(__name__)
@@ -53,7 +54,6 @@ class Orders:
     restart_file: Path | None = None
 
 
-
 class Pool:
     """``with Pool(spec, status, publish) as pool: pool.run(stop_event)``; leaving stops every child."""
 
@@ -61,7 +61,8 @@ class Pool:
                  env: dict[str, str] | None = None, policy: RestartPolicy | None = None,
                  clock: Callable[[], float] = time.monotonic, http_env: dict[str, str] | None = None,
                  broker_env: dict[str, str] | None = None, keep_up: bool = False,
-                 broker_drain: BrokerDrainFn | None = None, shutdown_timeout_s: float = 30.0):
+                 drain: DrainFn | None = None, broker_drain: BrokerDrainFn | None = None,
+                 shutdown_timeout_s: float = 30.0):
         self.spec, self.keep_up = spec, keep_up
         self._broker_drain, self.shutdown_timeout_s = broker_drain, shutdown_timeout_s
         self.drains = Drains()
@@ -69,9 +70,12 @@ class Pool:
         self.draining_until: float | None = None  # the pool drains: serve exits by then at last
         self._term_sent: dict[str, tuple[int, float]] = {}  # drained workers signalled: (pid, SIGKILL at)
         self._status, self._publish, self._env, self._clock = status, publish, env, clock
-        self._devices = worker_names(list(spec.devices))
+        self._workers = spec.workers()
         policy = policy or RestartPolicy()
-        self.supervisor = Supervisor(self._devices, policy)
+        self.supervisor = Supervisor({n: d for n, (_, d) in self._workers.items()}, policy,
+                                     unloaded=frozenset(self._workers) if spec.on_demand else frozenset())
+        self.loads = ModelLoads(spec, self.supervisor, drain)
+        self._stop_by: dict[str, float] = {}  # unloading workers signalled: SIGKILL after this
         # The services' environments may carry keys (kept off command lines). A crashed broker
         # restarts at once: clients wait only connect_timeout_s (2 s) for a dropped connection.
         broker_policy = dataclasses.replace(policy, backoff_min_s=timing.POLL_INTERVAL_S)
@@ -115,11 +119,15 @@ class Pool:
             self._check_failed()
             for name in self.supervisor.due(now):
                 self._spawn(name, now)
-            if now >= next_check:
+            # Several models: the broker's queues are read every round, so a request for an
+            # unloaded model waits one poll interval at most before its load starts.
+            if now >= next_check or self.spec.on_demand:
                 self._check_ready()
+                self._place(now)
                 self._follow(orders, now)
                 if self._drained(now):
                     break
+            if now >= next_check:
                 self._publish_view()
                 next_check = now + timing.HEARTBEAT_INTERVAL_S / 2
             stop.wait(timing.POLL_INTERVAL_S)
@@ -130,7 +138,9 @@ class Pool:
         workers = []
         for entry in self.supervisor.view():
             registered = loads.get(entry["pid"], {})
-            workers.append({**entry, "worker_id": registered.get("id"), "load": registered.get("load")})
+            residency = self.loads.describe(entry["name"], self._clock()) if self.spec.on_demand else {}
+            workers.append({**entry, **residency, "worker_id": registered.get("id"),
+                            "load": registered.get("load")})
         view = {"host": self._host, "endpoint": self.spec.endpoint, "model": self.spec.model,
                 "updated": time.time(), "workers": workers, "pid": os.getpid(),
                 "draining": self.draining_until is not None,
@@ -154,7 +164,8 @@ class Pool:
         old = self._children.pop(name, None)
         if old is not None:
             old.stop()
-        child = ChildProcess(name, self.spec.worker_argv(name, self._devices[name]), env=self._env)
+        model, device = self._workers[name]
+        child = ChildProcess(name, self.spec.worker_argv(name, device, model), env=self._env)
         self._children[name] = child.__enter__()
         self.supervisor.started(name, child.pid, now)
         log.info("worker %s started (pid %d)", name, child.pid)
@@ -166,9 +177,10 @@ class Pool:
                 continue
             child.stop()
             del self._children[name]
+            self._stop_by.pop(name, None)
             planned = self.supervisor.state(name) is WorkerPhase.DRAINING
             state = self.supervisor.exited(name, code, now, child.last_error())
-            if planned:  # on purpose: no warning
+            if planned or state is WorkerPhase.UNLOADED:  # on purpose: no warning
                 log.info("worker %s stopped: %s", name, self.supervisor.describe(name)["reason"])
             elif state is WorkerPhase.FAILING:
                 log.error("worker %s is failing and will not be restarted: %s", name,
@@ -189,6 +201,25 @@ class Pool:
             if child.pid in pids and self.supervisor.state(name) is WorkerPhase.STARTING:
                 self.supervisor.ready(name)
                 log.info("worker %s is ready", name)
+
+    def _place(self, now: float) -> None:
+        """Residency's round (several models): start, drain and stop workers as it decides."""
+        if not self.spec.on_demand:
+            return
+        registered = {}
+        mine = {w.get("pid"): w for w in self._registered()}
+        for name, child in self._children.items():
+            if child.pid in mine:
+                registered[name] = mine[child.pid]
+        for name in self.loads.step(now, self._broker_status, registered):
+            child = self._children.get(name)
+            if child is not None and name not in self._stop_by:
+                child.signal(signal.SIGTERM)
+                self._stop_by[name] = now + timing.SHUTDOWN_GRACE_S
+            self.loads.stopped(name)
+        for name, deadline in list(self._stop_by.items()):
+            if now >= deadline and name in self._children:
+                self._children[name].signal(signal.SIGKILL)
 
     # -- drains and rolling restarts (serve/drain.py decides) -------------------------------------
 

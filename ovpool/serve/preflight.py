@@ -34,8 +34,18 @@ def check_ports(spec: PoolSpec) -> None:
         ports.check_http(spec.http)
 
 
-def check(spec: PoolSpec) -> None:
-    """Every check serve makes before its first child (the model only for the engine backend)."""
+def check(spec: PoolSpec) -> dict[str, str]:
+    """Every check serve makes before its first child (the models only for the engine backend).
+    One model: its error is raised. Several: each bad one is returned (name -> why) so the pool
+    serves the others and reports that one failed."""
+    bad = {}
     if spec.backend == "engine":
-        check_model(spec.model)
+        if not spec.on_demand:
+            check_model(spec.model)
+        for model in spec.models if spec.on_demand else ():
+            try:
+                check_model(model.source)
+            except (ConfigError, ModelNotFoundError) as exc:
+                bad[model.name] = str(exc)
     check_ports(spec)
+    return bad

@@ -9,7 +9,9 @@ import sys
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from ovpool.broker.residency import NEVER, ModelPolicy
 from ovpool.errors import ConfigError
+from ovpool.serve.catalog import ModelEntry
 from ovpool.settings import API, BROKER, CLIENT, GRAPH, WORKER, lookup
 
 DEFAULT_MODEL = "smollm2"
@@ -72,9 +74,13 @@ def connect_address(bind: str) -> str:
 
 @dataclass(frozen=True)
 class PoolSpec:
-    """One host's pool. ``bind`` None: no local broker, workers join the broker at ``broker``."""
+    """One host's pool. ``bind`` None: no local broker, workers join the broker at ``broker``.
+    ``models``: its catalog (serve/catalog.py); one model is always loaded, several are loaded on
+    demand within ``max_loaded`` (None: no budget) and unload after their keep-alive."""
 
-    model: str = DEFAULT_MODEL
+    models: tuple[ModelEntry, ...] = (ModelEntry(DEFAULT_MODEL, DEFAULT_MODEL),)
+    max_loaded: int | None = None
+    keep_alive_s: float = 300.0
     devices: tuple[str, ...] = ("CPU",)
     bind: str | None = DEFAULT_BIND
     broker: str = ""
@@ -90,6 +96,30 @@ class PoolSpec:
     python: str = sys.executable
 
     @property
+    def model(self) -> str:
+        """The model of a one-model pool (the first of several), as given."""
+        return self.models[0].source
+
+    @property
+    def on_demand(self) -> bool:
+        """Whether models load on demand (several models), or the one model runs from the start."""
+        return len(self.models) > 1
+
+    def workers(self) -> dict[str, tuple[ModelEntry, str]]:
+        """Worker name -> (its model, its device): the devices' names (worker_names) for one
+        model, ``MODEL:DEVICE`` for several."""
+        if not self.on_demand:
+            return {name: (self.models[0], d) for name, d in worker_names(list(self.devices)).items()}
+        return {f"{m.name}:{name}": (m, d) for m in self.models
+                for name, d in worker_names(list(m.devices or self.devices)).items()}
+
+    def policies(self) -> list[ModelPolicy]:
+        """The residency policy of each model (one model alone is pinned: always loaded)."""
+        if not self.on_demand:
+            return [ModelPolicy(self.models[0].name, NEVER, pinned=True)]
+        return [m.policy(self.keep_alive_s) for m in self.models]
+
+    @property
     def endpoint(self) -> str:
         """The broker address workers and clients use."""
         return self.broker or connect_address(self.bind or DEFAULT_BIND)
@@ -99,16 +129,20 @@ class PoolSpec:
         argv += ["--metrics-port", str(self.metrics_port)] if self.metrics_port else []
         return argv + scoped(self.assignments, "broker")
 
-    def worker_argv(self, name: str, device: str) -> list[str]:
-        argv = [self.python, "-m", "ovpool", "worker", "--broker", self.endpoint, "--model", self.model,
+    def worker_argv(self, name: str, device: str, model: ModelEntry | None = None) -> list[str]:
+        model = model or self.models[0]
+        argv = [self.python, "-m", "ovpool", "worker", "--broker", self.endpoint, "--model", model.source,
                 "--device", device, "--name", name, "--backend", self.backend]
         argv += ["--cache-dir", self.cache_dir] if self.cache_dir else ["--no-cache"]
         if self.cache_only:
             argv.append("--cache-only")
-        if self.slots is not None:
-            argv += ["--slots", str(self.slots)]
-        for name in self.served_names:
-            argv += ["--served-name", name]
+        slots = model.slots or self.slots
+        if slots is not None:
+            argv += ["--slots", str(slots)]
+        # Several models: each answers to its catalog name (what /v1/models lists) and its own.
+        names = (model.name, *model.served_names) if self.on_demand else self.served_names
+        for served in names:
+            argv += ["--served-name", served]
         if self.token_delay:
             argv += ["--token-delay", str(self.token_delay)]
         return argv + scoped(self.assignments, "worker")

@@ -41,6 +41,7 @@ class WorkerPhase(str, Enum):
     FAILING = "failing"
     STOPPED = "stopped"
     DRAINING = "draining"  # serve drains it: a planned exit follows (restart or retire)
+    UNLOADED = "unloaded"  # a model's worker not running on purpose (ovpool.broker.residency)
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,7 @@ class _Worker:
     fast_failures: int = 0
     last_exit: int | None = None
     reason: str = ""
+    unloading: bool = False
     then: str = ""  # what follows the planned exit of a draining worker: "restart" or "retire"
 
 
@@ -77,9 +79,12 @@ class Supervisor:
 
     devices: dict[str, str]
     policy: RestartPolicy = field(default_factory=RestartPolicy)
+    unloaded: frozenset[str] = frozenset()  # workers that start only when ``load`` asks
 
     def __post_init__(self) -> None:
         self._workers = {name: _Worker(name, device) for name, device in self.devices.items()}
+        for name in self.unloaded:
+            self._workers[name].state = WorkerPhase.UNLOADED
         self._stopping = False
 
     def due(self, now: float) -> list[str]:
@@ -109,6 +114,9 @@ class Supervisor:
         """Record an exit; the returned state says what happens next (backoff, failing, stopped)."""
         w = self._workers[name]
         w.pid, w.last_exit = None, code
+        if w.unloading:
+            w.state, w.unloading, w.ready = WorkerPhase.UNLOADED, False, False
+            return w.state
         if self._stopping:
             w.state, w.reason = WorkerPhase.STOPPED, "stopped by serve"
             return w.state
@@ -126,6 +134,24 @@ class Supervisor:
         else:
             w.state, w.restart_at = WorkerPhase.BACKOFF, now + self.policy.delay(w.fast_failures)
         return w.state
+
+    def load(self, name: str, now: float) -> None:
+        """Start an unloaded worker now (its model is wanted again)."""
+        w = self._workers[name]
+        if w.state is WorkerPhase.UNLOADED:
+            w.state, w.restart_at, w.fast_failures, w.unloading = WorkerPhase.BACKOFF, now, 0, False
+
+    def unload(self, name: str, reason: str) -> bool:
+        """Its model is unloaded: its next exit is expected and not restarted. True: it is not
+        running (nothing to wait for)."""
+        w = self._workers[name]
+        w.reason = f"unloaded: {reason}"
+        if w.state in (WorkerPhase.STARTING, WorkerPhase.READY):
+            w.unloading = True
+            return False
+        if w.state is WorkerPhase.BACKOFF:
+            w.state = WorkerPhase.UNLOADED
+        return True
 
     def draining(self, name: str, then: str) -> None:
         """Serve drains ``name`` (a running worker); its next exit is planned: see the docstring."""

@@ -1,0 +1,95 @@
+"""Carrying ``Residency``'s decisions out on one host: a model is loaded by starting its workers'
+processes, unloaded by draining them at the broker and stopping them once idle.
+
+``ModelLoads.step`` takes the broker's STATUS (requests queued per model, this host's registered
+workers and what they run) and tells the Supervisor which workers to start (``load``) and to stop
+(``unload``); the Pool signals the processes (``to_stop``). What the broker may still dispatch to
+a worker between the STATUS that found it idle and its drain is handed back when it stops
+(DISCONNECT) and queues again: a request may wait for a reload, it is never lost nor run twice
+(seeded replays, the broker forwards each token index once).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from ovpool.broker.residency import Load, ModelState, Residency
+from ovpool.serve.spec import PoolSpec
+from ovpool.serve.supervisor import Supervisor, WorkerPhase
+
+log = logging.getLogger(__name__)
+
+DrainFn = Callable[[str], None]  # take a worker (by name) out of the broker's placement
+
+
+class ModelLoads:
+    def __init__(self, spec: PoolSpec, supervisor: Supervisor, drain: DrainFn | None = None):
+        self.residency = Residency(spec.policies(), spec.max_loaded)
+        self._workers = {name: model.name for name, (model, _) in spec.workers().items()}
+        self._supervisor = supervisor
+        self._drain = drain
+        self._draining: set[str] = set()  # worker names drained at the broker, not stopped yet
+
+    def names(self, model: str) -> list[str]:
+        return [name for name, m in self._workers.items() if m == model]
+
+    def model_of(self, worker: str) -> str:
+        return self._workers[worker]
+
+    def step(self, now: float, status: dict | None, registered: dict[str, dict]) -> list[str]:
+        """One round with the broker's ``status`` (None: no answer) and this host's registered
+        workers by name (their STATUS entries): the workers to stop now (drained and idle)."""
+        self._follow_supervisor(now, registered)
+        if status is None:
+            return []
+        # Drained in an earlier round, so this STATUS came after the broker took them out.
+        idle = [n for n in self._draining if not registered.get(n, {}).get("active", 0)]
+        queued = status.get("queues", {})
+        active: dict[str, int] = {}
+        for name, entry in registered.items():
+            model = self._workers[name]
+            active[model] = active.get(model, 0) + int(entry.get("active", 0))
+        for action in self.residency.observe(now, queued, active):
+            if isinstance(action, Load):
+                log.info("loading model %s (requests wait for it)", action.model)
+                for name in self.names(action.model):
+                    self._supervisor.load(name, now)
+            else:
+                log.info("unloading model %s: %s", action.model, action.reason)
+                for name in self.names(action.model):
+                    self._unload(name, action.reason, registered)
+        return idle
+
+    def stopped(self, name: str) -> None:
+        """The Pool signalled ``name`` to stop (it is drained and idle)."""
+        self._draining.discard(name)
+
+    def describe(self, worker: str, now: float) -> dict:
+        return self.residency.describe(self._workers[worker], now)
+
+    def _unload(self, name: str, reason: str, registered: dict[str, dict]) -> None:
+        if self._supervisor.unload(name, reason):
+            return  # not running: nothing to stop
+        if self._drain is not None and name in registered:
+            try:
+                self._drain(name)
+            except Exception as exc:  # a broker that does not answer: the worker hands back instead
+                log.warning("could not drain worker %s before unloading it: %s", name, exc)
+        self._draining.add(name)
+
+    def _follow_supervisor(self, now: float, registered: dict[str, dict]) -> None:
+        """Each model's state from its workers': registered, restarting, gone, or failing."""
+        for model in {m for m in self._workers.values()}:
+            phases = [self._supervisor.state(n) for n in self.names(model)]
+            state = self.residency.state(model)
+            if state is ModelState.LOADING and any(n in registered for n in self.names(model)):
+                self.residency.loaded(model, now)
+            elif state is ModelState.UNLOADING and all(p is WorkerPhase.UNLOADED for p in phases):
+                self.residency.unloaded(model)
+            elif state is ModelState.LOADED and not any(n in registered for n in self.names(model)) \
+                    and WorkerPhase.READY not in phases:
+                self.residency.restarting(model)
+            if state is not ModelState.FAILED and phases and all(p is WorkerPhase.FAILING for p in phases):
+                reasons = "; ".join(self._supervisor.describe(n)["reason"] for n in self.names(model))
+                self.residency.failed(model, reasons)

@@ -1,0 +1,70 @@
+"""Several models in one `ovpool serve`: the catalog, its workers' command lines, the unloaded phase."""
+
+from __future__ import annotations
+
+import pytest
+
+from ovpool.errors import ConfigError, ModelNotFoundError
+from ovpool.models import model_name
+from ovpool.serve.catalog import ModelEntry, catalog
+from ovpool.serve.spec import PoolSpec
+from ovpool.serve.supervisor import Supervisor, WorkerPhase
+
+
+def test_model_names_come_from_name_equals_path_an_alias_or_the_files_stem():
+    assert model_name("chat=/m/qwen.gguf") == ("chat", "/m/qwen.gguf")
+    assert model_name("SmolLM2") == ("smollm2", "SmolLM2")
+    assert model_name("/m/qwen2.5-7b.Q4_K_M.gguf") == ("qwen2.5-7b.Q4_K_M", "/m/qwen2.5-7b.Q4_K_M.gguf")
+    with pytest.raises(ModelNotFoundError, match="NAME=PATH"):
+        model_name("=/m/x.gguf")
+
+
+def test_a_models_dir_serves_every_gguf_by_its_stem_and_a_name_twice_is_refused(tmp_path):
+    for name in ("b.gguf", "a.gguf", "notes.txt"):
+        (tmp_path / name).write_bytes(b"GGUF")
+    assert [(m.name, m.source) for m in catalog(("smollm2",), str(tmp_path), None)] == [
+        ("smollm2", "smollm2"), ("a", str(tmp_path / "a.gguf")), ("b", str(tmp_path / "b.gguf"))]
+    with pytest.raises(ConfigError, match="'a' is given twice"):
+        catalog(("a=smollm2",), str(tmp_path), None)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ModelNotFoundError, match="holds no .gguf"):
+        catalog((), str(tmp_path / "empty"), None)
+
+
+def test_a_models_file_sets_each_models_own_settings(tmp_path):
+    path = tmp_path / "models.toml"
+    path.write_text('[models.chat]\npath = "smollm2"\nserved_names = ["gpt-4o-mini"]\nslots = 2\n'
+                    'pinned = true\nkeep_alive = -1\n\n[models.base]\npath = "m/base.gguf"\n'
+                    'devices = ["GPU.0"]\n')
+    chat, base = catalog((), None, str(path))
+    assert chat == ModelEntry("chat", "smollm2", ("gpt-4o-mini",), 2, (), -1.0, True)
+    assert base == ModelEntry("base", str(tmp_path / "m/base.gguf"), devices=("GPU.0",))
+    path.write_text('[models.x]\npath = "smollm2"\nslot = 2\n')
+    with pytest.raises(ConfigError, match=r"\[models.x\]: unknown field\(s\) slot"):
+        catalog((), None, str(path))
+    path.write_text('[models.x]\npath = "smollm2"\nkeep_alive = "5m"\n')
+    with pytest.raises(ConfigError, match="keep_alive must be a number >= -1"):
+        catalog((), None, str(path))
+
+
+def test_several_models_get_a_worker_per_model_and_device_each_answering_to_its_name():
+    spec = PoolSpec(models=catalog(("smollm2", "g=gemma3-270m"), None, None), devices=("CPU", "GPU.0"))
+    assert list(spec.workers()) == ["smollm2:CPU", "smollm2:GPU.0", "g:CPU", "g:GPU.0"]
+    argv = spec.worker_argv("g:GPU.0", "GPU.0", spec.models[1])
+    assert argv[argv.index("--model") + 1] == "gemma3-270m"
+    assert argv[argv.index("--served-name") + 1] == "g"
+    assert [p.name for p in spec.policies()] == ["smollm2", "g"]
+    one = PoolSpec()  # one model: named by its device, always loaded, as before
+    assert list(one.workers()) == ["CPU"] and one.policies()[0].pinned and not one.on_demand
+
+
+def test_an_unloaded_worker_starts_only_when_loaded_and_its_unload_exit_is_not_restarted():
+    sup = Supervisor({"a:CPU": "CPU"}, unloaded=frozenset({"a:CPU"}))
+    assert sup.due(0.0) == [] and sup.state("a:CPU") is WorkerPhase.UNLOADED
+    sup.load("a:CPU", 1.0)
+    assert sup.due(1.0) == ["a:CPU"]
+    sup.started("a:CPU", 10, 1.0)
+    sup.ready("a:CPU")
+    assert sup.unload("a:CPU", "idle") is False  # running: its exit is awaited
+    assert sup.exited("a:CPU", 0, 2.0) is WorkerPhase.UNLOADED
+    assert sup.due(100.0) == [] and sup.describe("a:CPU")["reason"] == "unloaded: idle"
