@@ -125,7 +125,8 @@ class Completion:
     ``tool_calls`` (the reply ended with the ``tool_calls`` it made; ``text`` is its text outside
     them, often ""); ``note`` says what the reason alone does not, for a user to read (e.g.
     ``length`` because the model's context filled before max_tokens), else "". A reply cut at
-    ``length`` inside a call lists only its complete calls."""
+    ``length`` inside a call lists only its complete calls; ``stop`` is the stop string that
+    ended it, if one did."""
 
     text: str
     token_ids: list[int]
@@ -137,6 +138,7 @@ class Completion:
     logprobs: list[TokenLogprobs] | None = None
     note: str = ""
     tool_calls: list[ToolCall] = field(default_factory=list)
+    stop: str | None = None  # the stop string that ended it (finish_reason "stop"), else None
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data (JSON and msgpack safe); ``logprobs`` in TokenLogprobs' wire form."""
@@ -145,7 +147,7 @@ class Completion:
                           "completion_tokens": self.usage.completion_tokens},
                 "timings": self.timings,
                 "logprobs": None if self.logprobs is None else [t.to_wire() for t in self.logprobs],
-                "note": self.note, "tool_calls": [c.to_dict() for c in self.tool_calls]}
+                "note": self.note, "tool_calls": [c.to_dict() for c in self.tool_calls], "stop": self.stop}
 
     @classmethod
     def from_dict(cls, d: Any, where: str = "completion") -> Completion:
@@ -166,4 +168,5 @@ class Completion:
                    else list(TokenLogprobs.list_from_wire(logprobs, f"{where}.logprobs")),
                    note=_take(d, "note", (str,), where, ""),
                    tool_calls=[ToolCall.from_dict(c, f"{where}.tool_calls[{i}]")
-                               for i, c in enumerate(calls)])
+                               for i, c in enumerate(calls)],
+                   stop=_take(d, "stop", (str,), where, None))

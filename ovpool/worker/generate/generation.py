@@ -146,7 +146,8 @@ class Generation:
                           finish_reason=self.finish_reason,
                           usage=Usage(len(self.prompt_ids), len(self.token_ids)), timings=self._timings(),
                           logprobs=None if self._logprobs is None else list(self._token_logprobs),
-                          note=self.note, tool_calls=[] if self._tools is None else self._tools.calls)
+                          note=self.note, tool_calls=[] if self._tools is None else self._tools.calls,
+                          stop=self._stop.matched)
 
     def _timings(self) -> dict[str, float]:
         first, last = self._stamps[0], self._stamps[-1]

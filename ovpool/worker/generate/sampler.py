@@ -176,6 +176,7 @@ class StopMatcher:
         self._longest = max((len(s) for s in self.stop), default=0)
         self._held = ""
         self.stopped = False
+        self.matched: str | None = None  # the stop string reached
 
     def feed(self, text_delta: str) -> tuple[str, bool]:
         """(text safe to emit now, whether a stop string was reached)."""
@@ -183,10 +184,11 @@ class StopMatcher:
             return "", True
         text = self._held + text_delta
         # The stop that completes first wins (as it would token by token), the longest on a tie.
-        hits = [(i + len(s), i) for s in self.stop if (i := text.find(s)) >= 0]
+        hits = [(i + len(s), i, s) for s in self.stop if (i := text.find(s)) >= 0]
         if hits:
+            _, start, self.matched = min(hits)
             self._held, self.stopped = "", True
-            return text[:min(hits)[1]], True
+            return text[:start], True
         hold = self._partial_suffix(text)
         self._held = text[len(text) - hold:]
         return text[:len(text) - hold], False
