@@ -131,6 +131,11 @@ class AsyncClient(ClientBase):
         except asyncio.TimeoutError as exc:
             raise errors.BrokerUnavailableError(f"no status reply from {self.broker} in {timeout}s") from exc
 
+    def give_up(self, exc: errors.OvpoolError) -> None:
+        """Fail every request still outstanding with ``exc`` and cancel it at the broker (an HTTP
+        API whose drain ran out of time: its clients read why, never a cut connection)."""
+        self._send(self._pending.close(exc))
+
     async def drain(self, worker: str = "", timeout_s: float = 30.0, timeout: float = 10.0) -> dict:
         """As Client.drain."""
         return await self.status(timeout, Drain(worker, timeout_s))

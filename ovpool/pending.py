@@ -214,11 +214,11 @@ class PendingRequests:
             self._next_ping = now
             self._waiting_since = now
 
-    def close(self) -> list[Message]:
-        """The client is closing: fail every request here; the CANCELs that free their slots and
-        queue places at the broker at once."""
+    def close(self, exc: errors.OvpoolError | None = None) -> list[Message]:
+        """The client is closing (or gives up: ``exc``): fail every request here; the CANCELs that
+        free their slots and queue places at the broker at once."""
         cancels: list[Message] = [Cancel(rid) for rid in self._pending]
-        self.fail_all(errors.BrokerUnavailableError("the client was closed"))
+        self.fail_all(exc or errors.BrokerUnavailableError("the client was closed"))
         return cancels
 
     def abandon(self, request_id: str) -> list[Message]:

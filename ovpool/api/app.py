@@ -5,10 +5,13 @@ Routes: ``GET /v1/models`` and ``/v1/models/{id}``, ``POST /v1/completions``,
 ``/v1/chat/completions``, ``/v1/responses`` (OpenAI's), ``/v1/messages`` and
 ``/v1/messages/count_tokens`` (Anthropic's), each streamed as server-sent events with ``stream:
 true``; the last three are dialects over the chat core (dialect.py, docs/api.md). ``GET /health``
-(ready: the link to the broker is up and a worker registered), ``GET /health/live`` (this process
-is of use: its broker client still reads replies), ``GET /metrics``. ``/v1/*`` needs an API key
-(Bearer or x-api-key) when keys are configured; health and metrics stay open for probes and
-scrapers. Should the broker client's I/O loop ever stop, the app records why in
+(ready: the link to the broker is up, a worker registered and nothing drains; also ``GET
+/health/ready``), ``GET /health/live`` (this process is of use: its broker client still reads
+replies), ``GET /metrics``, ``POST /admin/drain`` (drain the pool or a worker, protocol.Drain; it
+needs an API key like ``/v1/*``). A draining API (server.run on SIGTERM) answers 503 with
+Retry-After to new requests and lets those in flight finish within shutdown_timeout_s.
+``/v1/*`` needs an API key (Bearer or x-api-key) when keys are configured; health and metrics
+stay open for probes and scrapers. Should the broker client's I/O loop ever stop, the app records why in
 ``app.state.link_lost`` and server.run exits, so the process's supervisor starts a fresh one
 instead of keeping a process that answers every request with 503.
 
@@ -57,6 +60,7 @@ class Config:
     keys: ApiKeys
     max_tokens: int  # a chat request's default max_tokens (the pool's max_new_tokens)
     status_timeout_s: float = 5.0
+    shutdown_timeout_s: float = 30.0  # a drain: how long requests in flight may run on
 
 
 def create_app(config: Config) -> Starlette:
@@ -66,10 +70,18 @@ def create_app(config: Config) -> Starlette:
               *(Route(f"/v1/{name}", api.generate(name), methods=["POST"]) for name in api.dialects),
               Route("/v1/messages/count_tokens", api.count_tokens, methods=["POST"]),
               Route("/health", api.health, methods=["GET"]),
+              Route("/health/ready", api.health, methods=["GET"]),
+              Route("/admin/drain", api.admin_drain, methods=["POST"]),
               Route("/health/live", api.live, methods=["GET"]),
               Route("/metrics", api.metrics_page, methods=["GET"])]
-    return Starlette(routes=routes, lifespan=api.lifespan,
-                     exception_handlers={HTTPException: _http_error})
+    app = Starlette(routes=routes, lifespan=api.lifespan, exception_handlers={HTTPException: _http_error})
+    app.state.api = api  # server.run drains through it
+    return app
+
+
+def _draining(reason: str, link: dict) -> JSONResponse:
+    return JSONResponse({"status": "draining", "reason": reason, "link": link}, 503,
+                        {"Retry-After": str(api_errors.RETRY_AFTER_S)})
 
 
 async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
@@ -94,7 +106,10 @@ class _Api:
         self.config = config
         self.metrics = ApiMetrics()
         self.client: AsyncClient | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
         self.disconnects = Disconnects()
+        self.draining = False  # server.run's drain: new requests get 503 + Retry-After
+        self.in_flight = 0  # requests between their key check and their last byte
         chat = lambda body: parse_chat(body, config.max_tokens)  # noqa: E731
         output = lambda body: openai_responses.parse(body, config.max_tokens)  # noqa: E731
         openai = dict(full=responses.whole, writer=responses.ChunkWriter, errors=api_errors)
@@ -109,7 +124,7 @@ class _Api:
     @contextlib.asynccontextmanager
     async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
         async with AsyncClient(self.config.broker, settings=self.config.settings) as client:
-            self.client = client
+            self.client, self.loop = client, asyncio.get_running_loop()  # server.run drains on it
             tasks = [asyncio.create_task(self.disconnects.run()), asyncio.create_task(self._watch(app))]
             try:
                 yield
@@ -147,16 +162,38 @@ class _Api:
         return await self._serve(request, "count_tokens", self._count_tokens, anthropic)
 
     async def health(self, request: Request) -> Response:
-        """Readiness: the broker answers a STATUS and lists a worker."""
+        """Readiness: the broker answers a STATUS and lists a worker, and neither this API nor the
+        pool drains (load balancers then stop sending at once)."""
         link = dataclasses.asdict(self.client.link_state())
+        if self.draining:
+            return _draining("this HTTP API is draining (it is stopping)", link)
         try:
-            workers = (await self.client.status(self.config.status_timeout_s)).get("workers")
+            status = await self.client.status(self.config.status_timeout_s)
         except errors.OvpoolError as exc:
             return JSONResponse({"status": "unavailable", "reason": str(exc), "link": link}, 503)
+        workers = status.get("workers")
         if not isinstance(workers, list) or not workers:  # a broker's STATUS reply is its word
             return JSONResponse({"status": "unavailable", "reason": "no worker is registered",
                                  "link": link}, 503)
+        if (status.get("draining") or {}).get("pool"):
+            return _draining("the pool is draining (shutting down or restarting)", link)
         return JSONResponse({"status": "ok", "workers": len(workers), "link": link})
+
+    async def admin_drain(self, request: Request) -> Response:
+        return await self._serve(request, "admin", self._drain)
+
+    async def _drain(self, request: Request) -> Response:
+        """``{"worker": NAME, "timeout_s": N}`` (both optional; no worker: the whole pool)."""
+        body = parse_json(await request.body() or b"{}")
+        worker, timeout = (body.get("worker", ""), body.get("timeout_s", self.config.shutdown_timeout_s)) \
+            if isinstance(body, dict) else (None, None)
+        if not isinstance(worker, str) or isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+            raise errors.InvalidRequestError("the body is {\"worker\": NAME, \"timeout_s\": SECONDS}, "
+                                             "both optional (no worker: the whole pool)", param="worker")
+        drained = (await self.client.drain(worker, float(timeout), self.config.status_timeout_s))["draining"]
+        if worker and not drained["workers"]:
+            raise errors.InvalidRequestError(f"no worker named {worker!r} is registered", param="worker")
+        return JSONResponse({"draining": drained})
 
     async def live(self, request: Request) -> Response:
         """Liveness: the broker client reads replies. A broker or worker outage leaves it live (a
@@ -176,19 +213,28 @@ class _Api:
                      shape: ErrorShape = api_errors) -> Response:
         """Key check, the handler, its errors in ``shape``'s JSON, and the request's metrics."""
         started = request.state.started = time.perf_counter()
+        self.in_flight += 1
         try:
             self.config.keys.check(request.headers.get("authorization"), request.headers.get("x-api-key"))
+            if self.draining and endpoint != "admin":
+                raise errors.DrainingError("this HTTP API is draining (it is stopping) and takes no new"
+                                           " request; retry in a moment or on another replica")
             response = await handler(request)
         except errors.OvpoolError as exc:
             response = _error(exc, shape)
         except HTTPException as exc:  # a body over MAX_BODY_BYTES
             response = _http_response(exc, shape)
         except ClientGone:
+            self.in_flight -= 1
             self.metrics.finished(endpoint, _CLIENT_CLOSED, time.perf_counter() - started)
             return Response(status_code=_CLIENT_CLOSED)
+        except BaseException:
+            self.in_flight -= 1
+            raise
         if isinstance(response, StreamingResponse):
             response.body_iterator = self._timed(response.body_iterator, endpoint, started)
         else:
+            self.in_flight -= 1
             self.metrics.finished(endpoint, response.status_code, time.perf_counter() - started)
         return response
 
@@ -199,6 +245,7 @@ class _Api:
                 yield chunk
             status = body.status
         finally:
+            self.in_flight -= 1
             self.metrics.finished(endpoint, status, time.perf_counter() - started)
 
     async def _models(self, request: Request) -> Response:

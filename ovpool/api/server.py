@@ -9,10 +9,12 @@ from __future__ import annotations
 import ipaddress
 import socket
 import threading
+import time
+from typing import Any
 
 from ovpool import timing
 from ovpool.api.app import Config, create_app
-from ovpool.errors import BrokerUnavailableError, ConfigError
+from ovpool.errors import BrokerUnavailableError, ConfigError, DrainingError
 
 
 def parse_bind(bind: str) -> tuple[str, int]:
@@ -43,7 +45,9 @@ def listen(bind: str) -> socket.socket:
 
 
 def run(config: Config, bind: str, stop: threading.Event) -> None:
-    """Serve until ``stop`` is set; open streams then get SHUTDOWN_GRACE_S to finish.
+    """Serve until ``stop`` is set, then drain: readiness and new requests answer 503 (with
+    Retry-After) while the requests in flight get ``config.shutdown_timeout_s`` to finish; those
+    still open then fail with DrainingError (an error event on a stream), never a cut connection.
 
     uvicorn runs on a thread of its own, where it leaves signals alone: the CLI's SIGTERM
     handling (stop_on_signals) stays the same as the broker's and the workers', exit status 0.
@@ -63,6 +67,8 @@ def run(config: Config, bind: str, stop: threading.Event) -> None:
         while thread.is_alive() and not stop.wait(timing.POLL_INTERVAL_S):
             if getattr(app.state, "link_lost", ""):
                 break
+        if thread.is_alive() and not getattr(app.state, "link_lost", ""):
+            _drain(app.state.api, config.shutdown_timeout_s, server.started)
         server.should_exit = True
         thread.join()
     if getattr(app.state, "link_lost", ""):
@@ -70,3 +76,16 @@ def run(config: Config, bind: str, stop: threading.Event) -> None:
                                      " this process exits so that a fresh one serves")
     if not server.started:
         raise ConfigError(f"the HTTP API on {bind} did not start; see the log above")
+
+
+def _drain(api: Any, timeout_s: float, started: bool) -> None:
+    """Refuse new requests, wait for those in flight (up to ``timeout_s``), then fail the rest."""
+    api.draining = True
+    deadline = time.monotonic() + timeout_s
+    while started and api.in_flight > 0 and time.monotonic() < deadline:
+        time.sleep(timing.POLL_INTERVAL_S)
+    if api.in_flight > 0 and api.client is not None:
+        api.loop.call_soon_threadsafe(api.client.give_up, DrainingError(
+            f"this HTTP API stopped before the request finished: its drain's timeout of {timeout_s:g} s "
+            "(setting shutdown_timeout_s) ended; send it again"))
+        time.sleep(timing.POLL_INTERVAL_S)  # the error events go out before uvicorn closes

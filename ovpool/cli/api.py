@@ -31,7 +31,8 @@ def api_command(broker: str | None, bind: str, api_keys: tuple[str, ...], assign
 
     api = ApiConfig.of(resolve_settings(assignments, broker=broker, **curve))
     endpoint.check(api.broker)  # now, not at the first request
-    config = Config(api.broker, api.client, keys.ApiKeys(keys.parse(api_keys)), api.max_new_tokens)
+    config = Config(api.broker, api.client, keys.ApiKeys(keys.parse(api_keys)), api.max_new_tokens,
+                    shutdown_timeout_s=api.shutdown_timeout_s)
     with stop_on_signals() as stop:
         run(config, bind, stop)
 
