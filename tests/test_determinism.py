@@ -1,6 +1,7 @@
-"""At the precision the host picks by default (bf16 on AVX-512 BF16 and AMX CPUs, f32 on AVX2), a
-request gives the same tokens whatever else the worker does: before or after its decode graph is
-made, batched with others or alone, first or later (ovpool.worker.graph.cpu_class says how)."""
+"""At the default precision (f32 on every CPU class: ovpool.worker.graph.cpu_class.precision; bf16
+on AMX made a batched request's tokens differ), a request gives the same tokens whatever else the
+worker does: before or after its decode graph is made, batched with others or alone, first or later
+(ovpool.worker.graph.cpu_class says how)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from ovpool import Engine
 from ovpool.sampling_params import SamplingParams
 from ovpool.worker.backend import EngineBackend
 from ovpool.worker.generate.batch import PagedRunner
+from ovpool.worker.graph import cpu_class
 
 PROMPTS = ["the quick brown fox", "hello", "a b c d e f g h i j k l m n o p q r s t u v w x y z",
            "jumps over the lazy dog and runs far away from the brown fox"]
@@ -22,7 +24,8 @@ PARAMS = [SamplingParams(max_tokens=24, ignore_eos=True),
 
 
 def host_precision() -> str:
-    return ov.Core().get_property("CPU", "INFERENCE_PRECISION_HINT").get_type_name()
+    """What ``inference_precision=auto`` means on this host."""
+    return cpu_class.precision(ov.Core().get_property("CPU", "INFERENCE_PRECISION_HINT").get_type_name())
 
 
 def alone(engine: Engine, prompts=PROMPTS, params=PARAMS) -> list[list[int]]:

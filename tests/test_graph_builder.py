@@ -15,6 +15,7 @@ from ovpool.testing.tiny import ARCHITECTURES, WEIGHT_TYPES
 from ovpool.worker.gguf.blocks import unpack
 from ovpool.worker.gguf.model import GGUFModel
 from ovpool.worker.gguf.quants import dequantize, rounded_zero
+from ovpool.worker.graph import cpu_class
 from ovpool.worker.graph import weights as W
 from ovpool.worker.graph.builder import build_model, compile_config, model_ports, port_spec, resolve_auto
 
@@ -193,7 +194,9 @@ def test_auto_settings_resolve_to_the_device_defaults():
     core = ov.Core()
     values = resolve_auto({"attention": "manual"}, "CPU", core)
     default = lambda prop: core.get_property("CPU", prop).get_type_name()  # noqa: E731
-    assert values["inference_precision"] == default("INFERENCE_PRECISION_HINT")
+    # f32 where the plugin would pick bf16 (cpu_class.precision): exact and batch-independent
+    assert values["inference_precision"] == cpu_class.precision(default("INFERENCE_PRECISION_HINT"))
+    assert values["inference_precision"] == "f32"
     assert values["kv_cache_precision"] == "f16"  # not the plugin's u8: faster decode (graph.py)
     assert values["attention"] == "manual" and "auto" not in values.values()
     gpu = resolve_auto({"inference_precision": "f16", "kv_cache_precision": "f16"}, "GPU.1", core)

@@ -41,6 +41,18 @@ def test_f32_keeps_the_exact_float_zero_point_on_every_class(cpu):
                                                     kquant_requant="none")
 
 
+@pytest.mark.parametrize("cpu", [AVX2, AVX512_VNNI, AVX512_BF16, AMX])
+def test_auto_precision_is_f32_on_every_cpu_class(cpu):
+    # The plugin's own bf16 (AVX-512 BF16, AMX) is not batch-independent on AMX and below the
+    # exact graph's answers on both: bf16 stays opt-in.
+    assert cpu_class.precision("bf16") == cpu_class.precision("f32") == "f32"
+    values = resolve_auto({}, "CPU", ov.Core(), cpu=cpu)
+    assert (values["inference_precision"], values["zero_points"], values["kquant_requant"]) == \
+        ("f32", "float", "none")
+    assert resolve_auto({"inference_precision": "bf16"}, "CPU", ov.Core(), cpu=cpu)["inference_precision"] \
+        == "bf16"
+
+
 def test_bf16_without_an_int8_path_keeps_the_float_zero_point():
     no_vnni = CpuInfo("x", frozenset({"avx2", "avx512f", "avx512_bf16"}), frozenset({"BF16"}))
     assert choose(no_vnni, "bf16").zero_points == "float"

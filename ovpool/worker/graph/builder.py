@@ -310,9 +310,9 @@ def _cache(ctx: _Context, layer: int, kind: str, new: ov.Output) -> ov.Output:
 def resolve_auto(graph: GraphConfig | Mapping[str, Any], device: str = "CPU", core: ov.Core | None = None,
                  cpu: CpuInfo | None = None) -> dict:
     """Effective graph settings: ``auto`` replaced by what the device runs by default (its own
-    choice of fastest: f32 on AVX2 CPUs, bf16 with AMX/AVX-512 BF16, f16 on GPUs), except where
-    ovpool measured a faster choice (KV cache, weight encoding: ovpool.worker.graph.cpu_class, for
-    ``cpu``, by default this host's)."""
+    choice: f16 on GPUs), except where ovpool measured a better choice: f32 compute on every CPU
+    (the plugin's bf16 with AMX/AVX-512 BF16 is neither exact nor batch-independent), the KV cache,
+    the weight encoding (ovpool.worker.graph.cpu_class, for ``cpu``, by default this host's)."""
     values = GraphConfig.coerce(graph).values()
     core = core or ov.Core()
     on_cpu = device_type(device) == "CPU"
@@ -321,6 +321,9 @@ def resolve_auto(graph: GraphConfig | Mapping[str, Any], device: str = "CPU", co
         # faster on SmolLM2 at a 512-token context (1 and 8 sequences), for twice the KV memory;
         # and u8's per-block scales make a sequence's numbers depend on how its blocks filled.
         values["kv_cache_precision"] = "f16"
+    if values["inference_precision"] == "auto" and on_cpu:
+        values["inference_precision"] = cpu_class.precision(
+            _type_name(core.get_property("CPU", "INFERENCE_PRECISION_HINT")))
     for name, prop in (("inference_precision", "INFERENCE_PRECISION_HINT"),
                        ("kv_cache_precision", "KV_CACHE_PRECISION")):
         if values[name] == "auto":

@@ -7,19 +7,24 @@ lists ``BF16``), and it quantizes the activations of a compressed MatMul to int8
 ovpool asks for exactness, and only for integer zero points (``dnnl_fullyconnected_primitive.cpp``,
 ``useDynamicQuantizationImpl``). The choices per class, and why:
 
-* VNNI/BF16: each row of the int8 path gives the same result whatever else is in the pass, which
-  makes a request's tokens the same batched or alone; the other bf16 kernels do not (a float zero
-  point's row, the decode graph's fused "snippets"). So Q4_1/Q4_K's exact minimum goes in as a
-  rounded u4 zero point plus its exact remainder (``zero_points=integer``,
-  ovpool.worker.gguf.quants.integer_zero), and the decode graph runs without snippets.
-* VNNI/BF16: Q6_K's 16-weight groups would set the int8 activation group of every MatMul to 16
-  (see ``activation_group``), so Q6_K is requantized to 8-bit codes in groups of 32
+* Every class: ``inference_precision=auto`` is f32 (``precision``), the exact graph's numbers, where
+  the plugin would pick bf16. On AMX a compressed MatMul's bf16 rows depend on how many rows share
+  the pass (AMX tiles from 8 rows on, other kernels below; with and without int8 activations), so
+  a request's tokens changed when it was batched, and no bf16 variant keeps them; at f32 they do.
+  f32 also decodes faster there (1.2x per step on SmolLM2) and its answers are the exact graph's.
+  On AVX-512 VNNI/BF16 the bf16 default agreed with the exact graph on 0.954 of positions and
+  answered "Hello" with "Hello! I'shine."; f32 ran as fast there (docs/performance.md, "Quality").
+* At bf16 (opt-in) on VNNI/BF16: each row of the int8 path gives the same result whatever else is
+  in the pass on that class (not on AMX), the other bf16 kernels do not (a float zero point's row,
+  the decode graph's fused "snippets"). So Q4_1/Q4_K's exact minimum goes in as a rounded u4 zero
+  point plus its exact remainder (``zero_points=integer``, ovpool.worker.gguf.quants.integer_zero),
+  and the decode graph runs without snippets.
+* At bf16 on VNNI/BF16: Q6_K's 16-weight groups would set the int8 activation group of every
+  MatMul to 16 (see ``activation_group``), so Q6_K is requantized to 8-bit codes in groups of 32
   (``kquant_requant=q6_k_q8_sym32``, lossy; exact f32 keeps Q6_K as it is).
 * Every class: 4-bit codes stay 4-bit (``q4_storage=i4``): a byte per code reads twice the bytes
   per token for no faster decode.
 * AVX2 (and AVX-512 without VNNI) runs f32 with no int8 path, where the float zero point is exact.
-  AMX gets the VNNI/BF16 choice by the plugin's source (``avx512_vnni`` is part of every AMX CPU),
-  unverified for row-independence there.
 
 The measurements behind each choice: docs/performance.md, "ovpool/worker/graph/cpu_class.py".
 """
@@ -90,6 +95,13 @@ class Defaults:
     int8_activations: bool  # the plugin's dynamic quantization stays on (off: exact f32)
     decode_snippets: bool   # the static decode graph may fuse element-wise chains
     kquant_requant: str = "none"  # "q6_k_q8_sym32": Q6_K as 8-bit codes in groups of 32
+
+
+def precision(plugin_default: str) -> str:
+    """What ``inference_precision=auto`` means on a CPU whose plugin picks ``plugin_default`` by
+    itself: f32 where that is bf16 (AVX-512 BF16, AMX), for the exact, batch-independent numbers
+    (see above); anything else as the plugin has it."""
+    return "f32" if plugin_default == "bf16" else plugin_default
 
 
 def choose(cpu: CpuInfo, precision: str) -> Defaults:
