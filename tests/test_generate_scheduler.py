@@ -159,3 +159,75 @@ def test_a_preempted_sequence_recomputes_its_generated_tokens_one_per_pass():
     s._preempt(s._running[0], s.plan())  # as pool pressure would
     sizes = [len(run_step(s).chunks[0].tokens) for _ in range(5)]
     assert sizes == [3, 1, 1, 1, 1]
+
+
+def test_a_short_prompt_does_not_wait_behind_a_long_prefill():
+    s = make(num_blocks=64, block_size=4, prefill_chunk=8)
+    s.add("long", list(range(40)))
+    assert [len(c.tokens) for c in run_step(s).chunks] == [8]  # alone: the whole budget
+    s.add("short", [1, 2, 3])
+    plan = run_step(s)
+    sizes = {c.seq_id: (len(c.tokens), c.sample) for c in plan.chunks}
+    assert sizes == {"short": (3, True), "long": (5, False)}  # its first token now; the rest to the oldest
+    plan = run_step(s)
+    assert {c.seq_id: len(c.tokens) for c in plan.chunks} == {"short": 1, "long": 8}
+
+
+def test_prompts_behind_the_oldest_go_shortest_first():
+    s = make(num_blocks=64, block_size=4, prefill_chunk=8, max_running=4)
+    plans = []
+    for name, n in (("old", 30), ("mid", 12), ("small", 6), (None, 0)):
+        if name:
+            s.add(name, list(range(n)))
+        plans.append([(c.seq_id, len(c.tokens)) for c in run_step(s).chunks])
+    assert plans == [[("old", 8)], [("mid", 4), ("old", 4)],  # the oldest keeps half the budget
+                     [("small", 4), ("old", 4)],  # a new prompt shorter than "mid" goes before it
+                     [("small", 2), ("mid", 2), ("old", 4)]]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 12), st.integers(1, 40), st.integers(1, 6)), min_size=1, max_size=8),
+       st.integers(2, 12), st.booleans())
+def test_budget_is_kept_and_no_prompt_starves(arrivals, chunk, caching):
+    """Prompts arriving over time: a pass never holds more than the budget of prompt tokens (one
+    over only where a prompt's last three tokens go together, see prompt_chunk) and every request
+    is done within a bound on the steps its own and the earlier requests' tokens need."""
+    s = Scheduler(num_blocks=400, block_size=4, prefill_chunk=chunk, max_running=4, caching=caching)
+    budget, pending, done, steps = max(chunk, 2), sorted(arrivals), {}, 0
+    bound = sum(p // 2 + n + 2 for _, p, n in arrivals) + max(a for a, _, _ in arrivals) + 1
+    left = {}
+    while pending or len(s):
+        while pending and pending[0][0] <= steps:
+            _, p, n = pending.pop(0)
+            rid = f"{len(done) + len(left)}"
+            s.add(rid, [7] * 3 + list(range(p)) if caching else list(range(p)))
+            left[rid] = n
+        plan = s.plan()
+        s.commit()
+        assert sum(len(c.tokens) for c in plan.chunks if len(c.tokens) > 1) <= budget + 1
+        for c in plan.chunks:
+            if c.sample:
+                left[c.seq_id] -= 1
+                if left[c.seq_id] == 0:
+                    s.finish(c.seq_id)
+                    done[c.seq_id] = steps
+                    del left[c.seq_id]
+                else:
+                    s.append(c.seq_id, 9)
+        steps += 1
+        assert steps <= bound
+    assert len(done) == len(arrivals)
+
+
+def test_a_prompt_waits_for_the_shared_blocks_a_running_prefill_computes():
+    s = Scheduler(num_blocks=64, block_size=4, prefill_chunk=8, max_running=4, caching=True)
+    shared = list(range(100, 116))
+    s.add("first", shared + [1, 2])
+    s.add("second", shared + [3, 4])
+    seen = []
+    for _ in range(3):
+        seen.append([c.seq_id for c in run_step(s).chunks])
+        s.commit()
+    # "second" does not compute the shared 16 tokens a second time: it waits for them.
+    assert seen == [["first"], ["first"], ["second", "first"]]
+    assert s.cached("second") == 16

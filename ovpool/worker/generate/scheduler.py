@@ -6,8 +6,11 @@ pending == 1 is a decode (one token, then sample); pending > 1 is a prompt still
 (or a preempted sequence being recomputed), fed in chunks. Each ``plan()``:
 
 1. schedules every running decode (they never wait behind a prompt),
-2. spends at most ``prefill_chunk`` tokens on prompt chunks, oldest sequence first (see
-   ``prompt_chunk``: a token's keys and values are computed as in a run of its own),
+2. spends at most ``prefill_chunk`` tokens on prompt chunks (see ``prompt_chunk``: a token's
+   keys and values are computed as in a run of its own): when prompts compete, the oldest one in
+   prefill keeps half the budget and the others, shortest first, take the rest; whatever they
+   leave goes to the oldest. So a short prompt (or one the prefix cache made short) gets its
+   first token in its first pass instead of waiting behind a long one, and no prompt starves,
 3. admits waiting sequences (FIFO) while a slot, prefill budget and KV blocks are free, keeping
    one spare block per running sequence so that decodes can grow,
 4. allocates the KV blocks each scheduled chunk writes. When the pool runs dry, the most recently
@@ -187,29 +190,60 @@ class Scheduler:
     def plan(self) -> Plan:
         """The next forward pass; the chunks' tokens count as computed from now on."""
         plan = Plan()
-        budget = max(self.prefill_chunk, 2)  # a prompt chunk has two tokens or more (prompt_chunk)
         for seq in [s for s in self._running if s.pending == 1]:
             if seq in self._running:  # not preempted by an earlier decode of this loop
                 self._schedule(seq, 1, plan)
-        for seq in [s for s in self._running if s.pending > 1]:
-            if budget > 0 and seq in self._running and (n := seq.take(budget)):
-                budget -= self._schedule(seq, n, plan)
-        while budget > 0 and self._waiting and len(self._running) < self.max_running:
-            seq = self._waiting[0]
+        budget = max(self.prefill_chunk, 2)  # a prompt chunk has two tokens or more (prompt_chunk)
+        prefilling = [s for s in self._running if s.pending > 1]
+        oldest = prefilling[0] if prefilling else None
+        alone = oldest is None or (len(prefilling) == 1 and not self._waiting)
+        reserve = budget if alone else max(budget // 2, 2)
+        left = budget - reserve if oldest is not None else budget
+        held = self.blocks_for(oldest.computed + oldest.take(reserve)) - len(oldest.blocks) if oldest else 0
+        # Shortest first (a prefix-cache hit or a short prompt is one chunk from its first token),
+        # within what the oldest leaves: it gets at least half the budget, so none starves. New
+        # prompts shorter than every other one in prefill go first, the others after them.
+        others = sorted(prefilling[1:], key=lambda s: s.pending)
+        if others:
+            left = self._admit(plan, left, over=False, held=held, shorter=others[0].pending)
+        for seq in others:
+            n = seq.take(left)
+            if 0 < n <= left and seq in self._running:
+                left -= self._schedule(seq, n, plan)
+        left = self._admit(plan, left, over=oldest is None, held=held)
+        if oldest is not None and oldest in self._running and (n := oldest.take(max(left, 0) + reserve)):
+            self._schedule(oldest, n, plan)
+        self._planned = [c.seq_id for c in plan.chunks]
+        return plan
+
+    def _admit(self, plan: Plan, budget: int, over: bool, held: int, shorter: int | None = None) -> int:
+        """Admit waiting sequences (FIFO, but those whose next block a running prefill computes)
+        into ``plan`` while ``budget`` prompt tokens, a slot and KV
+        blocks last (but ``held``, the blocks the oldest prompt's chunk needs) and, given
+        ``shorter``, while they have fewer tokens to compute; the budget left. ``over``: a chunk
+        may take one token over (prompt_chunk)."""
+        computing = self._computing()
+        for seq in list(self._waiting):
+            if budget <= 0 or len(self._running) >= self.max_running:
+                break
             if not self.fits(len(seq.tokens)):
                 self._exhaust(seq, plan)
                 continue
             self._reuse(seq)
+            if seq.registered < len(seq.addresses) and seq.addresses[seq.registered] in computing:
+                self._release(seq)  # its next block is being computed: it takes it from the cache
+                continue
             n = seq.take(budget)
             need = self.blocks_for(seq.computed + n) - len(seq.blocks)
-            if not n or need + len(self._running) > self.pool.available:
+            if (not n or (n > budget and not over) or (shorter is not None and seq.pending >= shorter)
+                    or need + held + len(self._running) > self.pool.available):
                 self._release(seq)  # its cached blocks go back, as they were
                 break
-            self._running.append(self._waiting.popleft())
+            self._waiting.remove(seq)
+            self._running.append(seq)
             self._count(seq)
             budget -= self._schedule(seq, n, plan)
-        self._planned = [c.seq_id for c in plan.chunks]
-        return plan
+        return budget
 
     def commit(self) -> None:
         """The last plan's pass has run: the full blocks it computed get their content addresses
@@ -226,6 +260,14 @@ class Scheduler:
                     self.tier.save(seq.addresses[i], seq.blocks[i])
             seq.registered = max(seq.registered, full)
         self._planned = []
+
+    def _computing(self) -> set[bytes]:
+        """The addresses of the prompt blocks running prefills are still to compute (prefix
+        caching): a waiting prompt that begins with one waits for it rather than computing it too."""
+        if not self.pool.caching:
+            return set()
+        return {a for s in self._running if s.computed < s.prompt
+                for a in s.addresses[s.registered:s.prompt // self.block_size]}
 
     def _reuse(self, seq: _Seq) -> None:
         """Start ``seq`` (not computed) on the longest chain of cached blocks its tokens begin with,
