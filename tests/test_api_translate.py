@@ -14,6 +14,7 @@ from ovpool import errors
 from ovpool.api import anthropic, models, openai_responses
 from ovpool.api.keys import ApiKeys
 from ovpool.api.schema import parse_chat
+from ovpool.completion import Completion, Usage
 
 CHAT = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
@@ -184,3 +185,19 @@ def test_a_stream_failing_after_its_first_token_ends_with_its_apis_error_event()
     assert name == "event: error" and json.loads(data.removeprefix("data: ")) == {
         "type": "error", "sequence_number": 2, "code": lost.code, "message": "the worker went away",
         "param": None}
+
+
+def test_anthropic_says_which_stop_sequence_ended_the_message():
+    gen = anthropic.parse({**_BASES[anthropic.parse], "stop_sequences": ["END", "STOP"]})
+    usage = Usage(4, 2)
+    stopped = Completion("a b", [1, 2], "stop", usage, stop="STOP")
+    ended = Completion("a b", [1, 2], "stop", usage)  # the end-of-turn token
+    assert [(m["stop_reason"], m["stop_sequence"]) for m in (anthropic.full(gen, [stopped]),
+                                                           anthropic.full(gen, [ended]))] == [
+        ("stop_sequence", "STOP"), ("end_turn", None)]
+    writer = anthropic.MessageWriter(gen)
+    writer.opening()
+    writer.done(0, stopped)
+    lines = writer.closing().decode().split("\n")
+    events = [json.loads(line[6:]) for line in lines if line.startswith("data: ")]
+    assert events[-2]["delta"] == {"stop_reason": "stop_sequence", "stop_sequence": "STOP"}

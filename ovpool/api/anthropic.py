@@ -22,7 +22,8 @@ from ovpool.completion import Completion, Delta
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                 404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
                 503: "overloaded_error"}
-_STOP_REASONS = {"length": "max_tokens", "tool_calls": "tool_use"}  # else "end_turn" (docs/api.md)
+# Else "end_turn", or "stop_sequence" when one of stop_sequences ended the reply (Completion.stop).
+_STOP_REASONS = {"length": "max_tokens", "tool_calls": "tool_use"}
 
 
 def parse(body: Any) -> Generate:
@@ -123,7 +124,14 @@ def _head(gen: Generate, message_id: str) -> dict[str, Any]:
 
 
 def _stop_reason(c: Completion) -> str:
+    if c.finish_reason == "stop" and c.stop is not None:
+        return "stop_sequence"
     return _STOP_REASONS.get(c.finish_reason, "end_turn")
+
+
+def _stopped(c: Completion) -> dict[str, Any]:
+    """The message's stop_reason and stop_sequence (which of stop_sequences ended it)."""
+    return {"stop_reason": _stop_reason(c), "stop_sequence": c.stop if c.finish_reason == "stop" else None}
 
 
 def _usage(c: Completion | None) -> dict[str, int]:
@@ -137,7 +145,7 @@ def full(gen: Generate, completions: list[Completion]) -> dict[str, Any]:
     (c,) = completions
     text = [{"type": "text", "text": c.text}] if c.text or not c.tool_calls else []
     return {**_head(gen, _message_id()), "content": [*text, *map(anthropic_tools.use_block, c.tool_calls)],
-            "stop_reason": _stop_reason(c), "stop_sequence": None, "usage": _usage(c)}
+            **_stopped(c), "usage": _usage(c)}
 
 
 def _message_id() -> str:
@@ -208,8 +216,7 @@ class MessageWriter:
         c = self.completion
         empty = self._start({"type": "text", "text": ""}) if not self._blocks else b""
         return (empty + self._stop()
-                + _event("message_delta", usage=_usage(c), delta={"stop_reason": _stop_reason(c),
-                                                                   "stop_sequence": None})
+                + _event("message_delta", usage=_usage(c), delta=_stopped(c))
                 + _event("message_stop"))
 
     def failure(self, exc: errors.OvpoolError) -> bytes:
