@@ -3,8 +3,10 @@ that are whole or a miss, its budget, and worker processes that restart, share a
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -12,8 +14,8 @@ from pathlib import Path
 import pytest
 from test_cache_loader import read_only
 
-from ovpool.cache import kv
-from ovpool.cache.store import CacheStore
+from ovpool.cache import kv, maintenance
+from ovpool.cache.store import PAUSE_ENV, CacheStore
 
 CHILD = Path(__file__).with_name("kv_tier_child.py")
 PROMPT = 200  # tokens: 6 full blocks of 32 (the tiny model's context is 256)
@@ -66,6 +68,29 @@ def test_an_unwritable_tier_warns_once_and_still_reads(tmp_path, caplog):
         t.flush()
         assert not t.writable and t.get(bytes([1]) * 16) is None
     assert caplog.text.count("takes no more blocks") == 1
+
+
+def test_a_full_disk_keeps_the_blocks_written_and_stops_writing(tmp_path, caplog, monkeypatch):
+    small = tmp_path / "small"
+    small.mkdir()
+    mounted = os.geteuid() == 0 and subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(small)], capture_output=True).returncode == 0
+    if not mounted:  # no tmpfs to fill: the write fails as on one
+        def full(*_):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        monkeypatch.setattr(CacheStore, "write_file", full)
+    try:
+        with tier(small, budget=1 << 30) as t:
+            for i in range(8):
+                t.put(bytes([i]) * 16, bytes([i]) * 16000)
+            t.flush()
+        assert not t.writable and caplog.text.count("takes no more blocks") == 1
+        written = list((small / "v1" / "kv").glob("*/*.kv"))
+        assert len(written) < 8 and all(kv.unpack(p.read_bytes()) for p in written)
+        assert not list((small / "v1" / "tmp").iterdir())
+    finally:
+        if mounted:
+            subprocess.run(["umount", str(small)], check=True)
 
 
 def run_worker(model: Path, cache_dir: Path, *flags: str) -> dict:
@@ -137,3 +162,24 @@ def test_a_read_only_cache_dir_keeps_serving_from_its_tier(fresh):
         again = run_worker(model, cache_dir)
     same_answer(again, without)
     assert again["loaded"] == PROMPT // 32
+
+
+def test_a_worker_killed_mid_write_leaves_no_block_that_loads(tiny_model, tmp_path):
+    model = tiny_model()
+    child = subprocess.Popen([sys.executable, str(CHILD), str(model), str(tmp_path), str(PROMPT)],
+                             stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, cwd=CHILD.parent,
+                             env={**os.environ, PAUSE_ENV: "kv-write"})
+    try:
+        for line in child.stderr:
+            if line.strip() == "OVPOOL_CACHE_TEST_PAUSED kv-write":
+                break
+        else:
+            raise AssertionError(f"the worker never reached kv-write (exit {child.wait()})")
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    assert not list((tmp_path / "v1" / "kv").glob("*/*.kv"))  # a whole block in tmp/, never renamed
+    again = run_worker(model, tmp_path)
+    assert again["loaded"] == 0 and again["saved"] == PROMPT // 32
+    same_answer(again, run_worker(model, tmp_path, "--no-tier"))
+    assert maintenance.gc(CacheStore(tmp_path))["temp"]
