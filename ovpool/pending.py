@@ -31,7 +31,7 @@ from typing import Any, Protocol
 
 import msgpack
 
-from ovpool import bounds, errors, timing
+from ovpool import bounds, errors, timing, tools
 from ovpool.completion import Completion, Delta
 from ovpool.protocol import (
     MAX_MESSAGE_BYTES,
@@ -98,7 +98,9 @@ def make_submit(prompt_or_messages: str | list, model: str, timeout: float | Non
     """A validated SUBMIT (``window`` > 0: a stream with that much credit). Bad sampling parameters,
     a prompt over ovpool.bounds, anything msgpack cannot encode, or a message over the broker's
     limit raise InvalidRequestError naming the field here, before it is tracked or sent."""
-    params = sampling_to_wire(SamplingParams(**sampling))
+    checked = SamplingParams(**sampling)
+    tools.check_chat(checked.calls_tools, not isinstance(prompt_or_messages, str))
+    params = sampling_to_wire(checked)
     if params["seed"] is None:  # fixed here so that a resend replays the same tokens
         params["seed"] = _seeds.getrandbits(63)
     if isinstance(prompt_or_messages, str):

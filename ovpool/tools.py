@@ -80,6 +80,13 @@ def check_with_format(tools: list | None, choice: Any, response_format: dict | N
                                           'call or text of that format); drop one, or set tool_choice "none"')
 
 
+def check_chat(calls_tools: bool, is_chat: bool) -> None:
+    """Tools reach a model through its chat template: a request with a plain prompt cannot call them."""
+    if calls_tools and not is_chat:
+        raise _invalid("tools", "need chat messages (the model's chat template renders the tools), "
+                                "not a plain prompt; send the prompt as a user message")
+
+
 def _chosen_name(choice: Any) -> str | None:
     if not isinstance(choice, dict):
         return None

@@ -180,6 +180,35 @@ def _response_format(json_schema: Any, json_object: bool, regex: str | None, gra
     return None
 
 
+def tool_options(func: Callable) -> Callable:
+    """Add --tools FILE, --tool-choice and --no-parallel-tool-calls, and pass the command
+    ``tools`` (a dict of those sampling parameters; {} without --tools). docs/tools.md."""
+
+    @click.option("--tools", "tools_file", type=click.File("r"), default=None, metavar="FILE",
+                  help="Functions the model may call: a JSON list of OpenAI tools "
+                       '[{"type": "function", "function": {"name", "description", "parameters"}}].')
+    @click.option("--tool-choice", default=None, metavar="auto|none|required|NAME",
+                  help="Whether to call a tool (default auto), or NAME: call that one.")
+    @click.option("--no-parallel-tool-calls", is_flag=True, help="At most one call in the reply.")
+    @functools.wraps(func)
+    def wrapper(*args: Any, tools_file: Any, tool_choice: str | None, no_parallel_tool_calls: bool,
+                **kwargs: Any) -> Any:
+        if tools_file is None:
+            if tool_choice is not None or no_parallel_tool_calls:
+                raise click.UsageError("--tool-choice and --no-parallel-tool-calls need --tools FILE")
+            return func(*args, tools={}, **kwargs)
+        try:
+            tools = json.load(tools_file)
+        except json.JSONDecodeError as exc:
+            raise click.BadParameter(f"{tools_file.name} is not JSON: {exc}", param_hint="--tools") from None
+        if tool_choice is not None and tool_choice not in ("auto", "none", "required"):
+            tool_choice = {"name": tool_choice}
+        return func(*args, tools={"tools": tools, "tool_choice": tool_choice,
+                                  "parallel_tool_calls": not no_parallel_tool_calls}, **kwargs)
+
+    return wrapper
+
+
 def resolve_settings(assignments: tuple[str, ...] = (), **flags: Any) -> Settings:
     """Settings from ``--set`` items and dedicated flags (a dedicated flag wins over --set)."""
     merged = parse_assignments(assignments)

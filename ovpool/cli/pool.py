@@ -21,6 +21,7 @@ from ovpool.cli.common import (
     sampling_options,
     settings_options,
     stop_on_signals,
+    tool_options,
 )
 from ovpool.config import BrokerConfig, GraphConfig, WorkerConfig
 
@@ -147,15 +148,19 @@ def _backend(kind: str, model: str, settings: Any, token_delay: float, early: An
 @click.option("--stream", is_flag=True, help="Print tokens as they arrive.")
 @click.option("--json", "as_json", is_flag=True, help="Print the Completion as JSON (for programs).")
 @response_format_options
+@tool_options
 @secret_option
 @server_key_option
 def complete_command(prompt: str | list, broker: str | None, model: str, sampling: dict,
                      timeout: float | None, stream: bool, as_json: bool, response_format: dict | None,
-                     **curve: Any) -> None:
-    """Complete PROMPT through the broker (PROMPT '-' reads stdin, '@FILE' reads FILE)."""
+                     tools: dict, **curve: Any) -> None:
+    """Complete PROMPT through the broker (PROMPT '-' reads stdin, '@FILE' reads FILE). With
+    --tools the prompt is a chat message and the calls the model makes print as JSON."""
     from ovpool.client import Client
 
-    sampling = {**sampling, "response_format": response_format}
+    sampling = {**sampling, "response_format": response_format, **tools}
+    if tools and isinstance(prompt, str):  # the model's template renders the tools
+        prompt = [{"role": "user", "content": prompt}]
     with Client(broker, model=model, timeout=timeout, settings=resolve_settings(**curve)) as client:
         if stream and not as_json:
             streamed = client.stream(prompt, **sampling)
@@ -169,8 +174,11 @@ def complete_command(prompt: str | list, broker: str | None, model: str, samplin
     if as_json:
         emit_json(completion.to_dict())
         return
-    if not stream:
+    if not stream and (completion.text or not completion.tool_calls):
         click.echo(completion.text)
+    if completion.tool_calls:
+        emit_json([{"id": c.id, "name": c.name, "arguments": c.parsed_arguments()}
+                   for c in completion.tool_calls])
     if completion.note:
         click.echo(f"note: {completion.note}", err=True)
 
@@ -210,13 +218,28 @@ def print_status(status: dict) -> None:
         if batching := (w.get("load") or {}).get("batching"):
             click.secho(_wrapped(f"  {w['id']}: continuous batching {batching}"),
                         fg="yellow" if batching.startswith("off") else None)
+        if graph := (w.get("load") or {}).get("graph"):  # every auto as the worker resolved it
+            click.echo(_wrapped(f"  {w['id']}: graph " + " ".join(f"{k}={v}" for k, v in graph.items())))
+    _print_models(status)
     for s in status.get("supervised", []):
-        if s.get("state") not in ("ready", "stopped"):  # not registered (yet): say why
+        if s.get("state") not in ("ready", "stopped", "unloaded"):  # not registered (yet): say why
             line = f"  {s.get('host')} {s.get('name')}: {s.get('state')}: {s.get('reason') or ''}"
             click.secho(_wrapped(line), fg="red" if s.get("state") == "failing" else "yellow")
     for f in status.get("failed", []):  # LOAD_FAILED: workers that could not load their model
         click.secho(_wrapped(f"  {f['id']}: cannot load {', '.join(f['models'])}: {f['message']}"), fg="red")
     click.echo(_wrapped("counters: " + "  ".join(f"{k}={v}" for k, v in status["counters"].items())))
+
+
+def _print_models(status: dict) -> None:
+    """The models `ovpool serve` loads on demand (its entries with ``residency``), one row each."""
+    from ovpool.cli.tables import print_table
+
+    rows = {e["model"]: e for e in status.get("supervised", []) if isinstance(e.get("residency"), str)}
+    if rows:
+        print_table("models", ("model", "state", "loads", "unloads", "waiting", "why"),
+                    [(m, e["residency"] + (" (pinned)" if e.get("pinned") else ""), str(e.get("loads", 0)),
+                      str(e.get("unloads", 0)), f"{e.get('waiting_s', 0):.1f}s",
+                      e.get("residency_reason") or "") for m, e in sorted(rows.items())], whole=("model",))
 
 
 def _wrapped(text: str) -> str:

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from ovpool import tools as tooling
 from ovpool.errors import InvalidRequestError
 from ovpool.sampling_params import SamplingParams
 from ovpool.worker.generate.constraint import Constraint, Vocabulary
@@ -82,9 +83,7 @@ class Intake:
         and ``params``' tools)."""
         items = [] if isinstance(prompt, str) else list(prompt)
         is_chat = bool(items) and all(isinstance(m, Mapping) for m in items)
-        if params is not None and params.calls_tools and not is_chat:
-            raise InvalidRequestError("tools need chat messages (the model's template renders them), "
-                                      "not a plain prompt", param="tools")
+        tooling.check_chat(params is not None and params.calls_tools, is_chat)
         if isinstance(prompt, str):
             return self._tokenize_checked(prompt)
         if is_chat:
