@@ -26,7 +26,7 @@ def _container(manifest: str, name: str) -> tuple[dict, dict]:
 def test_the_http_api_is_live_and_ready_by_its_health_endpoint():
     api, _ = _container("api.yaml", "api")
     paths = {probe: api[probe]["httpGet"]["path"] for probe in ("livenessProbe", "readinessProbe")}
-    assert paths == {"livenessProbe": "/health/live", "readinessProbe": "/health"}
+    assert paths == {"livenessProbe": "/health/live", "readinessProbe": "/health/ready"}
     routes = {route.path for route in create_app(Config("tcp://127.0.0.1:1", {}, ApiKeys(), 1)).routes}
     assert set(paths.values()) <= routes
 
