@@ -16,6 +16,8 @@ from test_cache_loader import read_only
 
 from ovpool.cache import kv, maintenance
 from ovpool.cache.store import PAUSE_ENV, CacheStore
+from ovpool.worker.generate.kv_tier import TierLink
+from ovpool.worker.generate.scheduler import Scheduler
 
 CHILD = Path(__file__).with_name("kv_tier_child.py")
 PROMPT = 200  # tokens: 6 full blocks of 32 (the tiny model's context is 256)
@@ -91,6 +93,68 @@ def test_a_full_disk_keeps_the_blocks_written_and_stops_writing(tmp_path, caplog
     finally:
         if mounted:
             subprocess.run(["umount", str(small)], check=True)
+
+
+class Blocks:
+    """KV tensors of fake blocks: a block's bytes are whatever was last written to it."""
+
+    block_bytes = 4
+
+    def __init__(self):
+        self.data: dict[int, bytes] = {}
+
+    def read_block(self, block: int) -> bytes:
+        return self.data.get(block, bytes(4))
+
+    def write_block(self, block: int, data: bytes) -> None:
+        self.data[block] = data
+
+
+class MemoryTier(dict):
+    get = dict.get
+
+    def put(self, address: bytes, payload: bytes) -> None:
+        self[address] = payload
+
+
+def scheduler(tier: MemoryTier, runner: Blocks, num_blocks: int = 16) -> Scheduler:
+    return Scheduler(num_blocks=num_blocks, block_size=4, prefill_chunk=64, max_running=4, caching=True,
+                     seed=b"graph", tier=TierLink(tier, runner))
+
+
+def admit(s: Scheduler, seq_id: str, prompt: list[int]) -> int:
+    s.add(seq_id, prompt)
+    s.plan()
+    s.commit()
+    return s.cached(seq_id)
+
+
+def test_prompt_blocks_go_down_once_computed_and_come_back_in_another_pool():
+    tier, first = MemoryTier(), Blocks()
+    a = scheduler(tier, first)
+    for block in range(16):
+        first.write_block(block, bytes([block]) * 4)  # what each block's pass "computed"
+    assert admit(a, "a", list(range(18))) == 0 and len(tier) == 4  # 4 full prompt blocks of 18 tokens
+    second = Blocks()
+    b = scheduler(tier, second)  # a restarted worker: an empty pool, the same tier
+    assert admit(b, "b", list(range(18)) + [99]) == 16
+    assert sorted(second.data.values()) == sorted(tier.values())
+    # The last prompt token alone is never left to compute (scheduler.prompt_chunk): 17 tokens
+    # take three blocks from the pool, and the tier is not asked past what may be reused.
+    assert admit(scheduler(tier, Blocks()), "c", list(range(17))) == 12
+
+
+def test_the_tier_fills_no_block_a_running_sequence_needs_to_grow():
+    tier, runner = MemoryTier(), Blocks()
+    admit(scheduler(tier, runner), "a", list(range(40)))  # 10 blocks in the tier
+    s = scheduler(tier, Blocks(), num_blocks=12)
+    for i in range(3):
+        s.add(f"r{i}", [200 + i, 201, 202])
+    s.plan()
+    assert s.free_blocks == 9
+    s.add("long", list(range(40)) + [7])
+    s.plan()
+    assert s.tier.loaded == 9 - 3 - 1  # a spare block left per running sequence, and one more
 
 
 def run_worker(model: Path, cache_dir: Path, *flags: str) -> dict:
