@@ -317,3 +317,19 @@ def test_anthropic_tool_refusals_name_the_field(claude, change, param, words):
         claude.post("/v1/messages", body=body, cast_to=object)
     message = info.value.body["error"]["message"]
     assert message.startswith(param) and words in message
+
+
+def test_chat_parse_helper_turns_strict_calls_into_pydantic_objects(oai):
+    from typing import Literal
+
+    from pydantic import BaseModel
+
+    class GetWeather(BaseModel):
+        city: str
+        unit: Literal["celsius", "fahrenheit"]
+
+    tool = openai.pydantic_function_tool(GetWeather, name="get_weather")
+    out = oai.chat.completions.parse(model="m", messages=ASK, tools=[tool], tool_choice="required")
+    (call,) = out.choices[0].message.tool_calls
+    assert call.function.parsed_arguments == GetWeather(**WEATHER_ARGS)
+    assert _last_request()[1].tools[0]["strict"] is True
