@@ -46,7 +46,8 @@ class Batcher:
     """Continuous batching of requests admitted by ``intake`` on ``runner``. ``prefix_cache``: on
     (exact), all or off (see Engine.prefix_cache); ``identity``: the graph's (PagedGraph.identity);
     ``warm_up``: the graph's one-time set-up where another user of it does it (else on a session
-    of the Batcher's own)."""
+    of the Batcher's own); ``tier``: a lower KV tier under the pool (ovpool.worker.generate.kv_tier:
+    the host's disk tier, which the engine opens), used with prefix_cache=on only."""
 
     def __init__(self, intake: Intake, runner: PagedRunner, *, max_running: int, prefill_chunk: int,
                  prefix_cache: str = "off", identity: bytes = b"",
