@@ -384,13 +384,16 @@ def load_to_wire(report: dict | None) -> dict[str, Any]:
     load phases together), entry (the cache entry or None), batching (whether the worker batches
     and how it gets that graph, in words; None if it does not say), chat (whether the model has a
     chat template: false for a completion-only base model; None if the worker does not say, which
-    the HTTP API takes as chat)}; {} for a backend without a model."""
+    the HTTP API takes as chat), graph (the graph settings as the worker resolved them, every
+    ``auto`` replaced: ``ovpool status`` shows them; None if it does not say)}; {} for a backend
+    without a model."""
     if not report:
         return {}
     phases = report.get("seconds") or {}
     seconds = sum(phases.values()) if isinstance(phases, dict) else float(phases)
     return {"outcome": report["outcome"], "seconds": round(seconds, 3), "entry": report.get("entry"),
-            "batching": report.get("batching"), "chat": report.get("chat")}
+            "batching": report.get("batching"), "chat": report.get("chat"),
+            "graph": report.get("graph_settings")}
 
 
 def sampling_to_wire(params: SamplingParams) -> dict[str, Any]:

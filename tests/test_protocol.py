@@ -106,7 +106,7 @@ def test_ready_carries_the_load_time_of_all_phases_the_cache_outcome_and_batchin
     report = {"outcome": "hit", "entry": "fam-ports", "graph_settings": {"stateful": "on"},
               "seconds": {"open": 0.1, "tokenizer": 0.05, "compiled model": 0.2, "warm-up": 0.05}}
     assert load_to_wire(report) == {"outcome": "hit", "seconds": 0.4, "entry": "fam-ports", "batching": None,
-                                    "chat": None}
+                                    "chat": None, "graph": {"stateful": "on"}}
     said = load_to_wire({**report, "batching": "off: setting batching=interleaved", "chat": False})
     assert said["batching"] == "off: setting batching=interleaved"
     assert said["chat"] is False  # a model without a chat template: /v1/models says completion only

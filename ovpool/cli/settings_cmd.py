@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import textwrap
+
 import click
 
 from ovpool.cli.common import emit_json, resolve_settings, settings_options
-from ovpool.settings import REGISTRY, SCOPES, VARIABLES, Setting
+from ovpool.settings import REGISTRY, SCOPES, VARIABLES, Setting, Settings
 
 _SCOPE_TITLES = {"client": "Clients (ovpool.Client, the HTTP API's client)", "broker": "The broker",
                  "worker": "Workers (and Engine)", "graph": "The compiled graph (cache fingerprint)",
@@ -21,7 +23,11 @@ def settings_command(assignments: tuple[str, ...], as_json: bool, markdown: bool
     if markdown:
         click.echo(reference_page(), nl=False)
         return
-    rows = resolve_settings(assignments).rows()
+    settings = resolve_settings(assignments)
+    rows, (autos, host) = settings.rows(), resolved_autos(settings)
+    for r in rows:
+        if r["name"] in autos:
+            r["resolved"] = autos[r["name"]]
     if as_json:
         emit_json(rows)
         return
@@ -29,15 +35,48 @@ def settings_command(assignments: tuple[str, ...], as_json: bool, markdown: bool
 
     print_table("ovpool settings (flag > environment > default)",
                 ("name", "value", "source", "default", "env", "graph", "allowed / help"),
-                [(r["name"], _text(r["value"]), r["source"], _text(r["default"]), r["env"],
+                [(r["name"], _text(r["value"], r.get("resolved")), r["source"], _text(r["default"]), r["env"],
                   "yes" if r["graph"] else "",
                   f"{', '.join(r['choices'])}: {r['help']}" if r["choices"] else r["help"])
                  for r in rows],
                 whole=("name", "env"))
+    from rich.console import Console  # its width, as the table's
+
+    click.echo(textwrap.fill(f"auto on this host: {host}", Console().width, subsequent_indent="    ",
+                             break_long_words=False, break_on_hyphens=False))
 
 
-def _text(value) -> str:
-    return '""' if value == "" else str(value)
+def _text(value, resolved: str | None = None) -> str:
+    text = '""' if value == "" else str(value)
+    return f"{text} → {resolved}" if resolved is not None else text
+
+
+def resolved_autos(settings: Settings) -> tuple[dict[str, str], str]:
+    """What each setting left at ``auto`` means for a worker of ``settings`` on this host (the
+    worker's own choices; a model-dependent one as its rule), and a line naming the host's CPU
+    class and what the CPU plugin does with a compressed MatMul's activations."""
+    import openvino as ov
+
+    from ovpool.config import WorkerConfig
+    from ovpool.worker.engine import exact_prefix_cache
+    from ovpool.worker.graph import builder, decode, loading
+    from ovpool.worker.graph.cpu_class import CpuInfo
+
+    config, core = WorkerConfig.of(settings), ov.Core()
+    graph = builder.resolve_auto(config.graph, config.device, core)
+    autos = {name: str(graph[name]) for name, value in config.graph.values().items() if value == "auto"}
+    if "attention" in autos:
+        autos["attention"] = loading.choose_attention(config.graph, config.device, core, None)
+        if autos["attention"] == "paged" and loading.reimport_problem(core, config.device):
+            autos["attention"] += " (sdpa until it is compiled, where a start imports from the cache)"
+    if config.decode_graph == "auto":
+        autos["decode_graph"] = decode.auto_text(config.device)
+    if config.prefix_cache == "auto":
+        autos["prefix_cache"] = exact_prefix_cache(config.device, graph)
+    group = builder.compile_config(graph, config.device, core).get("DYNAMIC_QUANTIZATION_GROUP_SIZE", 32)
+    cpu = CpuInfo.read(core)
+    int8 = "int8 in groups of 32 (16 with Q6_K weights)" if group and cpu.vnni else "off (f32 activations)"
+    return autos, f"{config.device}: {cpu.describe()}; compressed MatMuls' int8 activations: {int8}"
 
 
 def reference_page() -> str:

@@ -198,7 +198,7 @@ class Engine:
         if self.config.prefix_cache != "auto":
             return self.config.prefix_cache
         if self._prefix_auto is None:
-            self._prefix_auto = _exact_prefix_cache(self.device, self.graph_settings)
+            self._prefix_auto = exact_prefix_cache(self.device, self.graph_settings)
         return self._prefix_auto
 
     @property
@@ -318,12 +318,12 @@ class Engine:
         self.close()
 
 
-def _exact_prefix_cache(device: str, graph_settings: Mapping[str, Any]) -> str:
+def exact_prefix_cache(device: str, graph_settings: Mapping[str, Any]) -> str:
     """``on`` where a prompt pass computes each position's keys, values and logits the same
     whatever else the pass holds (so reused KV is a fresh run's, bit for bit), else ``off``: so at
     f32, and at bf16 on the AVX-512 VNNI/BF16 class (docs/prefix-caching.md, docs/performance.md);
-    the f32 tests check it on every class CI runs on; bf16 on AMX is unmeasured. A u8 KV cache's
-    per-block scales depend on how a block filled."""
+    the f32 tests check it on every class CI runs on; bf16 on AMX is off (its rows depend on the
+    pass). A u8 KV cache's per-block scales depend on how a block filled."""
     precision = graph_settings["inference_precision"]
     if device_type(device) != "CPU" or graph_settings["kv_cache_precision"] == "u8":
         return "off"

@@ -51,10 +51,19 @@ def wanted(choice: str, device: str, model_path: Path) -> bool:
     """Whether the ``decode_graph`` setting (auto, on, off) asks for a decode graph."""
     if choice != "auto":
         return choice == "on"
+    return device_type(device) == "CPU" and model_path.stat().st_size <= largest_model()
+
+
+def largest_model() -> float:
+    """The largest model file (bytes) that ``decode_graph=auto`` makes a decode graph for."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * MEMORY_SHARE / 2
+
+
+def auto_text(device: str) -> str:
+    """What ``decode_graph=auto`` means on ``device``, for ``ovpool settings``."""
     if device_type(device) != "CPU":
-        return False
-    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return 2 * model_path.stat().st_size <= memory * MEMORY_SHARE
+        return "off"
+    return f"on for model files up to {largest_model() / 2**20:,.0f} MiB"
 
 
 def one_token(model: ov.Model) -> ov.Model:

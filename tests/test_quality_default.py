@@ -1,0 +1,51 @@
+"""The default's quality holds on every CPU class: greedy chat answers are the exact graph's (bf16
+at the plugin's default made SmolLM2 answer "What is the capital of France?" with "L'Étoile, la
+Marseillaise…"), and ``ovpool settings`` / ``ovpool status`` say what each ``auto`` resolved to."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from ovpool import Engine
+from ovpool.cli import main
+from ovpool.cli.pool import print_status
+
+EXACT = {"inference_precision": "f32", "kv_cache_precision": "f32"}
+QUESTIONS = ["What is the capital of France?", "Hello", "What is 2+2?", "How many days are in a week?"]
+
+
+def answers(engine: Engine) -> list[str]:
+    return [engine.chat([{"role": "user", "content": q}], max_tokens=16).text for q in QUESTIONS]
+
+
+@pytest.mark.slow
+def test_smollm2_answers_at_the_default_are_the_exact_graphs(smollm2_path):
+    with Engine(smollm2_path, cache_dir="") as default:
+        assert default.graph_settings["inference_precision"] == "f32"
+        got = answers(default)
+    with Engine(smollm2_path, settings=EXACT, cache_dir="") as exact:
+        assert got == answers(exact)
+    assert "Paris" in got[0] and got[1].startswith("Hello! How can I")
+
+
+def test_settings_show_what_each_auto_resolved_to_on_this_host():
+    rows = {r["name"]: r for r in json.loads(CliRunner().invoke(main, ["settings", "--json"]).output)}
+    assert rows["inference_precision"]["value"] == "auto"
+    assert rows["inference_precision"]["resolved"] == "f32"  # on every CPU class
+    assert (rows["zero_points"]["resolved"], rows["kquant_requant"]["resolved"]) == ("float", "none")
+    assert rows["kv_cache_precision"]["resolved"] == "f16" and rows["prefix_cache"]["resolved"] == "on"
+    assert rows["decode_graph"]["resolved"].startswith("on for model files up to")
+    assert "resolved" not in rows["slots"]  # not an auto
+    table = CliRunner().invoke(main, ["settings", "--set", "inference_precision=bf16"]).output
+    assert "int8 activations:" in table and "auto → f16" in table
+
+
+def test_status_shows_each_workers_resolved_graph_settings(capsys):
+    worker = {"id": "w1", "device": "CPU", "active": 0, "slots": 8, "models": ["smollm2"],
+              "load": {"outcome": "hit", "seconds": 0.4, "batching": None,
+                       "graph": {"inference_precision": "f32", "zero_points": "float"}}}
+    print_status({"uptime_s": 3, "in_flight": 0, "queues": {}, "workers": [worker], "counters": {}})
+    assert "w1: graph inference_precision=f32 zero_points=float" in capsys.readouterr().out
