@@ -43,6 +43,21 @@ def test_a_block_file_round_trips_and_a_damaged_one_is_a_miss_and_removed(tmp_pa
     assert t.stats["corrupt"] == 2 and not list((tmp_path / "v1" / "tmp").iterdir())
 
 
+def test_cache_verify_and_ls_know_the_kv_tier(tmp_path):
+    with tier(tmp_path) as t:
+        for i in range(3):
+            t.put(bytes([i]) * 16, b"x" * 1000)
+    data = bytearray(t.path(bytes([1]) * 16).read_bytes())
+    data[100] ^= 4
+    t.path(bytes([1]) * 16).write_bytes(bytes(data))
+    cmd = [sys.executable, "-m", "ovpool", "cache", "verify", "--cache-dir", str(tmp_path)]
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    assert out.returncode == 1 and f"BAD ns/{bytes([1]).hex() * 16}.kv" in out.stdout
+    assert out.stdout.splitlines()[-1] == "0 of 0 ok, 2 of 3 KV blocks ok"
+    listed = subprocess.run([*cmd[:4], "ls", *cmd[5:]], capture_output=True, text=True, check=True).stdout
+    assert "KV tier 0.0 MiB in 3 blocks, of 1024.0 MiB (kv_tier_mb)" in listed
+
+
 def test_the_tier_stays_within_its_budget_least_recently_used_out(tmp_path):
     with tier(tmp_path, budget=10 * (1000 + kv.HEADER.size)) as t:
         for i in range(8):

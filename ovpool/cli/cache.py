@@ -148,15 +148,20 @@ def show_command(entry: str, store: CacheStore, as_json: bool) -> None:
 @cache_group.command("verify")
 @cache_options
 def verify_command(store: CacheStore, as_json: bool) -> None:
-    """Check every manifest and every blob's full checksum; exit status 1 if any is bad."""
+    """Check every manifest, every blob's and every KV block's full checksum; exit status 1 if
+    any is bad."""
     results = maintenance.verify(store)
     if as_json:
         emit_json(results)
     else:
+        blocks = [r for r in results if "block" in r]  # KV blocks: by the thousand, so bad ones only
         for r in results:
-            click.echo(f"{'ok ' if r['ok'] else 'BAD'} {r.get('block') or r['entry'] or r['family']}"
-                       + (f": {r['problem']}" if r["problem"] else ""))
-        click.echo(f"{sum(r['ok'] for r in results)} of {len(results)} ok")
+            if not ("block" in r and r["ok"]):
+                click.echo(f"{'ok ' if r['ok'] else 'BAD'} {r.get('block') or r['entry'] or r['family']}"
+                           + (f": {r['problem']}" if r["problem"] else ""))
+        entries = [r for r in results if "block" not in r]
+        click.echo(f"{sum(r['ok'] for r in entries)} of {len(entries)} ok, "
+                   f"{sum(r['ok'] for r in blocks)} of {len(blocks)} KV blocks ok")
     if not all(r["ok"] for r in results):
         sys.exit(1)
 
