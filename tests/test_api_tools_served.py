@@ -1,9 +1,10 @@
 """Tool calling end to end: `ovpool serve --http` with SmolLM2 (the generic family: its template
-has no tools section) driven by the official openai and anthropic SDKs and by a LangChain agent,
-unchanged. Every call the server emits names a declared tool and its arguments validate against
-that tool's schema (jsonschema); a tool's result reaches the model and the conversation goes on.
-Greedy throughout, so each run asks the same; what the 135M model answers is not asserted beyond
-the shapes the grammar holds it to.
+has no tools section) and with a tiny qwen2 model whose template has one (the hermes family:
+``<tool_call>`` markers), driven by the official openai and anthropic SDKs and, on SmolLM2, by a
+LangChain agent, unchanged. Every call the server emits names a declared tool and its arguments
+validate against that tool's schema (jsonschema); a tool's result reaches the model and the
+conversation goes on. Greedy throughout, so each run asks the same; what the models answer is not
+asserted beyond the shapes the grammar holds them to.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import jsonschema
 import openai
 import pytest
 from serve_helpers import serve
+
+from ovpool.testing.tiny_vocab import QWEN_TOOLS_TEMPLATE
 
 pytestmark = pytest.mark.slow
 SLOW_ENV = {"OVPOOL_HEARTBEAT_INTERVAL_S": "1.0"}  # a compiling worker may miss a 0.2 s heartbeat
@@ -163,3 +166,53 @@ def test_a_langchain_agent_completes_a_two_tool_task(served):
     assert [n for n, _ in ran] == ["get_weather", "add"] and answer.content and not answer.tool_calls
     for name, args in ran:
         jsonschema.validate(args, convert_to_openai_tool(tools[name])["function"]["parameters"])
+
+
+@pytest.fixture(scope="module")
+def hermes(tmp_path_factory, tiny_model):
+    """A random tiny qwen2 with a tools template: what it calls is the grammar's doing alone."""
+    path = tiny_model(arch="qwen2", weight_type="F16", context_length=2048, chat_template=QWEN_TOOLS_TEMPLATE)
+    tmp = tmp_path_factory.mktemp("api-tools-hermes")
+    with serve(tmp, "--model", str(path), "--served-name", "tiny", "--workers", "1", "--slots", "4",
+               "--cache-dir", str(tmp / "cache"), env=SLOW_ENV, http=True) as s:
+        s.wait_states("ready", timeout=300)
+        s.base = f"http://127.0.0.1:{s.http_port}"
+        s.sdk = openai.OpenAI(base_url=s.base + "/v1", api_key="none", max_retries=0, timeout=120)
+        yield s
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
+def test_hermes_family_calls_validate_streamed_or_not(hermes, choice):
+    ask = {"model": "tiny", "messages": ASK, "tools": TOOLS, "tool_choice": choice, "temperature": 0,
+           "max_tokens": 120, "parallel_tool_calls": False}
+    out = hermes.sdk.chat.completions.create(**ask).choices[0]
+    assert out.finish_reason == "tool_calls" and out.message.tool_calls
+    for call in out.message.tool_calls:
+        _valid(call.function.name, call.function.arguments)
+    with hermes.sdk.chat.completions.stream(**ask) as stream:
+        final = stream.get_final_completion().choices[0]
+    assert [(t.function.name, t.function.arguments) for t in final.message.tool_calls] == [
+        (t.function.name, t.function.arguments) for t in out.message.tool_calls]
+    assert final.message.content == out.message.content
+
+
+def test_hermes_family_through_responses_and_anthropic(hermes):
+    flat = [{"type": "function", **t["function"]} for t in TOOLS]
+    with hermes.sdk.responses.stream(model="tiny", input=ASK[0]["content"], tools=flat, temperature=0,
+                                     tool_choice="required", parallel_tool_calls=False,
+                                     max_output_tokens=120) as stream:
+        final = stream.get_final_response()
+    calls = [i for i in final.output if i.type == "function_call"]
+    assert calls and final.status == "completed"
+    for c in calls:
+        _valid(c.name, c.arguments)
+    claude = anthropic.Anthropic(base_url=hermes.base, api_key="none", max_retries=0, timeout=120)
+    tools = [{"name": t["function"]["name"], "input_schema": t["function"]["parameters"]} for t in TOOLS]
+    one = {"type": "any", "disable_parallel_tool_use": True}
+    with claude.messages.stream(model="tiny", max_tokens=120, extra_body={"temperature": 0}, messages=ASK,
+                                tools=tools, tool_choice=one) as stream:
+        message = stream.get_final_message()
+    uses = [b for b in message.content if b.type == "tool_use"]
+    assert uses and message.stop_reason == "tool_use"
+    for use in uses:
+        _valid(use.name, use.input)
