@@ -38,7 +38,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from ovpool import errors, timing
-from ovpool.api import anthropic, models, openai_responses, responses, sse
+from ovpool.api import anthropic, gateway_metrics, models, openai_responses, responses, sse
 from ovpool.api import errors as api_errors
 from ovpool.api.dialect import Dialect, ErrorShape
 from ovpool.api.keys import ApiKeys
@@ -205,7 +205,13 @@ class _Api:
         return JSONResponse({"status": "ok", "link": dataclasses.asdict(link)})
 
     async def metrics_page(self, request: Request) -> Response:
-        return Response(self.metrics.render(), media_type=self.metrics.content_type)
+        """This API's metrics, and the inference gateway's gauges of the pool (gateway_metrics)."""
+        try:
+            status = await self.client.status(min(1.0, self.config.status_timeout_s))
+        except errors.OvpoolError:
+            status = None
+        return Response(self.metrics.render() + gateway_metrics.render(status),
+                        media_type=self.metrics.content_type)
 
     # -- the shared path ------------------------------------------------------------------------
 
