@@ -203,7 +203,9 @@ _SETTINGS = [
             "and the KV tier): past it, the least recently used entries and blocks go as new ones "
             "are written, never one a live worker maps (docs/cache.md)", minimum=1, scopes=(WORKER,)),
     # Graph-changing: these enter the cache fingerprint.
-    Setting("inference_precision", str, "auto", "compute precision (auto: fastest correct on the device)",
+    Setting("inference_precision", str, "auto", "compute precision (auto: f32 on the CPU, the exact "
+            "graph's numbers whatever the batch, where the plugin would pick bf16; the device's own "
+            "elsewhere, f16 on GPUs; docs/performance.md, Quality)",
             choices=("auto", "f32", "bf16", "f16"), scopes=(GRAPH,)),
     Setting("kv_cache_precision", str, "auto", "KV-cache element type (auto: f16 on the CPU, "
             "faster to decode than its u8 default for twice the memory; the device's default elsewhere)",
