@@ -146,6 +146,21 @@ def test_ovpool_drain_and_the_admin_route_retire_one_worker_while_the_other_serv
             assert missing.returncode == 2 and "no worker named 'CPU#7'" in missing.stderr
 
 
+def test_sigterm_to_a_worker_host_finishes_its_streams_while_the_rest_of_the_pool_serves(tmp_path):
+    (tmp_path / "host2").mkdir()
+    with serve(tmp_path, "--workers", "1", *NULL, "--token-delay", "0.05", "--slots", "2") as served, \
+            serve(tmp_path / "host2", "--broker", served.endpoint, "--workers", "1", *NULL,
+                  "--token-delay", "0.05", "--slots", "2") as host2:
+        with served.client() as client:
+            wait_for(lambda: len(client.status()["workers"]) == 2, 30, "both hosts' workers")
+            streams = [client.stream(f"s{i}", max_tokens=40) for i in range(4)]  # 2 on each host
+            assert [next(s).index for s in streams] == [0] * 4
+            host2.proc.send_signal(signal.SIGTERM)
+            assert all(_whole(s, 40, read=1) for s in streams)
+            assert host2.proc.wait(30) == 0
+            assert client.complete("after", max_tokens=3).usage.completion_tokens == 3
+
+
 def test_sigterm_lets_smollm2_streams_finish(tmp_path, smollm2_path):
     with serve(tmp_path, "--model", str(smollm2_path), "--workers", "1", "--no-cache",
                env={"OVPOOL_HEARTBEAT_INTERVAL_S": "1.0"}) as served:

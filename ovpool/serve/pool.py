@@ -252,7 +252,8 @@ class Pool:
         timeout = started["deadline_in_s"] if started else self.shutdown_timeout_s
         self.draining_until = now + max(0.0, timeout)
         log.info("draining: requests already accepted have %.1f s to finish (shutdown_timeout_s); "
-                 "new ones are refused", timeout)
+                 "%s", timeout, "new ones are refused" if self._broker is not None
+                 else "the broker gives new ones to the other hosts")
         if self._broker is not None:
             if not started:
                 self._ask_broker("", timeout)
