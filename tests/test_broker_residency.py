@@ -189,3 +189,20 @@ def test_a_model_reported_failed_fails_what_waits_for_it_and_refuses_the_next_na
     assert peer == C1 and err.code == errors.ModelNotFoundError.code and "not a GGUF file" in err.message
     (_, err), = r.handle(C1, submit("b", model="x"), LATE)
     assert err.message == "model 'x' cannot be loaded: model file 'x.gguf' is not a GGUF file"
+
+
+def test_metrics_show_each_on_demand_models_state_loads_and_wait():
+    from ovpool.broker.metrics import BrokerMetrics, BrokerObserver
+
+    metrics = BrokerMetrics()
+    BrokerObserver(metrics).tick({}, [], [{"name": "b:CPU", "state": "starting", "model": "b",
+                                           "residency": "loading", "loads": 3, "unloads": 2,
+                                           "waiting_s": 1.5}])
+
+    def value(name: str, **labels: str) -> float | None:
+        return metrics.registry.get_sample_value(name, labels)
+
+    assert value("ovpool_model_state", model="b", state="loading") == 1
+    assert value("ovpool_model_state", model="b", state="loaded") == 0
+    assert (value("ovpool_model_loads", model="b"), value("ovpool_model_unloads", model="b")) == (3, 2)
+    assert value("ovpool_model_load_wait_seconds", model="b") == 1.5

@@ -68,3 +68,16 @@ def test_an_unloaded_worker_starts_only_when_loaded_and_its_unload_exit_is_not_r
     assert sup.unload("a:CPU", "idle") is False  # running: its exit is awaited
     assert sup.exited("a:CPU", 0, 2.0) is WorkerPhase.UNLOADED
     assert sup.due(100.0) == [] and sup.describe("a:CPU")["reason"] == "unloaded: idle"
+
+
+def test_status_lists_each_on_demand_model_with_its_state_and_loads(capsys):
+    from ovpool.cli.pool import print_status
+
+    entry = {"host": "h", "name": "b:CPU", "state": "unloaded", "model": "b", "residency": "unloaded",
+             "pinned": 0, "loads": 2, "unloads": 2, "waiting_s": 0.0,
+             "residency_reason": "idle for its keep-alive of 300 s"}
+    print_status({"uptime_s": 3, "in_flight": 0, "queues": {}, "workers": [], "counters": {},
+                  "supervised": [entry]})
+    out = capsys.readouterr().out
+    assert "models" in out and "idle for its keep-alive" in out
+    assert "b:CPU: unloaded" not in out  # an unloaded model is no worker failing to start

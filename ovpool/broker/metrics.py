@@ -37,6 +37,7 @@ _LOAD_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 WORKER_STATES = ("starting", "ready", "busy", "backoff", "failing")
 # Supervised states of workers not registered with the broker (a registered one is ready or busy).
 _UNREGISTERED = ("starting", "backoff", "failing")
+RESIDENCY_STATES = ("unloaded", "loading", "loaded", "unloading", "failed")  # broker/residency.py
 # READY's load outcome → which cache counters it increments.
 _CACHE_EVENTS = {"hit": ("hits",), "wrote": ("misses", "writes"), "compiled": ("misses",),
                  "miss": ("misses",)}
@@ -103,6 +104,17 @@ class BrokerMetrics:
         self.prefix_routed = Gauge("ovpool_prefix_routed", "Dispatches of requests with route keys, "
                                    "by whether the chosen worker held part of the prompt (hit, miss)",
                                    ["outcome"], registry=r)
+        # Models `ovpool serve` loads on demand, from its reports (broker/residency.py).
+        self.model_state = Gauge("ovpool_model_state", "1 for the state each model loaded on demand is "
+                                 "in (unloaded, loading, loaded, unloading, failed)", ["model", "state"],
+                                 registry=r)
+        self.model_loads = Gauge("ovpool_model_loads", "Loads of each model loaded on demand since "
+                                 "its serve started", ["model"], registry=r)
+        self.model_unloads = Gauge("ovpool_model_unloads", "Unloads of each model loaded on demand "
+                                   "(keep-alive, least recently used)", ["model"], registry=r)
+        self.model_waiting = Gauge("ovpool_model_load_wait_seconds", "How long requests for a model "
+                                   "have waited for its load now (0: none waits)", ["model"], registry=r)
+        self._residency_models = LabelSet(MAX_MODEL_LABELS, UNKNOWN_MODEL)
         self._prefix_workers: set[str] = set()
         self._workers, self._devices = LabelSet(MAX_WORKER_LABELS), LabelSet(MAX_DEVICE_LABELS)
 
@@ -130,6 +142,18 @@ class BrokerMetrics:
         """Workers by state; a state missing from ``counts`` is 0."""
         for state in sorted(set(WORKER_STATES) | set(counts)):
             self.workers.labels(state).set(counts.get(state, 0))
+
+    def set_models(self, entries: Iterable[Mapping]) -> None:
+        """serve's reports of the models it loads on demand (entries with ``model``, ``residency``)."""
+        for entry in entries:
+            self._residency_models.add(entry["model"])
+            model = self._residency_models.label(entry["model"])
+            for state in RESIDENCY_STATES:
+                self.model_state.labels(model, state).set(int(entry["residency"] == state))
+            for gauge, key in ((self.model_loads, "loads"), (self.model_unloads, "unloads"),
+                               (self.model_waiting, "waiting_s")):
+                if type(entry.get(key)) in (int, float):
+                    gauge.labels(model).set(entry[key])
 
     def set_prefix(self, workers: Iterable[tuple[str, int, int]], hits: int, misses: int) -> None:
         """Per worker registered now (id, prompt tokens, cached prompt tokens), the others' series
@@ -205,6 +229,8 @@ class BrokerObserver:
             if entry.get("state") in _UNREGISTERED:
                 counts[entry["state"]] += 1
         self.metrics.set_workers(counts)
+        self.metrics.set_models(e for e in supervised if isinstance(e.get("model"), str)
+                                and e.get("residency") in RESIDENCY_STATES)
 
     def _queue_depths(self, queues: Mapping[str, Sized]) -> None:
         """Per registered model, and the sum of the others as ``unknown``; a series set before

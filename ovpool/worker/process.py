@@ -64,6 +64,9 @@ log = logging.getLogger(__name__)
 # take seconds to bind on a loaded host, and a worker that fails fast (a bad file: ~0.1 s) is there
 # first. Only a worker that cannot load its model waits this, and only without a broker.
 _REPORT_LINGER_S = 5.0
+# How long after READY the idle work (seconds of kernel set-up) waits for the requests the broker
+# dispatches at once: many round trips to a local broker, so the first token is not behind it.
+_IDLE_AFTER_READY_S = timing.POLL_INTERVAL_S * 3
 
 
 def worker_id(name: str) -> str:
@@ -111,6 +114,7 @@ class Worker:
         self._idle_pool = ThreadPoolExecutor(1, thread_name_prefix="worker-idle")
         self._idle_work: Future | None = None
         self._idle_due = True  # the backend's idle work runs once per idle period (Backend.idle)
+        self._idle_not_before = 0.0  # just registered: the broker may be dispatching queued requests
         self._deferred: dict[str, Request] = {}  # arrived while the idle work runs
         self._prefixes = PrefixReport(backend)
         self._refused = False  # the broker refused this worker's key as a worker's (said once)
@@ -118,7 +122,14 @@ class Worker:
     def __enter__(self) -> Worker:
         self._link = BrokerLink(self._context, self.broker, self.config, self.ready)
         self._link.start()
+        self._registered()
         return self
+
+    def _registered(self) -> None:
+        """READY is sent. Requests queued for this model (one loaded on demand: they are why it
+        started) come a round trip later; the idle work, which they would wait behind, waits
+        that long first."""
+        self._idle_not_before = time.monotonic() + _IDLE_AFTER_READY_S
 
     def __exit__(self, *exc: object) -> None:
         self._idle_pool.shutdown(wait=True)  # the backend is closed after us: let its warm-up end
@@ -136,7 +147,8 @@ class Worker:
         link = self._link
         while not stop.is_set():
             warming = self._warming()
-            if self._idle_due and not warming and not self._active and not link.poll(0):
+            if self._idle_due and not warming and not self._active and not link.poll(0) \
+                    and time.monotonic() >= self._idle_not_before:
                 self._idle_work, self._idle_due = self._idle_pool.submit(self.backend.idle), False
                 warming = True
             stepping = not warming and self._active and self._credit > 0
@@ -192,6 +204,7 @@ class Worker:
             self._drop_sessions()
             self._credit = WORKER_WINDOW
             self._send(self.ready)
+            self._registered()
         elif isinstance(msg, Error) and msg.code == AuthenticationError.code and not self._refused:
             # Without this line only the broker's log would say why this worker never serves.
             self._refused = True

@@ -1,0 +1,115 @@
+"""Swap time: a request for an unloaded model → its first token, through a real `ovpool serve`
+with several models on a budget of one loaded (so every request for the other model swaps).
+
+One run starts ``ovpool serve --model A --model B --max-loaded 1`` on an empty cache directory:
+the first request for each model is a cold swap (read the GGUF, build, compile, export), the later
+ones warm (import from the compiled-model cache); each warm swap also unloads the other model. The
+time is the client's, from SUBMIT to the first streamed token, so it counts serve noticing the
+queued request, the worker process's start (interpreter, OpenVINO's import), the model's load and
+the first token. Beside it, what a process start alone costs (``python -c "import openvino,
+ovpool.worker.engine"``), the part a worker swapping its model in place would save. ``--gap``
+seconds pass before each request, so the model being unloaded has finished setting up (a model
+unloaded within seconds of its load exits only once its kernel set-up and batching graph are done).
+
+    .venv/bin/python benchmarks/model_swap.py [--models smollm2,gemma3-270m] [--rounds 3] [--gap 12]
+        [--workdir DIR] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from ovpool.client import Client
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def first_token_s(client: Client, model: str) -> float:
+    started = time.perf_counter()
+    stream = iter(client.stream("The capital of France is", model=model, max_tokens=4, timeout=600))
+    next(stream)
+    elapsed = time.perf_counter() - started
+    for _ in stream:
+        pass
+    return elapsed
+
+
+def import_s(repeats: int = 3) -> float:
+    """A worker process's fixed start: the interpreter and the engine's imports (OpenVINO)."""
+    runs = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        subprocess.run([sys.executable, "-c", "import openvino, ovpool.worker.engine"], check=True)
+        runs.append(time.perf_counter() - started)
+    return statistics.median(runs)
+
+
+def swaps(models: list[str], rounds: int, workdir: Path, gap_s: float) -> dict[str, dict[str, list[float]]]:
+    port = _port()
+    argv = [sys.executable, "-m", "ovpool", "serve", "--open", "--no-http", "--bind", f"tcp://127.0.0.1:{port}",
+            "--cache-dir", str(workdir / "cache"), "--max-loaded", "1", "--keep-alive", "-1"]
+    for model in models:
+        argv += ["--model", model]
+    times: dict[str, dict[str, list[float]]] = {m: {"cold": [], "warm": []} for m in models}
+    with open(workdir / "serve.log", "wb") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        with Client(f"tcp://127.0.0.1:{port}") as client:
+            for i in range(rounds + 1):
+                for model in models:
+                    time.sleep(gap_s)  # the loaded model has set up its kernels and graphs meanwhile
+                    times[model]["cold" if i == 0 else "warm"].append(first_token_s(client, model))
+    finally:
+        proc.terminate()
+        proc.wait(60)
+    return times
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", default="smollm2,gemma3-270m")
+    parser.add_argument("--rounds", type=int, default=3, help="warm swaps per model")
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--workdir", default=None, help="keep the cache and serve's log here")
+    parser.add_argument("--gap", type=float, default=12.0,
+                        help="seconds before each request: 0 swaps back to back, so an unload may wait "
+                             "for the set-up the model it unloads still runs")
+    args = parser.parse_args()
+    models = args.models.split(",")
+    with tempfile.TemporaryDirectory() as tmp:
+        workdir = Path(args.workdir or tmp)
+        workdir.mkdir(parents=True, exist_ok=True)
+        times = swaps(models, args.rounds, workdir, args.gap)
+    start = import_s()
+    result = {"cpu_count": os.cpu_count(), "process_start_s": round(start, 3), "models": {}}
+    for model, t in times.items():
+        cold, warm = t["cold"][0], statistics.median(t["warm"])
+        result["models"][model] = {"cold_s": round(cold, 3), "warm_s": round(warm, 3),
+                                   "warm_runs_s": [round(x, 3) for x in t["warm"]],
+                                   "warm_over_cold": round(warm / cold, 3)}
+    if args.json:
+        print(json.dumps(result, indent=1))
+        return
+    print(f"process start alone (python + import openvino, ovpool.worker.engine): {start:.2f} s")
+    print("| model | cold swap → first token | warm swap (cache hit) | warm / cold |")
+    print("|---|---|---|---|")
+    for model, r in result["models"].items():
+        print(f"| {model} | {r['cold_s']:.2f} s | {r['warm_s']:.2f} s (runs {r['warm_runs_s']}) | "
+              f"{r['warm_over_cold']:.2f}× |")
+
+
+if __name__ == "__main__":
+    main()
