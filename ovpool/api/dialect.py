@@ -62,7 +62,8 @@ def renamed(names: dict[str, str]) -> Iterator[None]:
         name = names.get(exc.param or "")
         if name is None:
             raise
-        why = str(exc).removeprefix(f"{exc.param}: ")  # the core's message names its own field first
+        # The core's message names its own field first ("max_tokens: ...", "sampling: stop ...").
+        why = str(exc).removeprefix(f"{exc.param}: ").removeprefix(f"sampling: {exc.param} ")
         raise errors.InvalidRequestError(f"{name}: {why}", param=name) from None
 
 
