@@ -195,3 +195,30 @@ def test_models_retrieve_and_its_404(oai):
     with pytest.raises(openai.NotFoundError) as info:
         oai.models.retrieve("org/absent")
     assert info.value.code == "model_not_found" and "org/absent" in info.value.message
+
+
+TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}
+TOOL_G = {"type": "function", "function": {"name": "g"}}
+
+
+def test_tool_calls_cross_the_broker_in_every_dialect(oai, claude):
+    """The null worker calls the tools ("{}" in pieces): the calls' pieces (PARTIALs) and the
+    FINAL's calls cross the broker, and each SDK's stream helper assembles what create returns."""
+    ask = {"model": "m", "messages": MESSAGES, "tools": [TOOL, TOOL_G], "tool_choice": "required",
+           "max_tokens": 8}
+    whole = oai.chat.completions.create(**ask).choices[0]
+    with oai.chat.completions.stream(**ask) as stream:
+        streamed = stream.get_final_completion().choices[0]
+    for out in (whole, streamed):
+        assert out.finish_reason == "tool_calls"
+        assert [(t.function.name, t.function.arguments) for t in out.message.tool_calls] == [("f", "{}"),
+                                                                                            ("g", "{}")]
+    flat = [{"type": "function", "name": "f", "parameters": TOOL["function"]["parameters"]}]
+    with oai.responses.stream(model="m", input=USER, tools=flat, tool_choice="required") as stream:
+        final = stream.get_final_response()
+    assert [(i.type, i.name, i.arguments) for i in final.output] == [("function_call", "f", "{}")]
+    with claude.messages.stream(model="m", max_tokens=8, messages=MESSAGES[1:], tools=[
+            {"name": "f", "input_schema": {"type": "object"}}], tool_choice={"type": "any"}) as stream:
+        message = stream.get_final_message()
+    assert [(b.type, b.name, b.input) for b in message.content] == [("tool_use", "f", {})]
+    assert message.stop_reason == "tool_use"
