@@ -30,7 +30,7 @@ def restart_file(state_file: str | Path) -> Path:
 @contextlib.contextmanager
 def serve_signals(state_file: str | None) -> Iterator[Any]:
     """serve's Orders: SIGTERM or SIGINT drains (a second one stops at once), SIGHUP rolls."""
-    from ovpool.serve.pool import Orders
+    from ovpool.serve.conductor import Orders
 
     orders = Orders(restart_file=restart_file(state_file) if state_file else None)
 
