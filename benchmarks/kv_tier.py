@@ -13,7 +13,10 @@ its tokens ``compute_s_per_token × block_size`` in a run without the tier; the 
 first full block when the first is smaller (a prefix shorter than a block has nothing to load).
 
     .venv/bin/python benchmarks/kv_tier.py [--model smollm2] [--prefix 2000] [--repeats 3]
-        [--precision auto] [--evict] [--json]
+        [--precision auto] [--evict] [--second-worker] [--json]
+
+``--second-worker``: the worker that wrote the prefix's blocks stays up (idle) while the pairs run,
+so "with" is a second worker beside it taking its prefix, not a restart.
 
 Goal (issue 29): TTFT with the tier ≤ 0.15× without. Each pair also checks that both runs chose the
 same greedy tokens (``same_tokens``).
@@ -22,6 +25,7 @@ same greedy tokens (``same_tokens``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -61,15 +65,22 @@ def child(args: argparse.Namespace) -> dict:
         tier = batcher.tier.tier if batcher.tier else None
         if tier is not None:
             tier.flush(120)
-        return {"ttft_s": ttft, "tokens": tokens, "cached": batcher.cached_prompt_tokens,
+        result = {"ttft_s": ttft, "tokens": tokens, "cached": batcher.cached_prompt_tokens,
                 "block_size": batcher.runner.block_size, "block_bytes": batcher.runner.block_bytes,
                 "stats": dict(tier.stats) if tier else None}
+        if args.hold:  # a worker that stays up beside the next ones
+            print(json.dumps(result), flush=True)
+            sys.stdin.readline()
+        return result
+
+
+def command(args: argparse.Namespace, cache_dir: Path, mode: str, salt: int) -> list[str]:
+    return [sys.executable, __file__, "--child", mode, "--cache-dir", str(cache_dir), "--model", args.model,
+            "--prefix", str(args.prefix), "--salt", str(salt), "--precision", args.precision]
 
 
 def run(args: argparse.Namespace, cache_dir: Path, mode: str, salt: int) -> dict:
-    cmd = [sys.executable, __file__, "--child", mode, "--cache-dir", str(cache_dir), "--model", args.model,
-           "--prefix", str(args.prefix), "--salt", str(salt), "--precision", args.precision]
-    out = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    out = subprocess.run(command(args, cache_dir, mode, salt), capture_output=True, text=True, check=False)
     if out.returncode:
         sys.exit(f"child {mode} failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -91,9 +102,15 @@ def rate(stats: dict, kind: str) -> float:
 
 
 def measure(args: argparse.Namespace) -> dict:
-    with tempfile.TemporaryDirectory(prefix="ovpool-kv-tier-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="ovpool-kv-tier-") as tmp, contextlib.ExitStack() as stack:
         cache_dir = Path(tmp)
-        populate = run(args, cache_dir, "on", salt=0)  # compiles, exports, writes the prefix's blocks
+        if args.second_worker:  # compiles, exports, writes the prefix's blocks, stays up
+            first = subprocess.Popen([*command(args, cache_dir, "on", 0), "--hold"], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+            stack.callback(first.communicate, "\n")
+            populate = json.loads(first.stdout.readline())
+        else:
+            populate = run(args, cache_dir, "on", salt=0)  # the same, then exits: the pairs restart
         pairs = []
         for r in range(args.repeats):
             order = ("off", "on") if r % 2 == 0 else ("on", "off")
@@ -111,7 +128,7 @@ def measure(args: argparse.Namespace) -> dict:
     compute_per_token = off / (args.prefix + SUFFIX)
     return {
         "prefix_tokens": args.prefix, "repeats": args.repeats, "precision": args.precision,
-        "evict": args.evict,
+        "evict": args.evict, "second_worker": args.second_worker,
         "ttft_without_s": off, "ttft_with_s": on, "ratio": on / off,
         "cached_prompt_tokens": statistics.median(p["on"]["cached"] for p in pairs),
         "same_tokens": all(p["on"]["tokens"] == p["off"]["tokens"] for p in pairs),
@@ -130,7 +147,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--precision", default="auto", help="inference_precision of both sides")
     parser.add_argument("--evict", action="store_true", help="drop the block files' pages before each load")
+    parser.add_argument("--second-worker", action="store_true",
+                        help="the worker that wrote the prefix stays up beside the measured ones")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--hold", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--child", choices=("on", "off"), help=argparse.SUPPRESS)
     parser.add_argument("--cache-dir", help=argparse.SUPPRESS)
     parser.add_argument("--salt", type=int, default=0, help=argparse.SUPPRESS)

@@ -177,7 +177,11 @@ class DiskTier:
                 if not self._pending:
                     return
                 address, payload = self._pending[0]
-            self._write(address, payload)
+            try:
+                self._write(address, payload)
+            except Exception:  # the writer must drain its queue (close waits for it) whatever happens
+                self.writable = False
+                log.exception("KV tier: the writer failed; the disk tier takes no more blocks")
             with self._wake:
                 self._pending.popleft()
                 self._pending_bytes -= len(payload)
