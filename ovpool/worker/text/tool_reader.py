@@ -2,7 +2,7 @@
 ToolCallDeltas out, and at the end its ToolCalls (ovpool.worker.text.tool_format says the forms).
 
 The grammar holds the reply to its family's form, so reading is deterministic: each time text
-arrives the reader reads the whole reply so far again (replies are short) into a view, its text
+arrives the reader reads the reply from the end of its last complete call into a view, its text
 outside the calls and each call's name and arguments so far, and sends what grew since the last
 view. A view only grows as text arrives, so the pieces sent are exactly the final reply: a call's
 first piece (id and name) once its name is complete, then its arguments' JSON text as written.
@@ -41,6 +41,10 @@ class ToolReader:
         self._sent: list[int] = []  # per announced call: characters of its arguments sent
         self._ids: list[str] = []
         self._calls: list[_Call] = []
+        self._done: list[_Call] = []  # the complete calls, read no more
+        self._start = -1              # where the calls begin in the reply (-1: not yet)
+        self._resume = 0              # where the call after the complete ones begins
+        self._scans: dict[int, tuple] = {}  # an open value's scan so far, by where it begins
 
     def feed(self, text: str, final: bool = False) -> tuple[str, tuple[ToolCallDelta, ...]]:
         """The visible text and the call pieces that ``text`` (the reply's next text) adds;
@@ -75,16 +79,32 @@ class ToolReader:
     def _view(self, final: bool) -> tuple[str, list[_Call]]:
         raw = self._raw
         if self.kind == HERMES:
-            start = raw.find(OPEN)
-            if start < 0:
+            if self._start < 0:
+                self._start = self._resume = raw.find(OPEN)
+            if self._start < 0:
                 return raw if final else raw[:len(raw) - _held(raw, OPEN)], []
-            return raw[:start], _hermes_calls(raw, start)
+            return raw[:self._start], self._read(_hermes_calls(raw, self._resume, self._scans))
         match = _GENERIC.match(raw)
         if match is None:
             return "", []
         if match.group(1) == "response":
             return _string_prefix(raw, match.end()), []
-        return "", _generic_calls(raw, match.end())
+        if self._start < 0:
+            self._start = _skip_space(raw, match.end())
+            if not raw.startswith("[", self._start):
+                self._start = -1
+                return "", []
+            self._resume = self._start + 1
+        return "", self._read(_generic_calls(raw, self._resume, bool(self._done), self._scans))
+
+    def _read(self, found: list[tuple[_Call, int]]) -> list[_Call]:
+        """The calls so far, those of ``found`` that are complete kept (``found``: the calls from
+        the resume point, each with where it ends)."""
+        for call, end in found:
+            if call.complete:
+                self._done.append(call)
+                self._resume = end
+        return self._done + [call for call, _ in found if not call.complete]
 
 
 def _held(raw: str, marker: str) -> int:
@@ -92,39 +112,40 @@ def _held(raw: str, marker: str) -> int:
     return next((n for n in range(min(len(marker) - 1, len(raw)), 0, -1) if marker.startswith(raw[-n:])), 0)
 
 
-def _hermes_calls(raw: str, pos: int) -> list[_Call]:
+def _hermes_calls(raw: str, pos: int, scans: dict) -> list[tuple[_Call, int]]:
+    """The calls from ``pos`` on (each ``<tool_call>`` and its object) and where each ends."""
     calls = []
-    while raw.startswith(OPEN, pos):
-        call, pos = _call(raw, pos + len(OPEN))
+    while (pos := raw.find(OPEN, pos)) >= 0:
+        call, end = _call(raw, pos + len(OPEN), scans)
         if call is None:
             break
-        calls.append(call)
+        calls.append((call, end))
         if not call.complete:
             break
-        pos = raw.find(OPEN, pos)
-        if pos < 0:
-            break
+        pos = end
     return calls
 
 
-def _generic_calls(raw: str, pos: int) -> list[_Call]:
-    pos = _skip_space(raw, pos)
-    if not raw.startswith("[", pos):
-        return []
+def _generic_calls(raw: str, pos: int, after_call: bool, scans: dict) -> list[tuple[_Call, int]]:
+    """The calls of the ``tool_calls`` list from ``pos`` on (``after_call``: a call ended there,
+    so a comma comes first) and where each ends."""
     calls = []
-    pos += 1
     while True:
-        call, pos = _call(raw, pos)
+        pos = _skip_space(raw, pos)
+        if after_call:
+            if not raw.startswith(",", pos):
+                return calls
+            pos += 1
+        call, end = _call(raw, pos, scans)
         if call is None:
             return calls
-        calls.append(call)
-        pos = _skip_space(raw, pos)
-        if not call.complete or not raw.startswith(",", pos):
+        calls.append((call, end))
+        if not call.complete:
             return calls
-        pos += 1
+        pos, after_call = end, True
 
 
-def _call(raw: str, pos: int) -> tuple[_Call | None, int]:
+def _call(raw: str, pos: int, scans: dict) -> tuple[_Call | None, int]:
     """The call object at ``pos`` (after whitespace) and where it ends; None before its name."""
     pos = _skip_space(raw, pos)
     match = _NAME.match(raw, pos)
@@ -132,7 +153,7 @@ def _call(raw: str, pos: int) -> tuple[_Call | None, int]:
         named = _NAME_ONLY.match(raw, pos)
         return (_Call(named.group(1), "", False) if named else None), len(raw)
     start = match.end()
-    end = _value_end(raw, start)
+    end = _value_end(raw, start, scans)
     if end is None:
         return _Call(match.group(1), raw[start:], False), len(raw)
     close = _skip_space(raw, end)
@@ -145,8 +166,9 @@ def _skip_space(raw: str, pos: int) -> int:
     return pos
 
 
-def _value_end(raw: str, pos: int) -> int | None:
-    """Where the JSON value at ``pos`` ends, None if it has not ended yet."""
+def _value_end(raw: str, pos: int, scans: dict | None = None) -> int | None:
+    """Where the JSON value at ``pos`` ends, None if it has not ended yet; ``scans`` keeps an
+    open value's scan, so that the next call goes on from where this one stopped."""
     if pos >= len(raw):
         return None
     if raw[pos] not in "{[\"":
@@ -154,8 +176,8 @@ def _value_end(raw: str, pos: int) -> int | None:
         while end < len(raw) and (raw[end] in _NUMBER_CHARS or raw[end].isalpha()):
             end += 1
         return end if end < len(raw) else None
-    depth, in_string, escaped = 0, False, False
-    for i in range(pos, len(raw)):
+    start, depth, in_string, escaped = (scans or {}).get(pos, (pos, 0, False, False))
+    for i in range(start, len(raw)):
         ch = raw[i]
         if in_string:
             escaped, in_string = (False, True) if escaped else (ch == "\\", ch != '"')
@@ -169,6 +191,8 @@ def _value_end(raw: str, pos: int) -> int | None:
             depth -= 1
             if depth == 0:
                 return i + 1
+    if scans is not None:
+        scans[pos] = (len(raw), depth, in_string, escaped)
     return None
 
 
