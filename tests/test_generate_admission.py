@@ -52,3 +52,12 @@ def test_a_refused_prompt_fails_alone_and_a_free_one_needs_no_vocabulary():
     while len(out) < 2:
         out |= dict(taken(preparer))
     assert "empty" in str(out["bad"]) and out["free"] == ([7], None)
+
+
+def test_a_request_just_handed_over_is_taken_in_the_same_step():
+    # The step takes what the thread admitted since the last step (a chat's long history takes
+    # about a millisecond there) instead of leaving it to the next step.
+    preparer = Preparer()
+    preparer.submit("turn", lambda: [1, 2, 3], lambda: None, None, False)
+    assert preparer.take(fresh_s=30.0) == [("turn", ([1, 2, 3], None))]
+    assert preparer.take(fresh_s=30.0) == []  # nothing new: no wait

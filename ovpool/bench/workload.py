@@ -54,7 +54,14 @@ class ChatRun:
         later = [v for turn, vs in by_turn.items() if turn > 1 for v in vs]
         return {"ttft_median_s_by_turn": {str(k): statistics.median(v) for k, v in sorted(by_turn.items())},
                 "ttft_later_turns_median_s": statistics.median(later) if later else None,
+                "ttft_later_turns_p99_s": _quantile(later, 0.99),
                 "completion_tokens": self.completion_tokens, "wall_s": self.wall_s,
                 "tokens_per_s": self.completion_tokens / self.wall_s if self.wall_s else None,
                 "errors": [f"chat {t.conversation} turn {t.turn + 1}: {t.error}"
                            for t in self.turns if t.error]}
+
+
+def _quantile(values: list[float], q: float) -> float | None:
+    """The ``q`` quantile by rank (the largest for 0.99 of fewer than 100 values); None if empty."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else None
