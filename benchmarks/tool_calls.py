@@ -1,0 +1,108 @@
+"""Tool calls: decode tokens/s of grammar-held tool calls vs unconstrained text, 8 concurrent
+requests through the Batcher in one run, and what a 10-tool request's grammar costs to set up.
+
+    .venv/bin/python benchmarks/tool_calls.py [--model smollm2] [--tokens 64] [--rounds 5]
+
+As benchmarks/structured_output.py: each round runs both sides once, alternating, and the ratio is
+the median of the rounds' ratios; CPU time per token (this process's, OpenVINO's and llguidance's
+threads) varies less than wall time on a shared CPU. Both sides generate exactly --tokens tokens:
+the call's arguments (a long array of records) are not complete by then, and the unconstrained
+side, the same prompt with its tools rendered as text, ignores EOS; decode is timed once every
+prefill is done. Set-up: validating the request (SamplingParams, in the client and the broker) and
+building its matcher with the first mask (the worker), median of --rounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+from structured_output import SCHEMA
+
+from ovpool import Engine
+from ovpool.sampling_params import SamplingParams
+from ovpool.worker.backend import EngineBackend, Finished
+
+SAVE = {"type": "function", "function": {"name": "save_people", "description": "Store people records",
+                                         "parameters": {"type": "object", "required": ["people"],
+                                                        "properties": {"people": SCHEMA}}}}
+PROMPT = [{"role": "user", "content": "Save fifty people with name, age and tags."}]
+
+
+def ten_tools() -> list[dict]:
+    """Ten tools of a few typed arguments each, as an agent declares them."""
+    text = {"type": "string"}
+    properties = {"query": {"type": "string", "maxLength": 64}, "limit": {"type": "integer", "minimum": 1},
+                  "mode": {"enum": ["fast", "exact", "fuzzy"]}, "tags": {"type": "array", "items": text},
+                  "when": {"type": "object", "properties": {"from": text, "to": text}}}
+    return [{"type": "function", "function": {
+        "name": f"tool_{i}", "description": f"Tool number {i}",
+        "parameters": {"type": "object", "required": ["query", "limit"], "properties": properties}}}
+        for i in range(10)]
+
+
+def decode_rates(backend: EngineBackend, params: SamplingParams, prompt, n: int = 8) -> tuple[float, float]:
+    """(decode tokens/s, decode tokens per CPU second) of ``n`` requests together, from the step
+    after which every one has its first token: a request with tools is admitted on the Preparer's
+    thread, so its prefill may fall into later steps than a free one's, and is not decode."""
+    for i in range(n):
+        backend.add(str(i), prompt, params)
+    generations = backend.runs._generations  # the Batcher's: when every prefill is behind
+    while len(generations) < n or not all(g.token_ids for g in generations.values()):
+        backend.step()
+    before = sum(len(g.token_ids) for g in generations.values())
+    wall, cpu, done = time.perf_counter(), time.process_time(), {}
+    while backend.active:
+        done |= {e.request_id: e.completion for e in backend.step() if isinstance(e, Finished)}
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    assert all(len(c.token_ids) == params.max_tokens for c in done.values()), "a request ended early"
+    tokens = sum(len(c.token_ids) for c in done.values()) - before
+    return tokens / wall, tokens / cpu
+
+
+def setup_ms(engine: Engine, rounds: int) -> tuple[float, float]:
+    """Median ms to validate a 10-tool request, and to build its constraint (grammar, matcher and
+    first mask) on ``engine``'s vocabulary."""
+    validate, build = [], []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        params = SamplingParams(tools=ten_tools(), tool_choice="auto")
+        validate.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        engine.intake.constraint(params)
+        build.append(time.perf_counter() - start)
+    return statistics.median(validate) * 1e3, statistics.median(build) * 1e3
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="smollm2")
+    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    with Engine(args.model, settings={"attention": "paged"}) as engine:
+        backend = EngineBackend(engine, slots=8)
+        assert backend.wait_batching()
+        free = SamplingParams(max_tokens=args.tokens, ignore_eos=True)
+        calls = SamplingParams(max_tokens=args.tokens, tools=[SAVE], tool_choice="required")
+        # The same prompt, tools and all, on both sides: only the grammar differs.
+        rendered = engine.intake.render_chat(PROMPT, calls)
+        decode_rates(backend, calls, PROMPT, 1)  # builds the vocabulary, warms both paths
+        results: dict[bool, list[tuple[float, float]]] = {False: [], True: []}
+        for _ in range(args.rounds):
+            for held, params, prompt in ((False, free, rendered), (True, calls, PROMPT)):
+                results[held].append(decode_rates(backend, params, prompt))
+        validate_ms, build_ms = setup_ms(engine, args.rounds)
+    print(f"10-tool request: validated in {validate_ms:.1f} ms (client, broker), its constraint built "
+          f"with the first mask in {build_ms:.1f} ms (worker)")
+    for i, what in ((0, "tokens/s"), (1, "tokens per CPU s")):
+        free_runs, held_runs = [r[i] for r in results[False]], [r[i] for r in results[True]]
+        ratios = [c / f for c, f in zip(held_runs, free_runs, strict=True)]
+        print(f"8 concurrent, {what}: unconstrained {statistics.median(free_runs):.1f}, tool calls "
+              f"{statistics.median(held_runs):.1f}, ratio {statistics.median(ratios):.3f} "
+              f"(rounds: {', '.join(f'{r:.3f}' for r in ratios)})")
+
+
+if __name__ == "__main__":
+    main()
