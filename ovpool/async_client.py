@@ -22,7 +22,7 @@ from ovpool import errors, timing
 from ovpool.client_base import ClientBase
 from ovpool.completion import Completion, Delta
 from ovpool.pending import STREAM_WINDOW, FutureSink
-from ovpool.protocol import Cancel, Drain, Message, Status, Submit
+from ovpool.protocol import Cancel, Drain, Message, ModelOrder, Status, Submit
 from ovpool.settings import Settings
 from ovpool.stream_reader import StreamBase, StreamReader, StreamSink, unwrap
 
@@ -139,6 +139,11 @@ class AsyncClient(ClientBase):
     async def drain(self, worker: str = "", timeout_s: float = 30.0, timeout: float = 10.0) -> dict:
         """As Client.drain."""
         return await self.status(timeout, Drain(worker, timeout_s))
+
+    async def model_order(self, model: str, action: str, timeout: float = 10.0) -> dict:
+        """Ask the serve that loads ``model`` on demand to ``action`` ("load", "unload") it
+        (protocol.ModelOrder); the broker's status after it."""
+        return await self.status(timeout, ModelOrder(model, action))
 
     def _start(self, msg: Submit, sink: Any) -> None:
         if not self._tasks:

@@ -6,7 +6,8 @@ map's keys are its field names. ``encode`` and ``decode`` are the only places th
 
 Who sends what::
 
-    client → broker   SUBMIT, CANCEL, CREDIT, STATUS, PING, SUPERVISED (from ``ovpool serve``), DRAIN
+    client → broker   SUBMIT, CANCEL, CREDIT, STATUS, PING, SUPERVISED (from ``ovpool serve``), DRAIN,
+                      MODEL_ORDER
     broker → client   PARTIAL, FINAL, ERROR, STATUS_REPLY, PONG, SHUTDOWN
     worker → broker   READY, HEARTBEAT, PARTIAL, FINAL, ERROR, DISCONNECT, LOAD_FAILED
     broker → worker   REQUEST, CANCEL, CREDIT, HEARTBEAT, DISCONNECT
@@ -132,6 +133,17 @@ class Drain:
 
 
 @dataclass(frozen=True)
+class ModelOrder:
+    """Load or unload a model `ovpool serve` loads on demand (``action`` "load" or "unload"; the
+    HTTP API's POST /v1/models/{id}/load|unload); answered with STATUS_REPLY. The broker keeps it
+    in STATUS's ``model_orders`` for serve, which carries it out (broker/residency.py)."""
+
+    command: ClassVar[int] = 0x09
+    model: str
+    action: str
+
+
+@dataclass(frozen=True)
 class Partial:
     """One streamed Delta. ``index`` is its position in the completion (a token without text sends
     no PARTIAL, so indices may skip); ``seq`` numbers the request's PARTIALs 0, 1, 2, ... (the key
@@ -252,7 +264,8 @@ class Request:
 
 
 Message = (Submit | Cancel | Credit | Status | Ping | Pong | Supervised | Partial | Final | Error
-           | StatusReply | Shutdown | Ready | Heartbeat | Disconnect | LoadFailed | Request | Drain)
+           | StatusReply | Shutdown | Ready | Heartbeat | Disconnect | LoadFailed | Request | Drain
+           | ModelOrder)
 
 _BY_COMMAND: dict[int, type] = {cls.command: cls for cls in Message.__args__}
 _COMMAND_BYTES: dict[type, bytes] = {cls: bytes([cls.command]) for cls in _BY_COMMAND.values()}

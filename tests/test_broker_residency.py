@@ -56,6 +56,8 @@ class World:
             self.active[name] -= 1
         elif kind == "tick":
             self.now += 61.0
+        elif kind in ("load", "unload"):  # POST /v1/models/{id}/load|unload
+            self.r.order(name, kind, self.now)
         self.observe()
 
     def settle(self) -> None:
@@ -70,7 +72,8 @@ class World:
                              f"{[self.r.state(n).value for n in NAMES]}")
 
 
-events = st.lists(st.tuples(st.sampled_from(("submit", "ready", "gone", "dispatch", "finish", "tick")),
+events = st.lists(st.tuples(st.sampled_from(("submit", "ready", "gone", "dispatch", "finish", "tick",
+                                              "load", "unload")),
                             st.sampled_from(NAMES)), max_size=80)
 policies = st.lists(st.tuples(st.sampled_from((NEVER, 0.0, 60.0, 300.0)), st.booleans()),
                     min_size=3, max_size=3)
@@ -206,3 +209,19 @@ def test_metrics_show_each_on_demand_models_state_loads_and_wait():
     assert value("ovpool_model_state", model="b", state="loaded") == 0
     assert (value("ovpool_model_loads", model="b"), value("ovpool_model_unloads", model="b")) == (3, 2)
     assert value("ovpool_model_load_wait_seconds", model="b") == 1.5
+
+
+def test_an_ordered_load_loads_without_a_request_and_an_ordered_unload_waits_for_idle():
+    world = World([ModelPolicy("a", NEVER), ModelPolicy("b", NEVER, pinned=True)], max_loaded=None)
+    assert world.observe() == [Load("b")]
+    world.step(("ready", "b"))
+    world.r.order("a", "load", world.now)
+    assert world.observe() == [Load("a")] and world.observe() == []
+    world.step(("ready", "a"))
+    world.step(("submit", "a"))
+    world.step(("dispatch", "a"))
+    world.r.order("a", "unload", world.now)
+    world.r.order("b", "unload", world.now)  # pinned: never
+    assert world.observe() == []  # a runs a request
+    world.step(("finish", "a"))
+    assert world.r.state("a") is ModelState.UNLOADING and world.r.state("b") is ModelState.LOADED

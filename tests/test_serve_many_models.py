@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+import urllib.error
 import urllib.request
 
 import pytest
@@ -21,6 +22,15 @@ pytestmark = pytest.mark.slow
 def _models(port: int) -> dict[str, dict]:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=10) as resp:
         return {m["id"]: m for m in json.loads(resp.read())["data"]}
+
+
+def _post(port: int, path: str) -> tuple[int, str]:
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=b"", method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=10) as resp:
+            return resp.status, json.loads(resp.read())["id"]
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())["error"]["message"]
 
 
 def _entries(client: Client) -> dict[str, dict]:
@@ -59,6 +69,13 @@ def test_three_models_on_a_budget_of_two_swap_lru_first_and_keep_the_pinned_one(
         assert entries["b"]["residency"] in ("unloading", "unloaded")
         assert "least recently used" in entries["b"]["residency_reason"]
         assert (entries["c"]["loads"], entries["c"]["unloads"]) == (1, 0)
+        # The admin routes: b loads with no request (a, least recently used, makes room), then unloads.
+        assert _post(served.http_port, "/v1/models/b/load") == (202, "b")
+        wait_for(lambda: _models(served.http_port)["b"]["state"] == "loaded", 30, "b loaded on request")
+        assert _post(served.http_port, "/v1/models/b/unload") == (202, "b")
+        wait_for(lambda: _models(served.http_port)["b"]["state"] == "unloaded", 30, "b unloaded on request")
+        assert _post(served.http_port, "/v1/models/c/unload")[0] == 400  # pinned
+        assert _post(served.http_port, "/v1/models/nope/load")[0] == 404
 
 
 def test_a_streaming_model_unloads_only_after_its_stream_and_keep_alive_expiry_unloads(tmp_path):

@@ -8,7 +8,8 @@ true``; the last three are dialects over the chat core (dialect.py, docs/api.md)
 (ready: the link to the broker is up, a worker registered and nothing drains; also ``GET
 /health/ready``), ``GET /health/live`` (this process is of use: its broker client still reads
 replies), ``GET /metrics``, ``POST /admin/drain`` (drain the pool or a worker, protocol.Drain; it
-needs an API key like ``/v1/*``). A draining API (server.run on SIGTERM) answers 503 with
+needs an API key like ``/v1/*``), ``POST /v1/models/{id}/load`` and ``/unload`` (a model `ovpool
+serve` loads on demand, protocol.ModelOrder). A draining API (server.run on SIGTERM) answers 503 with
 Retry-After to new requests and lets those in flight finish within shutdown_timeout_s.
 ``/v1/*`` needs an API key (Bearer or x-api-key) when keys are configured; health and metrics
 stay open for probes and scrapers. Should the broker client's I/O loop ever stop, the app records why in
@@ -67,6 +68,8 @@ def create_app(config: Config) -> Starlette:
     api = _Api(config)
     routes = [Route("/v1/models", api.models, methods=["GET"]),
               Route("/v1/models/{model_id:path}", api.model, methods=["GET"]),
+              *(Route(f"/v1/models/{{model_id:path}}/{action}", api.model_order(action), methods=["POST"])
+                for action in ("load", "unload")),
               *(Route(f"/v1/{name}", api.generate(name), methods=["POST"]) for name in api.dialects),
               Route("/v1/messages/count_tokens", api.count_tokens, methods=["POST"]),
               Route("/health", api.health, methods=["GET"]),
@@ -149,6 +152,12 @@ class _Api:
 
     async def model(self, request: Request) -> Response:
         return await self._serve(request, "models", self._model)
+
+    def model_order(self, action: str) -> Callable[[Request], Awaitable[Response]]:
+        async def route(request: Request) -> Response:
+            return await self._serve(request, "admin", lambda r: self._order(r, action))
+
+        return route
 
     def generate(self, name: str) -> Callable[[Request], Awaitable[Response]]:
         dialect = self.dialects[name]
@@ -261,6 +270,12 @@ class _Api:
     async def _model(self, request: Request) -> Response:
         status = await self.client.status(self.config.status_timeout_s)
         return JSONResponse(models.one(status, request.path_params["model_id"]))
+
+    async def _order(self, request: Request, action: str) -> Response:
+        """202 with the model's state now: serve loads (or unloads, once idle) it within a poll."""
+        model_id = request.path_params["model_id"]
+        status = await self.client.model_order(model_id, action, self.config.status_timeout_s)
+        return JSONResponse({**models.ordered(status, model_id, action), "action": action}, 202)
 
     async def _generate(self, request: Request, dialect: Dialect) -> Response:
         gen = dialect.parse(await _json(request))

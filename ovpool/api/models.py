@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ovpool.errors import ModelNotFoundError
+from ovpool.errors import InvalidRequestError, ModelNotFoundError
 
 
 def listed(status: dict[str, Any]) -> list[dict[str, Any]]:
@@ -36,6 +36,21 @@ def listed(status: dict[str, Any]) -> list[dict[str, Any]]:
              "capabilities": ["completion"] if name in templateless else ["chat", "completion"],
              **({"state": "loaded"} if counts.get(name) else states.get(name, {"state": "loaded"}))}
             for name in sorted(set(counts) | set(states))]
+
+
+def ordered(status: dict[str, Any], model_id: str, action: str) -> dict[str, Any]:
+    """The model object of a model a load or unload was asked for (the broker's status after
+    the order); 404 when it does not exist, 400 when it is not one serve loads on demand or is
+    pinned (it never unloads)."""
+    model = one(status, model_id)
+    entries = [e for e in status.get("supervised", []) if e.get("model") == model_id]
+    if not entries:
+        raise InvalidRequestError(f"model {model_id[:256]!r} is not loaded on demand (a pool of one "
+                                  "model keeps it loaded): there is nothing to load or unload")
+    if action == "unload" and any(e.get("pinned") for e in entries):
+        raise InvalidRequestError(f"model {model_id[:256]!r} is pinned: it never unloads (unpin it "
+                                  "in the models file)")
+    return model
 
 
 def _residency(status: dict[str, Any]) -> dict[str, dict[str, str]]:

@@ -76,6 +76,7 @@ class _Model:
     state: ModelState = ModelState.UNLOADED
     last_used: float = 0.0
     wanted_since: float | None = None  # requests wait for it while it is not loaded
+    ordered: str = ""  # "load" or "unload", asked for (POST /v1/models/{id}/load|unload)
     loads: int = 0
     unloads: int = 0
     reason: str = ""
@@ -103,18 +104,29 @@ class Residency:
                 m.last_used = now
                 if m.wanted_since is None and m.state not in (ModelState.LOADED, ModelState.FAILED):
                     m.wanted_since = now
-            elif m.state is not ModelState.LOADING:
+            elif m.state is not ModelState.LOADING and m.ordered != "load":
                 m.wanted_since = None
         out: list[Action] = []
         self._expire(now, queued, active, out)
         self._load_wanted(now, queued, active, out)
         return out
 
+    def order(self, model: str, action: str, now: float) -> None:
+        """Load ``model`` (as if a request waited for it) or unload it once idle (not a pinned one)."""
+        m = self._models[model]
+        if action == "load" and m.state is not ModelState.FAILED:
+            m.ordered, m.last_used = "load", now
+            if m.state is not ModelState.LOADED:
+                m.wanted_since = m.wanted_since if m.wanted_since is not None else now
+        elif action == "unload" and not m.policy.pinned:
+            m.ordered, m.wanted_since = "unload", None
+
     def loaded(self, model: str, now: float) -> None:
         """A worker of ``model`` registered with the broker."""
         m = self._models[model]
         if m.state is ModelState.LOADING:
             m.state, m.last_used, m.wanted_since, m.reason = ModelState.LOADED, now, None, ""
+            m.ordered = "" if m.ordered == "load" else m.ordered
 
     def restarting(self, model: str) -> None:
         """A worker of a loaded ``model`` exited on its own; the supervisor starts it again."""
@@ -160,7 +172,13 @@ class Residency:
                 out: list[Action]) -> None:
         for name, m in self._models.items():
             keep = m.policy.keep_alive_s
-            if keep >= 0 and self._idle(name, queued, active) and now - m.last_used >= keep:
+            if m.ordered == "unload" and m.state is not ModelState.LOADING:
+                if m.state is not ModelState.LOADED:
+                    m.ordered = ""  # not loaded (any more): nothing to do
+                elif self._idle(name, queued, active):
+                    m.ordered = ""
+                    self._unload(m, "unloaded on request (POST /v1/models/{id}/unload)", out)
+            elif keep >= 0 and self._idle(name, queued, active) and now - m.last_used >= keep:
                 self._unload(m, f"idle for its keep-alive of {keep:g} s", out)
 
     def _load_wanted(self, now: float, queued: Mapping[str, int], active: Mapping[str, int],

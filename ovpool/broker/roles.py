@@ -20,6 +20,7 @@ from ovpool.protocol import (
     Final,
     Heartbeat,
     LoadFailed,
+    ModelOrder,
     Partial,
     Ready,
     Submit,
@@ -30,7 +31,7 @@ WORKER = 2
 ANY = CLIENT | WORKER
 
 _NEEDS: dict[type, int] = {
-    **dict.fromkeys((Submit, Cancel, Credit), CLIENT),
+    **dict.fromkeys((Submit, Cancel, Credit, ModelOrder), CLIENT),
     **dict.fromkeys((Ready, Heartbeat, Partial, Final, Error, Disconnect, LoadFailed), WORKER),
 }
 _NAMES = {CLIENT: "a client's", WORKER: "a worker's", 0: "in no allowed directory"}

@@ -24,11 +24,21 @@ placement rules (its Placement, the only code that changes queues and slots), th
 
 from __future__ import annotations
 
+import secrets
+
 from ovpool import errors, timing
 from ovpool.broker import bounds, drain
 from ovpool.broker.admission import Admission
 from ovpool.broker.placement import Placement
-from ovpool.broker.state import Counters, Job, LoadFailures, Output, RegisteredWorker, SupervisedHosts
+from ovpool.broker.state import (
+    Counters,
+    Job,
+    LoadFailures,
+    ModelOrders,
+    Output,
+    RegisteredWorker,
+    SupervisedHosts,
+)
 from ovpool.broker.streams import Streams
 from ovpool.protocol import (
     MAX_MESSAGE_BYTES,
@@ -42,6 +52,7 @@ from ovpool.protocol import (
     Heartbeat,
     LoadFailed,
     Message,
+    ModelOrder,
     Partial,
     Ping,
     Pong,
@@ -77,6 +88,7 @@ class Router:
         self.queues = self.placement.queues
         self.failures = LoadFailures()
         self.supervised = SupervisedHosts()
+        self.orders = ModelOrders(secrets.token_hex(4))
         self.admission = Admission(self.placement, self.failures, started=now, queue_limit=queue_limit,
                                    max_new_tokens=max_new_tokens, supervised=self.supervised)
         self._told_to_register: set[bytes] = set()
@@ -89,7 +101,8 @@ class Router:
                           Ready: self._on_ready, Partial: self._on_partial,
                           Final: self._on_end, Error: self._on_end,
                           Disconnect: self._on_disconnect, LoadFailed: self._on_load_failed,
-                          Heartbeat: self._on_heartbeat, Drain: self._on_drain}
+                          Heartbeat: self._on_heartbeat, Drain: self._on_drain,
+                          ModelOrder: self._on_model_order}
 
     # -- inputs ---------------------------------------------------------------------------------
 
@@ -150,6 +163,7 @@ class Router:
         self._expire_stalled_streams(now, out)
         self._expire_orphans(now, out)
         self.supervised.expire(now)
+        self.orders.expire(now)
         self.failures.expire(now, self.supervised)
         return out
 
@@ -162,6 +176,7 @@ class Router:
             "streams": {"open": len(self.streams), "held": self.streams.held()},
             "supervised": self.supervised.entries(),
             "failed": self.failures.entries(now),
+            "model_orders": self.orders.entries(),
             "draining": {"pool": self.drain.describe(now) if self.drain else None,
                          "workers": [w.info.worker_id for w in self.workers.values() if w.draining]},
         }
@@ -231,6 +246,14 @@ class Router:
                 self.placement.drain_worker(worker)
         else:
             self.drain = drain.start(self.drain, now, msg.timeout_s)
+        out.append((peer, StatusReply(self.status(now))))
+
+    def _on_model_order(self, peer: bytes, msg: ModelOrder, now: float, out: Output) -> None:
+        """Kept for the serve that loads ``msg.model`` on demand (it checks the model is its own);
+        answered with the status, whose ``supervised`` says which models those are."""
+        if msg.action in ("load", "unload") and bounds.is_name(msg.model) \
+                and self.supervised.residency(msg.model)[0]:
+            self.orders.add(msg.model, msg.action, now)
         out.append((peer, StatusReply(self.status(now))))
 
     def _on_supervised(self, peer: bytes, msg: Supervised, now: float, out: Output) -> None:

@@ -89,6 +89,28 @@ class Counters:
         return asdict(self)
 
 
+class ModelOrders:
+    """Loads and unloads asked for (protocol.ModelOrder), kept SUPERVISED_EXPIRY_S for the ``ovpool
+    serve`` that loads the model on demand to see in STATUS and carry out once (by ``id``)."""
+
+    _MAX = 64
+
+    def __init__(self, epoch: str) -> None:
+        self._epoch, self._count = epoch, 0  # ids stay unique across broker restarts
+        self._orders: list[tuple[float, dict]] = []
+
+    def add(self, model: str, action: str, now: float) -> None:
+        self._count += 1
+        self._orders = [*self._orders[-(self._MAX - 1):],
+                        (now, {"id": f"{self._epoch}-{self._count}", "model": model, "action": action})]
+
+    def expire(self, now: float) -> None:
+        self._orders = [(t, o) for t, o in self._orders if now - t < timing.SUPERVISED_EXPIRY_S]
+
+    def entries(self) -> list[dict]:
+        return [dict(o) for _, o in self._orders]
+
+
 class SupervisedHosts:
     """The latest ``ovpool serve`` report per host, forgotten SUPERVISED_EXPIRY_S after it came."""
 

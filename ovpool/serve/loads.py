@@ -30,6 +30,7 @@ class ModelLoads:
         self._supervisor = supervisor
         self._drain = drain
         self._draining: set[str] = set()  # worker names drained at the broker, not stopped yet
+        self._orders_seen: set[str] = set()  # ids of the broker's model_orders carried out
 
     def names(self, model: str) -> list[str]:
         return [name for name, m in self._workers.items() if m == model]
@@ -45,6 +46,7 @@ class ModelLoads:
             return []
         # Drained in an earlier round, so this STATUS came after the broker took them out.
         idle = [n for n in self._draining if not registered.get(n, {}).get("active", 0)]
+        self._take_orders(status.get("model_orders", []), now)
         queued = status.get("queues", {})
         active: dict[str, int] = {}
         for name, entry in registered.items():
@@ -60,6 +62,15 @@ class ModelLoads:
                 for name in self.names(action.model):
                     self._unload(name, action.reason, registered)
         return idle
+
+    def _take_orders(self, orders: list[dict], now: float) -> None:
+        """POST /v1/models/{id}/load|unload, as the broker keeps them: each once, ours only."""
+        models = set(self._workers.values())
+        for order in orders:
+            if order.get("id") not in self._orders_seen and order.get("model") in models:
+                log.info("%s of model %s asked for", order["action"], order["model"])
+                self.residency.order(order["model"], order["action"], now)
+        self._orders_seen = {o.get("id") for o in orders}  # the broker keeps them a while only
 
     def stopped(self, name: str) -> None:
         """The Pool signalled ``name`` to stop (it is drained and idle)."""
