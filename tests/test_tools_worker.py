@@ -125,25 +125,45 @@ def test_every_call_is_declared_and_valid_alone(tiny, pairs, choice, parallel, s
         [(c.name, c.arguments) for c in completion.tool_calls]
 
 
+def batched_equal_alone(engine: Engine, requests: list[tuple[list[dict], dict]]) -> list:
+    """Each (tools, sampling) request alone, then all 8 batched: the same tokens and calls, and
+    every call valid; the batched completions."""
+    alone = [engine.chat(ASK, **s) for _, s in requests]
+    backend = EngineBackend(engine, slots=8)
+    assert backend.wait_batching()
+    for i, (_, s) in enumerate(requests):
+        backend.add(str(i), ASK, SamplingParams(**s))
+    done = {}
+    while backend.active:
+        done |= {e.request_id: e.completion for e in backend.step() if isinstance(e, Finished)}
+    batched = [done[str(i)] for i in range(len(requests))]
+    for (tools, s), one, together in zip(requests, alone, batched, strict=True):
+        assert_valid(together, tools, SamplingParams(**s))
+        assert together.token_ids == one.token_ids
+        assert [(c.name, c.arguments) for c in together.tool_calls] == \
+            [(c.name, c.arguments) for c in one.tool_calls]
+    return batched
+
+
 def test_eight_batched_calls_equal_alone_and_are_valid(tiny):
     tools = [WEATHER, ADD]
-    requests = [(f"{i}", {"tools": tools, "tool_choice": CHOICES[i % 3], "parallel_tool_calls": i % 2 == 0,
-                          "max_tokens": 64, **({"temperature": 0.8, "seed": i} if i >= 4 else {})})
+    requests = [(tools, {"tools": tools, "tool_choice": CHOICES[i % 3], "parallel_tool_calls": i % 2 == 0,
+                         "max_tokens": 64, **({"temperature": 0.8, "seed": i} if i >= 4 else {})})
                 for i in range(8)]
-    alone = {rid: tiny.chat(ASK, **s) for rid, s in requests}
-    backend = EngineBackend(tiny, slots=8)
-    assert backend.wait_batching()
-    for rid, s in requests:
-        backend.add(rid, ASK, SamplingParams(**s))
-    batched = {}
-    while backend.active:
-        batched |= {e.request_id: e.completion for e in backend.step() if isinstance(e, Finished)}
-    assert sum(bool(c.tool_calls) for c in batched.values()) >= 4  # required and named ones at least
-    for rid, s in requests:
-        assert_valid(batched[rid], tools, SamplingParams(**s))
-        assert batched[rid].token_ids == alone[rid].token_ids
-        assert [(c.name, c.arguments) for c in batched[rid].tool_calls] == \
-            [(c.name, c.arguments) for c in alone[rid].tool_calls]
+    batched = batched_equal_alone(tiny, requests)
+    assert sum(bool(c.tool_calls) for c in batched) >= 4  # required and named ones at least
+
+
+@settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(toolsets=st.lists(TOOLSETS, min_size=8, max_size=8))
+def test_eight_batched_generated_schemas_are_valid(tiny, toolsets):
+    requests = []
+    for i, pairs in enumerate(toolsets):
+        tools = as_tools(pairs)
+        choice = "required" if i % 2 else {"type": "function", "function": {"name": pairs[0][0]}}
+        requests.append((tools, {"tools": tools, "tool_choice": choice, "max_tokens": 96,
+                                 **({"temperature": 0.9, "seed": i} if i >= 4 else {})}))
+    batched_equal_alone(tiny, requests)
 
 
 def test_none_renders_no_tools_and_leaves_the_text_free(tiny):
@@ -187,3 +207,13 @@ def test_smollm2_calls_the_tool_it_is_asked_for(smollm2):
     named = smollm2.chat(ASK, tools=tools, tool_choice=CHOICES[2], parallel_tool_calls=False, max_tokens=48)
     assert [c.name for c in named.tool_calls] == ["add"]
     jsonschema.validate(json.loads(named.tool_calls[0].arguments), ADD["function"]["parameters"])
+
+
+@pytest.mark.slow
+def test_smollm2_calls_alone_and_eight_batched_agree(smollm2):
+    tools = [WEATHER, ADD]
+    requests = [(tools, {"tools": tools, "tool_choice": CHOICES[i % 3], "parallel_tool_calls": i % 2 == 1,
+                         "max_tokens": 40, **({"temperature": 0.7, "seed": i} if i >= 4 else {})})
+                for i in range(8)]
+    batched = batched_equal_alone(smollm2, requests)
+    assert all(c.tool_calls for c in batched[1::3])  # the required ones
