@@ -1,7 +1,8 @@
-"""Tool calls a worker makes: on tiny models of both template families (a qwen-style template with
-a tools section, and ChatML without one) and on SmolLM2, every call names a declared function and
-its arguments validate against that function's schema (jsonschema), for hypothesis-generated
-schemas, greedy and seeded, alone and 8 batched; the streamed pieces join to the final calls."""
+"""Tool calls a worker makes: on tiny models of the three template families (qwen-style and
+llama-3.1-style templates with a tools section, and ChatML without one) and on SmolLM2, every
+call names a declared function and its arguments validate against that function's schema
+(jsonschema), for hypothesis-generated schemas, greedy and seeded, alone and 8 batched; the
+streamed pieces join to the final calls."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from hypothesis import strategies as st
 
 from ovpool import Engine
 from ovpool.sampling_params import SamplingParams
-from ovpool.testing.tiny_vocab import QWEN_TOOLS_TEMPLATE
+from ovpool.testing.tiny_vocab import LLAMA3_TOOLS_TEMPLATE, QWEN_TOOLS_TEMPLATE
 from ovpool.worker.backend import EngineBackend, Finished
 from ovpool.worker.text import tool_format
 
@@ -87,14 +88,15 @@ def joined(deltas) -> dict[int, tuple[str, str, str]]:
     return {i: tuple(c) for i, c in calls.items()}
 
 
-@pytest.fixture(scope="module", params=["hermes", "generic"])
+TEMPLATES = {"hermes": ("qwen2", QWEN_TOOLS_TEMPLATE), "llama3": ("llama", LLAMA3_TOOLS_TEMPLATE)}
+
+
+@pytest.fixture(scope="module", params=["hermes", "llama3", "generic"])
 def tiny(request, tiny_model):
-    """A tiny engine of each family: qwen2 with a tools template, llama with plain ChatML."""
-    if request.param == "hermes":
-        path = tiny_model(arch="qwen2", weight_type="F16", context_length=2048,
-                          chat_template=QWEN_TOOLS_TEMPLATE)
-    else:
-        path = tiny_model(arch="llama", weight_type="F16", context_length=2048)
+    """A tiny engine of each family: qwen2 and llama with tools templates, llama with plain ChatML."""
+    arch, template = TEMPLATES.get(request.param, ("llama", None))
+    spec = {"chat_template": template} if template else {}
+    path = tiny_model(arch=arch, weight_type="F16", context_length=2048, **spec)
     with Engine(path, settings=F32) as engine:
         assert engine.intake.tool_family == request.param
         yield engine
@@ -102,6 +104,7 @@ def tiny(request, tiny_model):
 
 def test_the_family_is_read_from_the_template(smollm2_path):
     assert tool_format.family(QWEN_TOOLS_TEMPLATE) == "hermes"
+    assert tool_format.family(LLAMA3_TOOLS_TEMPLATE) == "llama3"
     assert tool_format.family("{{ messages }}") == tool_format.family(None) == "generic"
 
 
@@ -182,6 +185,9 @@ def test_history_with_calls_and_results_renders_in_each_family(tiny):
     if tiny.intake.tool_family == "hermes":
         assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>' in prompt
         assert "<tools>" in prompt
+    elif tiny.intake.tool_family == "llama3":
+        assert '{"name": "get_weather", "parameters": {"city": "Paris"}}<|eot_id|>' in prompt
+        assert "ipython<|end_header_id|>\n\nSunny, 21 C" in prompt
     else:
         assert '{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Paris"}}]}' in prompt
         assert '{"tool_response": {"tool": "get_weather", "content": "Sunny, 21 C"}}' in prompt

@@ -45,6 +45,26 @@ QWEN_TOOLS_TEMPLATE = (
     "\n</tool_response><|im_end|>\n{%- endif %}{%- endfor %}"
     "{%- if add_generation_prompt %}<|im_start|>assistant\n{%- endif %}"
 )
+# Llama 3.1's template, shortened: tools in the system turn, a call as the JSON {"name", "parameters"},
+# results in an ipython turn (the llama3 tool-call family).
+LLAMA3_TOOLS_TEMPLATE = (
+    "{{- bos_token }}{%- if messages[0]['role'] == 'system' %}"
+    "{%- set system_message = messages[0]['content'] %}{%- set messages = messages[1:] %}{%- else %}"
+    "{%- set system_message = '' %}{%- endif %}<|start_header_id|>system<|end_header_id|>\n\n"
+    '{%- if tools %}Environment: ipython\n\nRespond with a function call as the JSON {"name": fun'
+    'ction name, "parameters": dictionary of its arguments}.\n\n'
+    '{%- for tool in tools %}{{ tool | tojson }}\n\n{%- endfor %}'
+    '{%- endif %}{{- system_message }}<|eot_id|>{%- for message in messages %}'
+    "{%- if message.role == 'assistant' and message.tool_calls %}"
+    '{%- set tool_call = message.tool_calls[0].function %}<|start_header_id|>assistant<|end_hea'
+    'der_id|>\n\n{"name": "{{ tool_call.name }}", "parameters": {{ tool_call.arguments | tojson }'
+    '}}<|eot_id|>'
+    "{%- elif message.role == 'tool' or message.role == 'ipython' %}<|start_header_id|>ipython<"
+    '|end_header_id|>\n\n{{ message.content }}<|eot_id|>'
+    '{%- else %}<|start_header_id|>{{ message.role }}<|end_header_id|>\n\n{{ message.content }}<|'
+    'eot_id|>{%- endif %}{%- endfor %}'
+    '{%- if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{%- endif %}'
+)
 KINDS = ("bpe", "spm")
 
 

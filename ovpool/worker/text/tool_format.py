@@ -1,11 +1,13 @@
 """How a model is asked for tool calls and held to them: its template's family, the prompt's tools
 and history, and the llguidance grammar of a valid reply (docs/tools.md).
 
-Two families, found in the chat template as llama.cpp's common/chat.cpp finds them:
+Three families, found in the chat template as llama.cpp's common/chat.cpp finds them:
 
 - ``hermes`` (Qwen2.5, Qwen3, Hermes 2 Pro: a template that writes ``<tool_call>``): the template
   renders the tools itself (its ``tools`` variable); a call is
   ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>``, calls one per line.
+- ``llama3`` (Llama 3.1-3.3: a template with an ``ipython`` role): the template renders the tools
+  (in its system turn); a call is the JSON ``{"name": ..., "parameters": {...}}``, one per reply.
 - ``generic`` (every other template, SmolLM2's among them): a system message describes the tools,
   and the reply is one JSON object, ``{"tool_calls": [{"name": ..., "arguments": {...}}, ...]}``
   or ``{"response": "..."}`` (llama.cpp's generic handler; its history is written the same way).
@@ -23,7 +25,7 @@ from typing import Any
 
 from ovpool.sampling_params import SamplingParams
 
-HERMES, GENERIC = "hermes", "generic"
+HERMES, LLAMA3, GENERIC = "hermes", "llama3", "generic"
 # One layout for a call's JSON, the one templates write calls in (tojson: Python's json.dumps):
 # a model spends no tokens on whitespace, and its calls read as the history shows them.
 _WHITESPACE = {"x-guidance": {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}}
@@ -31,10 +33,15 @@ _SUBSCHEMAS = {"items", "anyOf", "oneOf", "prefixItems"}
 _SCHEMA_MAPS = {"properties", "$defs", "definitions"}  # maps of names to schemas
 _OPEN_KEYS = {"additionalProperties", "patternProperties", "unevaluatedProperties"}
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
+LLAMA3_OPEN = '{"name": "'  # a llama3 call's beginning (llama.cpp's trigger, in this layout)
+# ARGUMENTS[family]: the key of a call's arguments in its JSON.
+ARGUMENTS = {HERMES: "arguments", LLAMA3: "parameters", GENERIC: "arguments"}
 
 
 def family(template: str | None) -> str:
     """The tool-call family of a chat template."""
+    if template and "<|start_header_id|>ipython<|end_header_id|>" in template:
+        return LLAMA3
     return HERMES if template and OPEN in template and "tools" in template else GENERIC
 
 
@@ -43,8 +50,10 @@ def prepare(kind: str, messages: Sequence[Mapping[str, Any]], params: SamplingPa
     """The messages to render and the template's extra variables: the history's tool calls and
     results in the family's form, and the tools where the reply may call them."""
     tools = params.tools if params is not None and params.calls_tools else None
-    if kind == HERMES:
+    if kind in (HERMES, LLAMA3):
         extra = {"tools": [_openai(t) for t in tools]} if tools else {}
+        if kind == LLAMA3:  # in the system turn, as llama.cpp renders them
+            extra["tools_in_user_message"] = False
         return [_hermes_message(m) for m in messages], extra
     out = _generic_history(messages)
     return (_with_system(out, _generic_instructions(tools, params.tool_choice)) if tools else out), {}
@@ -55,6 +64,8 @@ def grammar(kind: str, params: SamplingParams) -> str:
     tools = _chosen(params)
     if kind == GENERIC:
         return "%llguidance {}\nstart: %json " + json.dumps(_generic_schema(tools, params))
+    if kind == LLAMA3:
+        return _llama3_grammar(tools, params)
     fns = " | ".join(f"fn_{i}" for i in range(len(tools)))
     more = ' ("\\n" "<tool_call>" body)*' if params.parallel_tool_calls else ""
     rules = [
@@ -68,6 +79,26 @@ def grammar(kind: str, params: SamplingParams) -> str:
         r"TEXT: /(.|\n)*/",
     ]
     return "\n".join(rules) + "\n"
+
+
+def _llama3_grammar(tools: list[dict[str, Any]], params: SamplingParams) -> str:
+    """One call: ``{"name": "NAME", "parameters": ARGS}``, after free text with ``auto``."""
+    opening = json.dumps(LLAMA3_OPEN)
+    rules = [
+        "%llguidance {}",
+        "start: TEXT | head fn" if params.tool_choice == "auto" else f"start: {opening} fn",
+        f"head[lazy]: TEXT {opening}",
+        "fn: " + " | ".join(f"fn_{i}" for i in range(len(tools))),
+        *(f"fn_{i}: {json.dumps(_llama3_rest(t))} %json {json.dumps(closed(t['parameters']) | _WHITESPACE)}"
+          ' "}"' for i, t in enumerate(tools)),
+        r"TEXT: /(.|\n)*/",
+    ]
+    return "\n".join(rules) + "\n"
+
+
+def _llama3_rest(tool: Mapping[str, Any]) -> str:
+    """A llama3 call's text between its opening and its arguments."""
+    return f'{tool["name"]}", "parameters": '
 
 
 def call_schema(tool: Mapping[str, Any]) -> dict[str, Any]:

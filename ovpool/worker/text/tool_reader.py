@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 
 from ovpool.tools import ToolCall, ToolCallDelta, new_call_id
-from ovpool.worker.text.tool_format import HERMES, OPEN
+from ovpool.worker.text.tool_format import ARGUMENTS, GENERIC, HERMES, LLAMA3, LLAMA3_OPEN, OPEN
 
 
 @dataclass
@@ -25,7 +25,9 @@ class _Call:
     complete: bool
 
 
-_NAME = re.compile(r'\{\s*"name"\s*:\s*"([^"]*)"\s*,\s*"arguments"\s*:\s*')
+# _NAME[family]: a call object's beginning up to its arguments.
+_NAME = {kind: re.compile(r'\{\s*"name"\s*:\s*"([^"]*)"\s*,\s*"' + key + r'"\s*:\s*')
+         for kind, key in ARGUMENTS.items()}
 _NAME_ONLY = re.compile(r'\{\s*"name"\s*:\s*"([^"]*)"')
 _GENERIC = re.compile(r'\{\s*"(tool_calls|response)"\s*:\s*')
 _NUMBER_CHARS = set("0123456789+-.eE")
@@ -78,11 +80,17 @@ class ToolReader:
 
     def _view(self, final: bool) -> tuple[str, list[_Call]]:
         raw = self._raw
-        if self.kind == HERMES:
+        if self.kind != GENERIC:  # text, then calls from the first opening on
+            opening = OPEN if self.kind == HERMES else LLAMA3_OPEN
             if self._start < 0:
-                self._start = self._resume = raw.find(OPEN)
+                self._start = self._resume = raw.find(opening)
             if self._start < 0:
-                return raw if final else raw[:len(raw) - _held(raw, OPEN)], []
+                return raw if final else raw[:len(raw) - _held(raw, opening)], []
+            if self.kind == LLAMA3:  # one call, its object from the opening on
+                if self._done:
+                    return raw[:self._start], self._done
+                call, end = _call(raw, self._start, self._scans, LLAMA3)
+                return raw[:self._start], self._read([] if call is None else [(call, end)])
             return raw[:self._start], self._read(_hermes_calls(raw, self._resume, self._scans))
         match = _GENERIC.match(raw)
         if match is None:
@@ -145,10 +153,10 @@ def _generic_calls(raw: str, pos: int, after_call: bool, scans: dict) -> list[tu
         pos, after_call = end, True
 
 
-def _call(raw: str, pos: int, scans: dict) -> tuple[_Call | None, int]:
+def _call(raw: str, pos: int, scans: dict, kind: str = HERMES) -> tuple[_Call | None, int]:
     """The call object at ``pos`` (after whitespace) and where it ends; None before its name."""
     pos = _skip_space(raw, pos)
-    match = _NAME.match(raw, pos)
+    match = _NAME[kind].match(raw, pos)
     if match is None:
         named = _NAME_ONLY.match(raw, pos)
         return (_Call(named.group(1), "", False) if named else None), len(raw)
