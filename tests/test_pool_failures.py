@@ -15,7 +15,7 @@ import time
 
 import httpx
 import pytest
-from serve_helpers import serve, unsupported_model
+from serve_helpers import serve, unsupported_model, wait_for
 
 from ovpool import errors
 from ovpool.client import Client
@@ -108,11 +108,16 @@ def test_a_broker_that_shuts_down_ends_its_streams_with_that_error(sig):
     assert isinstance(got[-1], errors.BrokerUnavailableError) and str(got[-1]) == _shut_down(endpoint)
 
 
-def test_ctrl_c_to_serve_mid_stream_tells_the_client_at_once(tmp_path):
+def test_a_second_ctrl_c_to_serve_mid_stream_tells_the_client_at_once(tmp_path):
+    def ctrl_c_twice() -> None:  # the first drains (the stream would go on), the second stops now
+        served.proc.send_signal(signal.SIGINT)
+        wait_for(lambda: served.state().get("draining"), 10, "serve to drain")
+        served.proc.send_signal(signal.SIGINT)
+
     with serve(tmp_path, "--workers", "1", "--backend", "null", "--token-delay", "0.05") as served:
         served.wait_states("ready")
         with Client(served.endpoint) as client:
-            got = _stream_until_error(client, lambda: served.proc.send_signal(signal.SIGINT))
+            got = _stream_until_error(client, ctrl_c_twice)
         assert served.proc.wait(30) == 0
     assert isinstance(got[-1], errors.BrokerUnavailableError)
     assert str(got[-1]) == _shut_down(served.endpoint)
