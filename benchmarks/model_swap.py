@@ -12,7 +12,7 @@ seconds pass before each request, so the model being unloaded has finished setti
 unloaded within seconds of its load exits only once its kernel set-up and batching graph are done).
 
     .venv/bin/python benchmarks/model_swap.py [--models smollm2,gemma3-270m] [--rounds 3] [--gap 12]
-        [--workdir DIR] [--json]
+        [--workdir DIR] [--rss] [--json]
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 from ovpool.client import Client
+from ovpool.models import model_name
 
 
 def _port() -> int:
@@ -57,19 +58,24 @@ def import_s(repeats: int = 3) -> float:
     return statistics.median(runs)
 
 
-def swaps(models: list[str], rounds: int, workdir: Path, gap_s: float) -> dict[str, dict[str, list[float]]]:
-    port = _port()
+def _serve_argv(port: int, workdir: Path, models: list[str], *extra: str) -> list[str]:
     argv = [sys.executable, "-m", "ovpool", "serve", "--open", "--no-http", "--bind", f"tcp://127.0.0.1:{port}",
-            "--cache-dir", str(workdir / "cache"), "--max-loaded", "1", "--keep-alive", "-1"]
+            "--cache-dir", str(workdir / "cache"), "--keep-alive", "-1", *extra]
     for model in models:
         argv += ["--model", model]
-    times: dict[str, dict[str, list[float]]] = {m: {"cold": [], "warm": []} for m in models}
+    return argv
+
+
+def swaps(models: list[str], rounds: int, workdir: Path, gap_s: float) -> dict[str, dict[str, list[float]]]:
+    port = _port()
+    argv = _serve_argv(port, workdir, models, "--max-loaded", "1")
+    times: dict[str, dict[str, list[float]]] = {model_name(m)[0]: {"cold": [], "warm": []} for m in models}
     with open(workdir / "serve.log", "wb") as log:
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
     try:
         with Client(f"tcp://127.0.0.1:{port}") as client:
             for i in range(rounds + 1):
-                for model in models:
+                for model in times:
                     time.sleep(gap_s)  # the loaded model has set up its kernels and graphs meanwhile
                     times[model]["cold" if i == 0 else "warm"].append(first_token_s(client, model))
     finally:
@@ -78,12 +84,57 @@ def swaps(models: list[str], rounds: int, workdir: Path, gap_s: float) -> dict[s
     return times
 
 
+def pss_mib(pid: int) -> float:
+    """A process's proportional set size (its share of shared pages), MiB."""
+    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+        if line.startswith("Pss:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def workers_of(serve_pid: int) -> dict[int, str]:
+    """serve's worker processes: pid -> its --name."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                argv = (entry / "cmdline").read_bytes().split(b"\0")
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[-1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            if ppid == serve_pid and b"worker" in argv:
+                found[int(entry.name)] = argv[argv.index(b"--name") + 1].decode()
+    return found
+
+
+def rss(models: list[str], workdir: Path, settle_s: float) -> list[dict]:
+    """PSS of the pool's workers with 1, 2, ... models loaded (no budget; the cache warm)."""
+    port = _port()
+    argv = _serve_argv(port, workdir, models)
+    rows = []
+    with open(workdir / "rss.log", "wb") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        with Client(f"tcp://127.0.0.1:{port}") as client:
+            for model in models:
+                first_token_s(client, model_name(model)[0])
+                time.sleep(settle_s)  # its warm-up and batching graph
+                workers = {name: round(pss_mib(pid)) for pid, name in workers_of(proc.pid).items()}
+                rows.append({"loaded": len(workers), "workers_pss_mib": workers,
+                             "total_mib": sum(workers.values())})
+    finally:
+        proc.terminate()
+        proc.wait(60)
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", default="smollm2,gemma3-270m")
     parser.add_argument("--rounds", type=int, default=3, help="warm swaps per model")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--workdir", default=None, help="keep the cache and serve's log here")
+    parser.add_argument("--rss", action="store_true", help="also: PSS with 1, 2, ... models loaded")
     parser.add_argument("--gap", type=float, default=12.0,
                         help="seconds before each request: 0 swaps back to back, so an unload may wait "
                              "for the set-up the model it unloads still runs")
@@ -93,8 +144,9 @@ def main() -> None:
         workdir = Path(args.workdir or tmp)
         workdir.mkdir(parents=True, exist_ok=True)
         times = swaps(models, args.rounds, workdir, args.gap)
+        rows = rss(models, workdir, args.gap) if args.rss else []
     start = import_s()
-    result = {"cpu_count": os.cpu_count(), "process_start_s": round(start, 3), "models": {}}
+    result = {"cpu_count": os.cpu_count(), "process_start_s": round(start, 3), "models": {}, "rss": rows}
     for model, t in times.items():
         cold, warm = t["cold"][0], statistics.median(t["warm"])
         result["models"][model] = {"cold_s": round(cold, 3), "warm_s": round(warm, 3),
@@ -109,6 +161,9 @@ def main() -> None:
     for model, r in result["models"].items():
         print(f"| {model} | {r['cold_s']:.2f} s | {r['warm_s']:.2f} s (runs {r['warm_runs_s']}) | "
               f"{r['warm_over_cold']:.2f}× |")
+    for row in rows:
+        print(f"{row['loaded']} loaded: workers' PSS {row['workers_pss_mib']} MiB, "
+              f"{row['total_mib']} MiB in all")
 
 
 if __name__ == "__main__":

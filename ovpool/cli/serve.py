@@ -104,7 +104,7 @@ def _publisher(state_file: str | None, client: Any, client_keys: dict[str, str])
 
 
 @click.command("serve")
-@click.option("--model", "models", multiple=True, envvar="OVPOOL_MODEL", metavar="[NAME=]MODEL",
+@click.option("--model", "models", multiple=True, metavar="[NAME=]MODEL",
               help=f"GGUF path or alias, repeatable: several load on demand (default {DEFAULT_MODEL}; "
                    "env OVPOOL_MODEL). NAME=PATH names it; else the alias or the file's stem.")
 @click.option("--models-dir", default=None, type=click.Path(file_okay=False), metavar="DIR",
@@ -181,8 +181,9 @@ def serve_command(models: tuple[str, ...], models_dir: str | None, models_file: 
                                 **curve)
     if fields.get("backend") != "null":
         check_cache_dir(settings)
-    entries = catalog(models if models or models_dir or models_file else (DEFAULT_MODEL,), models_dir,
-                      models_file)
+    # OVPOOL_MODEL names one model, whole (a path may hold spaces), where no flag names any.
+    default = (os.environ.get("OVPOOL_MODEL") or DEFAULT_MODEL,)
+    entries = catalog(models if models or models_dir or models_file else default, models_dir, models_file)
     spec = _spec(devices, workers, bind, remote, _http_bind(http, no_http, remote), settings, entries,
                  assignments=_without_curve(assignments), served_names=served_names, **fields)
     api_keys = _api_keys(api_key_file)
