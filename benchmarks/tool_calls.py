@@ -36,7 +36,8 @@ def ten_tools() -> list[dict]:
 
     def properties(i: int) -> dict:
         return {"query": {"type": "string", "maxLength": 16 * (i + 1)},
-                "limit": {"type": "integer", "minimum": i}, "mode": {"enum": ["fast", "exact", "fuzzy"]}, "tags": {"type": "array", "items": text},
+                "limit": {"type": "integer", "minimum": i}, "mode": {"enum": ["fast", "exact", "fuzzy"]},
+                "tags": {"type": "array", "items": text},
                 "when": {"type": "object", "properties": {"from": text, "to": text}}}
 
     return [{"type": "function", "function": {
