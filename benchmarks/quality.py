@@ -10,7 +10,8 @@ benchmark, in windows of 300 tokens; every side sees the same windows), each win
 and again a token a pass (as decode steps and a prompt's last token run: on AMX a MatMul of a few
 rows takes other kernels than one of hundreds, with other numbers), for the default, each
 ``--candidate`` (comma-separated NAME=VALUE settings) and, with ``--llamacpp``, llama.cpp on the same
-GGUF (llama-cpp-python at its defaults: its own 8-bit activations). Answers: greedy chat replies
+GGUF (llama-cpp-python at its defaults, its own 8-bit activations; on AMX without its AMX weight
+buffers, which crash there). Answers: greedy chat replies
 (a base model's plain "Question: ... Answer:" completions) to obvious questions, through an
 engine's paged graph alone, batched with the others, on the decode graph (after warm-up) and on
 the stateful SDPA graph, each against the exact graph's reply.
@@ -84,8 +85,20 @@ def engine_logits(model: str, settings: dict, windows: list[list[int]]) -> tuple
 
 def llamacpp_logits(path: str, windows: list[list[int]]) -> list[np.ndarray]:
     import llama_cpp
+    import llama_cpp.llama_cpp as raw
 
-    llm = llama_cpp.Llama(model_path=path, n_ctx=WINDOW + 8, logits_all=True, verbose=False,
+    defaults = raw.llama_model_default_params
+
+    def without_repacking():
+        # llama.cpp 0.3.36's AMX weight buffers (its "extra" buffer types) crash its first pass
+        # on an AMX host (SIGSEGV); its CPU kernels (8-bit activations too) run without them.
+        params = defaults()
+        params.use_extra_bufts = False
+        return params
+
+    if CpuInfo.read().class_name == "AMX":
+        raw.llama_model_default_params = without_repacking
+    llm = llama_cpp.Llama(model_path=path, n_ctx=2 * WINDOW, logits_all=True, verbose=False,
                           n_threads=os.cpu_count(), n_threads_batch=os.cpu_count())
     out = []
     for w in windows:

@@ -11,9 +11,11 @@ ovpool asks for exactness, and only for integer zero points (``dnnl_fullyconnect
   the plugin would pick bf16. On AMX a compressed MatMul's bf16 rows depend on how many rows share
   the pass (AMX tiles from 8 rows on, other kernels below; with and without int8 activations), so
   a request's tokens changed when it was batched, and no bf16 variant keeps them; at f32 they do.
-  f32 also decodes faster there (1.2x per step on SmolLM2) and its answers are the exact graph's.
+  f32 also decodes faster there (1.2x per step on SmolLM2) and its answers are the exact graph's;
+  its prefill, without AMX tiles, takes 2-3x as long (a 512-token prompt).
   On AVX-512 VNNI/BF16 the bf16 default agreed with the exact graph on 0.954 of positions and
-  answered "Hello" with "Hello! I'shine."; f32 ran as fast there (docs/performance.md, "Quality").
+  answered "Hello" with "Hello! I'shine."; f32 (even on AVX2 MatMul kernels) ran as fast there
+  (docs/performance.md, "Quality").
 * At bf16 (opt-in) on VNNI/BF16: each row of the int8 path gives the same result whatever else is
   in the pass on that class (not on AMX), the other bf16 kernels do not (a float zero point's row,
   the decode graph's fused "snippets"). So Q4_1/Q4_K's exact minimum goes in as a rounded u4 zero
