@@ -125,11 +125,12 @@ class Drain:
     is still unfinished ``timeout_s`` later fails with request.draining. Else the workers whose id is
     ``worker``, or starts with ``worker@`` (a name, or name@host): they get no new request, what
     they run finishes, and their supervisor stops them once idle. Draining again only shortens the
-    pool's deadline, never extends it."""
+    pool's deadline, never extends it. Both fields are required: a body that names neither (a
+    malformed or fuzzed frame) is refused, never taken for a drain of the pool."""
 
     command: ClassVar[int] = 0x08
-    worker: str = ""
-    timeout_s: float = 30.0
+    worker: str
+    timeout_s: float
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ def test_a_pool_drain_refuses_new_requests_and_lets_accepted_ones_finish(router)
     router.handle(C1, submit("run", window=8), LATE)
     router.handle(C1, submit("wait1"), LATE)
     router.handle(C1, submit("wait2"), LATE)  # W1 has 2 slots: this one is queued
-    (peer, reply), = router.handle(C2, Drain(timeout_s=10.0), LATE)
+    (peer, reply), = router.handle(C2, Drain("", 10.0), LATE)
     assert peer == C2 and isinstance(reply, StatusReply)
     assert reply.status["draining"]["pool"]["deadline_in_s"] == 10.0
     (peer, err), = router.handle(C2, submit("new"), LATE + 1)
@@ -32,7 +32,7 @@ def test_what_is_unfinished_at_the_drain_deadline_fails_with_a_clear_error(route
     router.handle(C1, submit("run"), LATE)
     router.handle(C1, submit("also"), LATE)
     router.handle(C1, submit("queued"), LATE)
-    router.handle(C2, Drain(timeout_s=5.0), LATE)
+    router.handle(C2, Drain("", 5.0), LATE)
     assert of(router.tick(LATE + 4.9), Error) == []
     failed = of(router.tick(LATE + 5.0), Error)
     assert sorted(m.request_id for _, m in failed) == ["also", "queued", "run"]
@@ -42,10 +42,10 @@ def test_what_is_unfinished_at_the_drain_deadline_fails_with_a_clear_error(route
 
 
 def test_a_second_drain_brings_the_deadline_nearer_never_further(router):
-    router.handle(C1, Drain(timeout_s=30.0), LATE)
-    (_, reply), = router.handle(C1, Drain(timeout_s=60.0), LATE + 1)
+    router.handle(C1, Drain("", 30.0), LATE)
+    (_, reply), = router.handle(C1, Drain("", 60.0), LATE + 1)
     assert reply.status["draining"]["pool"]["deadline_in_s"] == 29.0
-    (_, reply), = router.handle(C1, Drain(timeout_s=0.0), LATE + 2)
+    (_, reply), = router.handle(C1, Drain("", 0.0), LATE + 2)
     assert reply.status["draining"]["pool"]["deadline_in_s"] == 0.0
 
 
@@ -54,7 +54,7 @@ def test_a_drained_worker_gets_nothing_new_and_its_handed_back_requests_move_onc
     r.handle(W2, ready(slots=2, worker_id="CPU#1@h:2"), LATE)
     r.handle(C1, submit("a", window=8), LATE)  # both idle: the first registered, W1
     assert of(r.handle(C1, submit("b", window=8), LATE), Request)[0][0] == W2
-    (_, reply), = r.handle(C2, Drain(worker="CPU#1"), LATE)
+    (_, reply), = r.handle(C2, Drain("CPU#1", 30.0), LATE)
     assert reply.status["draining"] == {"pool": None, "workers": ["CPU#1@h:2"]}
     assert [w["draining"] for w in reply.status["workers"]] == [False, True]
     assert of(r.handle(C1, submit("c"), LATE), Request)[0][0] == W1
@@ -67,6 +67,6 @@ def test_a_drained_worker_gets_nothing_new_and_its_handed_back_requests_move_onc
 
 
 def test_a_drain_that_names_no_worker_drains_none_and_says_so(router):
-    (_, reply), = router.handle(C1, Drain(worker="GPU.7"), LATE)
+    (_, reply), = router.handle(C1, Drain("GPU.7", 30.0), LATE)
     assert reply.status["draining"] == {"pool": None, "workers": []}
     assert of(router.handle(C1, submit("x"), LATE), Request) != []

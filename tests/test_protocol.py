@@ -48,7 +48,7 @@ EXAMPLES = [
     Ready("w", ["m", "alias"], "GPU.1", 4, "host", 123), Heartbeat(), Disconnect(["r1"]),
     Ready("w", ["m"], "CPU", 4, "host", 123, {"outcome": "hit", "seconds": 0.4, "entry": "f-p"}),
     Supervised("host", 7, [{"name": "GPU.1", "state": "failing", "reason": "cache MISS", "pid": None}]),
-    Request("r1", "m", {"max_tokens": 3}, prompt="hi"), Drain(), Drain("CPU#1", 5.0),
+    Request("r1", "m", {"max_tokens": 3}, prompt="hi"), Drain("", 30.0), Drain("CPU#1", 5.0),
     ModelOrder("gemma3-270m", "load"),
     Shutdown("stopped by a signal"), Shutdown(),
     LoadFailed("CPU@h:9", ["smollm2"], "CPU", "h", 9, "model.unsupported", "architecture 'x' ..."),
