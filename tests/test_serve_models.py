@@ -81,3 +81,24 @@ def test_status_lists_each_on_demand_model_with_its_state_and_loads(capsys):
     out = capsys.readouterr().out
     assert "models" in out and "idle for its keep-alive" in out
     assert "b:CPU: unloaded" not in out  # an unloaded model is no worker failing to start
+
+
+def test_a_model_whose_worker_was_drained_by_hand_loads_again_on_demand():
+    from ovpool.broker.residency import ModelState
+    from ovpool.serve.loads import ModelLoads
+
+    spec = PoolSpec(models=catalog(("a", "b"), None, None), backend="null")
+    sup = Supervisor({n: d for n, (_, d) in spec.workers().items()}, unloaded=frozenset(spec.workers()))
+    loads = ModelLoads(spec, sup)
+    loads.step(0.0, {"queues": {"a": 1}}, {})
+    assert sup.due(0.0) == ["a:CPU"]
+    sup.started("a:CPU", 10, 0.0)
+    sup.ready("a:CPU")
+    loads.step(1.0, {"queues": {}}, {"a:CPU": {"active": 0}})
+    assert loads.residency.state("a") is ModelState.LOADED
+    sup.draining("a:CPU", "retire")  # `ovpool drain a:CPU`
+    sup.exited("a:CPU", 0, 2.0)
+    loads.step(3.0, {"queues": {}}, {})
+    assert loads.residency.state("a") is ModelState.UNLOADED
+    loads.step(4.0, {"queues": {"a": 1}}, {})
+    assert sup.due(4.0) == ["a:CPU"]

@@ -140,6 +140,12 @@ class Residency:
         if m.state is ModelState.UNLOADING:
             m.state = ModelState.UNLOADED
 
+    def gone(self, model: str) -> None:
+        """The workers of ``model`` were stopped by someone else (a drain): it is not loaded."""
+        m = self._models[model]
+        if m.state in RESIDENT:
+            m.state, m.reason = ModelState.UNLOADED, "its workers were drained"
+
     def failed(self, model: str, reason: str) -> None:
         """``model`` cannot load (a bad file, a worker the supervisor gave up on): for good."""
         m = self._models[model]

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from ovpool.broker.residency import Load, ModelState, Residency
+from ovpool.broker.residency import RESIDENT, Load, ModelState, Residency
 from ovpool.serve.spec import PoolSpec
 from ovpool.serve.supervisor import Supervisor, WorkerPhase
 
@@ -98,6 +98,8 @@ class ModelLoads:
                 self.residency.loaded(model, now)
             elif state is ModelState.UNLOADING and all(p is WorkerPhase.UNLOADED for p in phases):
                 self.residency.unloaded(model)
+            elif state in RESIDENT and all(p is WorkerPhase.STOPPED for p in phases):
+                self.residency.gone(model)  # drained for good by hand (`ovpool drain NAME`)
             elif state is ModelState.LOADED and not any(n in registered for n in self.names(model)) \
                     and WorkerPhase.READY not in phases:
                 self.residency.restarting(model)

@@ -136,9 +136,9 @@ class Supervisor:
         return w.state
 
     def load(self, name: str, now: float) -> None:
-        """Start an unloaded worker now (its model is wanted again)."""
+        """Start an unloaded worker (or one drained for good) now: its model is wanted again."""
         w = self._workers[name]
-        if w.state is WorkerPhase.UNLOADED:
+        if w.state in (WorkerPhase.UNLOADED, WorkerPhase.STOPPED) and not self._stopping:
             w.state, w.restart_at, w.fast_failures, w.unloading = WorkerPhase.BACKOFF, now, 0, False
 
     def unload(self, name: str, reason: str) -> bool:
