@@ -102,3 +102,15 @@ def test_a_model_whose_worker_was_drained_by_hand_loads_again_on_demand():
     assert loads.residency.state("a") is ModelState.UNLOADED
     loads.step(4.0, {"queues": {"a": 1}}, {})
     assert sup.due(4.0) == ["a:CPU"]
+
+
+def test_a_pool_whose_every_model_is_bad_is_refused_before_it_starts(tmp_path):
+    from ovpool.serve import preflight
+
+    (tmp_path / "text.gguf").write_text("not a model")
+    spec = PoolSpec(models=catalog((f"a={tmp_path / 'missing.gguf'}", f"b={tmp_path / 'text.gguf'}"),
+                                   None, None), bind=None)
+    with pytest.raises(ConfigError, match="no model can be served: a: .* does not exist.*; b: .*not a GGUF"):
+        preflight.check(spec)
+    good = PoolSpec(models=(*spec.models, ModelEntry("c", "smollm2")), bind=None)
+    assert sorted(preflight.check(good)) == ["a", "b"]  # the others serve; these are failed

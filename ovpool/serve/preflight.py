@@ -47,5 +47,7 @@ def check(spec: PoolSpec) -> dict[str, str]:
                 check_model(model.source)
             except (ConfigError, ModelNotFoundError) as exc:
                 bad[model.name] = str(exc)
+        if spec.on_demand and len(bad) == len(spec.models):  # a pool that could never serve
+            raise ConfigError("no model can be served: " + "; ".join(f"{m}: {why}" for m, why in bad.items()))
     check_ports(spec)
     return bad
