@@ -197,7 +197,8 @@ def test_auto_settings_resolve_to_the_device_defaults():
     # f32 where the plugin would pick bf16 (cpu_class.precision): exact and batch-independent
     assert values["inference_precision"] == cpu_class.precision(default("INFERENCE_PRECISION_HINT"))
     assert values["inference_precision"] == "f32"
-    assert values["kv_cache_precision"] == "f16"  # not the plugin's u8: faster decode (graph.py)
+    assert values["kv_cache_precision"] == "f32"  # at f32 compute: batch-independent (builder.py)
+    assert resolve_auto({"inference_precision": "bf16"}, "CPU", core)["kv_cache_precision"] == "f16"
     assert values["attention"] == "manual" and "auto" not in values.values()
     gpu = resolve_auto({"inference_precision": "f16", "kv_cache_precision": "f16"}, "GPU.1", core)
     assert values["q4_storage"] == gpu["q4_storage"] == "i4"  # no GPU plugin query needed

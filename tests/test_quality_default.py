@@ -24,11 +24,10 @@ def answers(engine: Engine) -> list[str]:
 @pytest.mark.slow
 def test_smollm2_answers_at_the_default_are_the_exact_graphs(smollm2_path):
     with Engine(smollm2_path, cache_dir="") as default:
-        assert default.graph_settings["inference_precision"] == "f32"
+        assert {k: default.graph_settings[k] for k in EXACT} == EXACT  # the default is the exact graph
         got = answers(default)
-    with Engine(smollm2_path, settings=EXACT, cache_dir="") as exact:
-        assert got == answers(exact)
     assert "Paris" in got[0] and got[1].startswith("Hello! How can I")
+    assert "4" in got[2] and "7" in got[3]
 
 
 def test_settings_show_what_each_auto_resolved_to_on_this_host():
@@ -36,7 +35,7 @@ def test_settings_show_what_each_auto_resolved_to_on_this_host():
     assert rows["inference_precision"]["value"] == "auto"
     assert rows["inference_precision"]["resolved"] == "f32"  # on every CPU class
     assert (rows["zero_points"]["resolved"], rows["kquant_requant"]["resolved"]) == ("float", "none")
-    assert rows["kv_cache_precision"]["resolved"] == "f16" and rows["prefix_cache"]["resolved"] == "on"
+    assert rows["kv_cache_precision"]["resolved"] == "f32" and rows["prefix_cache"]["resolved"] == "on"
     assert rows["decode_graph"]["resolved"].startswith("on for model files up to")
     assert "resolved" not in rows["slots"]  # not an auto
     table = CliRunner().invoke(main, ["settings", "--set", "inference_precision=bf16"]).output

@@ -316,14 +316,16 @@ def resolve_auto(graph: GraphConfig | Mapping[str, Any], device: str = "CPU", co
     values = GraphConfig.coerce(graph).values()
     core = core or ov.Core()
     on_cpu = device_type(device) == "CPU"
-    if values["kv_cache_precision"] == "auto" and on_cpu:
-        # The CPU plugin's own default, u8, spends decode time dequantizing: f16 decodes 4-10%
-        # faster on SmolLM2 at a 512-token context (1 and 8 sequences), for twice the KV memory;
-        # and u8's per-block scales make a sequence's numbers depend on how its blocks filled.
-        values["kv_cache_precision"] = "f16"
     if values["inference_precision"] == "auto" and on_cpu:
         values["inference_precision"] = cpu_class.precision(
             _type_name(core.get_property("CPU", "INFERENCE_PRECISION_HINT")))
+    if values["kv_cache_precision"] == "auto" and on_cpu:
+        # The CPU plugin's own default, u8, spends decode time dequantizing, and its per-block
+        # scales make a sequence's numbers depend on how its blocks filled. f16 decodes 4-10%
+        # faster than u8 on SmolLM2 at a 512-token context, but at f32 compute it made a sampled
+        # SmolLM2 request differ batched and alone (AMX) and the SDPA seam differ from the paged
+        # graph (AVX2 kernels): f32 compute keeps f32 KV, exactly the reference's.
+        values["kv_cache_precision"] = "f32" if values["inference_precision"] == "f32" else "f16"
     for name, prop in (("inference_precision", "INFERENCE_PRECISION_HINT"),
                        ("kv_cache_precision", "KV_CACHE_PRECISION")):
         if values[name] == "auto":
