@@ -207,8 +207,9 @@ _SETTINGS = [
             "graph's numbers whatever the batch, where the plugin would pick bf16; the device's own "
             "elsewhere, f16 on GPUs; docs/performance.md, Quality)",
             choices=("auto", "f32", "bf16", "f16"), scopes=(GRAPH,)),
-    Setting("kv_cache_precision", str, "auto", "KV-cache element type (auto: f16 on the CPU, "
-            "faster to decode than its u8 default for twice the memory; the device's default elsewhere)",
+    Setting("kv_cache_precision", str, "auto", "KV-cache element type (auto on the CPU: f32 at f32 "
+            "compute, the same tokens batched or alone; f16 at bf16, faster to decode than the "
+            "plugin's u8 for twice the memory; the device's default elsewhere)",
             choices=("auto", "f32", "f16", "bf16", "u8"), scopes=(GRAPH,)),
     Setting("attention", str, "auto", "single-stream attention: paged (PagedAttention, the batching "
             "graph), sdpa (stateful ScaledDotProductAttention) or manual (stateful MatMul/Softmax); "
