@@ -4,6 +4,7 @@ keeps each word whole and each line within the width; ``--json`` is there for pr
 from __future__ import annotations
 
 import json
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -37,18 +38,21 @@ def test_settings_fit_the_terminal(columns):
 
 @pytest.mark.parametrize("columns", [80, 400])
 def test_cache_ls_fits_the_terminal(tiny_model, columns):
-    # A short directory: pytest's own tmp_path (longer under xdist) would be the widest line.
+    # Short directories: pytest's own tmp_path (longer under xdist and in CI) would be the widest
+    # line, and `ls` prints the model's path whole (a path is only useful unbroken).
     with tempfile.TemporaryDirectory(prefix="c-") as short:
-        _check_cache_ls_fits(tiny_model, Path(short), columns)
+        model = Path(short, "m.gguf")
+        shutil.copyfile(tiny_model(), model)
+        _check_cache_ls_fits(model, Path(short, "cache"), columns)
 
 
-def _check_cache_ls_fits(tiny_model, tmp_path, columns):
-    with Engine(tiny_model(), cache_dir=tmp_path):
+def _check_cache_ls_fits(model, tmp_path, columns):
+    with Engine(model, cache_dir=tmp_path):
         pass
     [row] = json.loads(ovpool("cache", "ls", "--cache-dir", str(tmp_path), "--json").stdout)
     out = ovpool("cache", "ls", "--cache-dir", str(tmp_path), env={"COLUMNS": str(columns)}).stdout
     assert_fits(out, columns, [row["entry"], row["architecture"], row["form"], row["device"],
-                               str(tiny_model()), *(f"{k}={v}" for k, v in row["settings"].items())])
+                               str(model), *(f"{k}={v}" for k, v in row["settings"].items())])
     verify = json.loads(ovpool("cache", "verify", "--cache-dir", str(tmp_path), "--json").stdout)
     assert [(r["entry"], r["ok"]) for r in verify] == [(row["entry"], True)]
 
