@@ -95,12 +95,16 @@ def main() -> None:
           f"apply {apply_ms:.2f} ms")
     for concurrency in (1, 8):
         for i, what in ((0, "tokens/s"), (1, "tokens per CPU s")):
-            free_runs = [r[i] for r in results[concurrency, False]]
-            constrained_runs = [r[i] for r in results[concurrency, True]]
-            ratios = [c / f for c, f in zip(constrained_runs, free_runs, strict=True)]
-            print(f"{concurrency} concurrent, {what}: unconstrained {statistics.median(free_runs):.1f}, "
-                  f"JSON schema {statistics.median(constrained_runs):.1f}, ratio "
-                  f"{statistics.median(ratios):.3f} (rounds: {', '.join(f'{r:.3f}' for r in ratios)})")
+            print(ratio_line(f"{concurrency} concurrent, {what}", [r[i] for r in results[concurrency, False]],
+                             "JSON schema", [r[i] for r in results[concurrency, True]]))
+
+
+def ratio_line(what: str, free_runs: list[float], label: str, held_runs: list[float]) -> str:
+    """One paired result: both sides' medians and the median of the per-round ratios held:free."""
+    ratios = [c / f for c, f in zip(held_runs, free_runs, strict=True)]
+    return (f"{what}: unconstrained {statistics.median(free_runs):.1f}, {label} "
+            f"{statistics.median(held_runs):.1f}, ratio {statistics.median(ratios):.3f} "
+            f"(rounds: {', '.join(f'{r:.3f}' for r in ratios)})")
 
 
 if __name__ == "__main__":

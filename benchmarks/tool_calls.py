@@ -18,7 +18,7 @@ import argparse
 import statistics
 import time
 
-from structured_output import SCHEMA
+from structured_output import SCHEMA, ratio_line
 
 from ovpool import Engine, tools
 from ovpool.sampling_params import SamplingParams
@@ -104,11 +104,8 @@ def main() -> None:
     print(f"10-tool request: validated in {first_ms:.1f} ms the first time, {again_ms:.2f} ms again (client, "
           f"broker), its constraint built with the first mask in {build_ms:.1f} ms (worker)")
     for i, what in ((0, "tokens/s"), (1, "tokens per CPU s")):
-        free_runs, held_runs = [r[i] for r in results[False]], [r[i] for r in results[True]]
-        ratios = [c / f for c, f in zip(held_runs, free_runs, strict=True)]
-        print(f"8 concurrent, {what}: unconstrained {statistics.median(free_runs):.1f}, tool calls "
-              f"{statistics.median(held_runs):.1f}, ratio {statistics.median(ratios):.3f} "
-              f"(rounds: {', '.join(f'{r:.3f}' for r in ratios)})")
+        print(ratio_line(f"8 concurrent, {what}", [r[i] for r in results[False]], "tool calls",
+                         [r[i] for r in results[True]]))
 
 
 if __name__ == "__main__":
