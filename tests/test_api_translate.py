@@ -112,6 +112,12 @@ def test_models_say_chat_unless_a_worker_says_its_model_has_no_template():
         "alias": (1, ["chat", "completion"]), "gemma": (1, ["completion"]),
         "odd": (1, ["chat", "completion"]), "smol": (2, ["chat", "completion"])}
     assert models.one(status, "gemma")["capabilities"] == ["completion"]
+    # A model serve loads on demand says so before any worker runs it: its entries' ``chat``.
+    status["supervised"] = [{"model": "base", "residency": "unloaded", "chat": 0},
+                            {"model": "instruct", "residency": "unloaded", "chat": 1}]
+    assert [(m["id"], m["state"], m["capabilities"]) for m in models.listed(status)][1:3] == [
+        ("base", "unloaded", ["completion"]), ("gemma", "loaded", ["completion"])]
+    assert models.one(status, "instruct")["capabilities"] == ["chat", "completion"]
     with pytest.raises(errors.ModelNotFoundError, match="'nope'"):
         models.one(status, "nope")
 

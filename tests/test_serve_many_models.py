@@ -104,12 +104,16 @@ def test_a_bad_model_is_failed_and_its_requests_fail_at_once_while_the_others_se
     (tmp_path / "text.gguf").write_text("not a model")
     mamba = unsupported_model(tmp_path / "mamba.gguf")
     with serve(tmp_path, "--model", f"smollm2={smollm2_path}", "--model", f"notgguf={tmp_path / 'text.gguf'}",
-               "--model", f"mamba={mamba}", http=True) as served, \
+               "--model", f"mamba={mamba}", "--model", "gemma3-270m", http=True) as served, \
             Client(served.endpoint) as client:
         served.wait_service("http")
         listed = wait_for(lambda: (m := _models(served.http_port))["notgguf"]["state"] == "failed" and m,
                           30, "the file that is no GGUF to be failed")
         assert "is not a GGUF file" in listed["notgguf"]["reason"]
+        # Before either loads: the base model says it takes prompts only, read from its header.
+        gemma = listed["gemma3-270m"]
+        assert (gemma["state"], gemma["capabilities"]) == ("unloaded", ["completion"])
+        assert listed["smollm2"]["capabilities"] == ["chat", "completion"]
         started = time.monotonic()
         with pytest.raises(errors.ModelNotFoundError, match="not a GGUF file"):
             client.complete("hi", model="notgguf", max_tokens=2, timeout=30)

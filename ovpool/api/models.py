@@ -2,8 +2,9 @@
 
 Each model says what it can serve in ``capabilities``: ``completion`` always, and ``chat`` unless a
 worker serving it reported that its model has no chat template (READY's ``load.chat`` false,
-protocol.load_to_wire): a base model such as gemma3-270m takes prompts only, and its workers answer
-a chat request with a 400 that says so. A worker that does not say (the null backend, an older
+protocol.load_to_wire), or serve did for a model it loads on demand (its entries' ``chat`` 0): a
+base model such as gemma3-270m takes prompts only, and its workers answer a chat request with a 400
+that says so. A worker that does not say (the null backend, an older
 worker) is taken to chat.
 
 Each model has a ``state``: ``loaded`` when a worker serves it; a model `ovpool serve` loads on
@@ -29,6 +30,7 @@ def listed(status: dict[str, Any]) -> list[dict[str, Any]]:
             counts[name] = counts.get(name, 0) + 1
             if isinstance(load, dict) and load.get("chat") is False:
                 templateless.add(name)
+    templateless |= {e["model"] for e in status.get("supervised", []) if e.get("chat") == 0}  # unloaded
     created = int(time.time() - status["uptime_s"])
     states = _residency(status)
     return [{"id": name, "object": "model", "created": created, "owned_by": "ovpool",

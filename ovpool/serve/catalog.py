@@ -38,6 +38,9 @@ class ModelEntry:
     devices: tuple[str, ...] = ()
     keep_alive_s: float | None = None
     pinned: bool = False
+    # Whether its GGUF has a chat template (the CLI reads the header; serve never imports the
+    # worker), so /v1/models can say so before it loads; None: not known.
+    chat: bool | None = None
 
     def policy(self, keep_alive_s: float) -> ModelPolicy:
         keep = self.keep_alive_s if self.keep_alive_s is not None else keep_alive_s

@@ -27,6 +27,7 @@ class ModelLoads:
     def __init__(self, spec: PoolSpec, supervisor: Supervisor, drain: DrainFn | None = None):
         self.residency = Residency(spec.policies(), spec.max_loaded)
         self._workers = {name: model.name for name, (model, _) in spec.workers().items()}
+        self._chat = {m.name: int(m.chat) for m in spec.models if m.chat is not None}
         self._supervisor = supervisor
         self._drain = drain
         self._draining: set[str] = set()  # worker names drained at the broker, not stopped yet
@@ -77,7 +78,9 @@ class ModelLoads:
         self._draining.discard(name)
 
     def describe(self, worker: str, now: float) -> dict:
-        return self.residency.describe(self._workers[worker], now)
+        model = self._workers[worker]
+        chat = {"chat": self._chat[model]} if model in self._chat else {}
+        return {**self.residency.describe(model, now), **chat}
 
     def _unload(self, name: str, reason: str, registered: dict[str, dict]) -> None:
         if self._supervisor.unload(name, reason):
