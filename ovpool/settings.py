@@ -197,6 +197,11 @@ _SETTINGS = [
             "a prompt whose beginning any of them computed loads it instead of computing it; only "
             "with a cache directory and where prefix_cache is on (docs/prefix-caching.md)",
             scopes=(WORKER,)),
+    Setting("kv_events_endpoint", str, "", "publish the prefix cache's block events (stored, removed, "
+            "all cleared) on a ZeroMQ PUB socket here, in vLLM's KV-events format, topic "
+            "kv@<host>@<model>, for a gateway's prefix-aware endpoint picker: tcp://*:5557 binds, "
+            "tcp://host:port connects; empty: off (docs/operations.md, Beyond one host)",
+            scopes=(WORKER,)),
     Setting("kv_tier_mb", int, 1024, "MiB of disk the KV tier may take (every model's blocks "
             "together; least recently used blocks go first)", minimum=1, scopes=(WORKER,)),
     Setting("cache_max_mb", int, 20480, "MiB the whole cache directory may take (compiled models "

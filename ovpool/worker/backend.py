@@ -64,6 +64,9 @@ class Backend(Runtime, Protocol):
 
     def held_route_keys(self, limit: int) -> list[bytes]: ...
 
+    def kv_events(self) -> tuple[int, list]:
+        """(block size, prefix-cache block events since the last call: ovpool.worker.kv_events)."""
+
     def idle(self) -> bool | None:
         """Nothing is running or waiting: a moment for one-time work (e.g. kernel set-up). True: it
         has more to do later in this idle period (the worker calls it again at its next poll);
@@ -141,6 +144,13 @@ class EngineBackend:
     def held_route_keys(self, limit: int) -> list[bytes]:
         """The batcher's (the single-stream sessions keep no route keys)."""
         return self._batcher.held_route_keys(limit) if self._batcher is not None else []
+
+    def kv_events(self) -> tuple[int, list]:
+        """(block size, the batcher's prefix-cache block events since the last call); the
+        single-stream sessions cache no blocks."""
+        if self._batcher is None:
+            return 0, []
+        return self._batcher.runner.block_size, self._batcher.kv_events()
 
     def _runners(self) -> list[Runtime]:
         return [self._interleaved] + ([self._batcher] if self._batcher is not None else [])

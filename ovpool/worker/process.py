@@ -56,6 +56,7 @@ from ovpool.protocol import (
     send_frames,
 )
 from ovpool.worker.backend import Backend, Failed, Finished, Token
+from ovpool.worker.kv_events import KvEventPublisher, topic
 from ovpool.worker.link import BrokerLink
 from ovpool.worker.prefix_report import PrefixReport
 
@@ -118,8 +119,12 @@ class Worker:
         self._deferred: dict[str, Request] = {}  # arrived while the idle work runs
         self._prefixes = PrefixReport(backend)
         self._refused = False  # the broker refused this worker's key as a worker's (said once)
+        self._kv_events = (KvEventPublisher(config.kv_events_endpoint, topic(backend.models[0]))
+                           if config.kv_events_endpoint else None)
 
     def __enter__(self) -> Worker:
+        if self._kv_events is not None:
+            self._kv_events.__enter__()
         self._link = BrokerLink(self._context, self.broker, self.config, self.ready)
         self._link.start()
         self._registered()
@@ -139,6 +144,8 @@ class Worker:
             self._link.stop(linger_s=timing.HEARTBEAT_INTERVAL_S)
             self._link = None
         self._context.term()
+        if self._kv_events is not None:
+            self._kv_events.__exit__()
 
     def run(self, stop: threading.Event) -> None:
         log.info("worker %s serving %s with %d slots via %s", self.ready.worker_id, self.ready.models,
@@ -228,7 +235,10 @@ class Worker:
 
     def _step(self) -> None:
         active = self._active
-        for ev in self.backend.step():
+        events = self.backend.step()
+        if self._kv_events is not None:
+            self._kv_events.publish(*self.backend.kv_events(), time.time())
+        for ev in events:
             rid = ev.request_id
             if isinstance(ev, Token):
                 d, seq = ev.delta, active[rid]

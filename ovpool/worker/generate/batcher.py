@@ -110,6 +110,10 @@ class Batcher:
         """Route keys of requests whose KV chain is still cached, most recently used first."""
         return self.scheduler.held_keys(limit)
 
+    def kv_events(self) -> list:
+        """The prefix cache's block events since the last call (blocks.Stored / Removed)."""
+        return self.scheduler.pool.drain()
+
     def add(self, request_id: str, prompt: Any, params: SamplingParams,
             route_keys: Sequence[bytes] = ()) -> None:
         """Admit a request: at once when it is cheap, else on the Preparer's thread (a long

@@ -12,6 +12,10 @@ A block is in one of three states:
 ``kv_cache_mb``: caching never takes a block a sequence needs. A full block's address chains the
 address of everything before it (``chain_hash``), so equal addresses mean equal prefixes, and the
 first one is seeded with the graph's identity, so two models never share a block.
+
+``events`` reports what the cache gains and loses (``Stored``, ``Removed``) for a gateway's prefix
+index (ovpool.worker.kv_events publishes them); a bounded outbox, so a worker that publishes
+nothing keeps only the latest.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from __future__ import annotations
 import hashlib
 from collections import OrderedDict, deque
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -50,6 +55,25 @@ def chain_hashes(seed: bytes, tokens: Sequence[int], block_size: int, start: Seq
     return hashes
 
 
+@dataclass(frozen=True)
+class Stored:
+    """A full block with content ``address`` (after ``parent``; None: the first) is now cached."""
+
+    address: bytes
+    parent: bytes | None
+    tokens: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Removed:
+    """The block with content ``address`` was evicted: its prefix is no longer cached here."""
+
+    address: bytes
+
+
+_EVENTS_MAX = 65536  # unread events kept (a publisher drains them every step)
+
+
 class BlockPool:
     """``num_blocks`` KV blocks; ``caching=False`` keeps no content (every freed block is empty)."""
 
@@ -63,6 +87,7 @@ class BlockPool:
         self._by_address: dict[bytes, int] = {}
         self._lru: OrderedDict[int, None] = OrderedDict()  # cached blocks, least recently used first
         self.evictions = 0
+        self.events: deque[Stored | Removed] = deque(maxlen=_EVENTS_MAX)
 
     @property
     def available(self) -> int:
@@ -86,8 +111,10 @@ class BlockPool:
             block = self._empty.popleft()
         else:
             block, _ = self._lru.popitem(last=False)
-            del self._by_address[self._address.pop(block)]
+            address = self._address.pop(block)
+            del self._by_address[address]
             self.evictions += 1
+            self.events.append(Removed(address))
         self._refs[block] = 1
         return block
 
@@ -109,13 +136,22 @@ class BlockPool:
             n += 1
         return n
 
-    def register(self, block: int, address: bytes) -> None:
-        """``block`` (in use) now holds the full, computed content ``address``. If another block
-        already holds it (two sequences computed the same prefix side by side), that one stays
-        the cached copy and this one is emptied when freed."""
+    def register(self, block: int, address: bytes, parent: bytes | None = None,
+                 tokens: Sequence[int] = ()) -> None:
+        """``block`` (in use) now holds the full, computed content ``address``, the ``tokens``
+        after the block ``parent`` (for ``events``). If another block already holds it (two
+        sequences computed the same prefix side by side), that one stays the cached copy and this
+        one is emptied when freed."""
         if self.caching and address not in self._by_address and block not in self._address:
             self._address[block] = address
             self._by_address[address] = block
+            self.events.append(Stored(address, parent, tuple(tokens)))
+
+    def drain(self) -> list[Stored | Removed]:
+        """The events since the last drain, oldest first."""
+        out = list(self.events)
+        self.events.clear()
+        return out
 
     def release(self, blocks: Sequence[int]) -> None:
         """The caller no longer holds ``blocks`` (a block table, first block first)."""

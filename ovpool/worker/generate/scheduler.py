@@ -255,7 +255,7 @@ class Scheduler:
             full = seq.computed // self.block_size
             seq.addresses = self._addresses(seq, full)
             for i in range(seq.registered, full):
-                self.pool.register(seq.blocks[i], seq.addresses[i])
+                self.pool.register(seq.blocks[i], seq.addresses[i], *self._content(seq, i))
                 if self.tier is not None and (i + 1) * self.block_size <= seq.prompt:
                     self.tier.save(seq.addresses[i], seq.blocks[i])
             seq.registered = max(seq.registered, full)
@@ -299,8 +299,13 @@ class Scheduler:
                 if not self.tier.load(address, block):
                     self.pool.release([block])
                     return
-                self.pool.register(block, address)
+                self.pool.register(block, address, *self._content(seq, len(seq.blocks)))
             seq.blocks.append(block)
+
+    def _content(self, seq: _Seq, i: int) -> tuple[bytes | None, Sequence[int]]:
+        """Block ``i``'s parent address and tokens, as BlockPool.register reports them."""
+        begin = i * self.block_size
+        return (seq.addresses[i - 1] if i else None), seq.tokens[begin:begin + self.block_size]
 
     def _addresses(self, seq: _Seq, blocks: int | None = None) -> list[bytes]:
         return chain_hashes(self.seed, seq.tokens, self.block_size, seq.addresses, blocks,
