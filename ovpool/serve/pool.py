@@ -100,8 +100,9 @@ class Pool:
             for name in self.supervisor.due(now):
                 self._spawn(name, now)
             # Several models: the broker's queues are read every round, so a request for an
-            # unloaded model waits one poll interval at most before its load starts.
-            if now >= next_check or self.spec.on_demand:
+            # unloaded model waits one poll interval at most before its load starts; a signal's
+            # order is followed in the round it arrives (readiness turns 503 within ~0.1 s).
+            if now >= next_check or self.spec.on_demand or orders.drain.is_set() or orders.roll.is_set():
                 self._check_ready()
                 self._place(now)
                 self._broker_status = self.conductor.follow(orders, now, self._broker_status)
