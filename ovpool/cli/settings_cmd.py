@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import textwrap
+from typing import TYPE_CHECKING
 
 import click
 
 from ovpool.cli.common import emit_json, resolve_settings, settings_options
 from ovpool.settings import REGISTRY, SCOPES, VARIABLES, Setting, Settings
+
+if TYPE_CHECKING:
+    import openvino as ov
+
+    from ovpool.config import WorkerConfig
 
 _SCOPE_TITLES = {"client": "Clients (ovpool.Client, the HTTP API's client)", "broker": "The broker",
                  "worker": "Workers (and Engine)", "graph": "The compiled graph (cache fingerprint)",
@@ -54,16 +60,27 @@ def _text(value, resolved: str | None = None) -> str:
 def resolved_autos(settings: Settings) -> tuple[dict[str, str], str]:
     """What each setting left at ``auto`` means for a worker of ``settings`` on this host (the
     worker's own choices; a model-dependent one as its rule), and a line naming the host's CPU
-    class and what the CPU plugin does with a compressed MatMul's activations."""
+    class and what the CPU plugin does with a compressed MatMul's activations. A device that
+    cannot be opened here (no GPU, no driver) resolves nothing, and the line says why."""
     import openvino as ov
 
     from ovpool.config import WorkerConfig
+
+    config = WorkerConfig.of(settings)
+    try:
+        return _resolve(config, ov.Core())
+    except RuntimeError as exc:  # OpenVINO's, translated here: its last line names the cause
+        why = str(exc).strip().splitlines()[-1][:200]
+        return {}, f"{config.device}: cannot be opened on this host, so no auto is resolved ({why})"
+
+
+def _resolve(config: WorkerConfig, core: ov.Core) -> tuple[dict[str, str], str]:
     from ovpool.worker.engine import exact_prefix_cache
     from ovpool.worker.graph import builder, decode, loading
     from ovpool.worker.graph.cpu_class import CpuInfo
 
-    config, core = WorkerConfig.of(settings), ov.Core()
-    graph = builder.resolve_auto(config.graph, config.device, core)
+    cpu = CpuInfo.read(core)
+    graph = builder.resolve_auto(config.graph, config.device, core, cpu=cpu)
     autos = {name: str(graph[name]) for name, value in config.graph.values().items() if value == "auto"}
     if "attention" in autos:
         autos["attention"] = loading.choose_attention(config.graph, config.device, core, None)
@@ -74,7 +91,6 @@ def resolved_autos(settings: Settings) -> tuple[dict[str, str], str]:
     if config.prefix_cache == "auto":
         autos["prefix_cache"] = exact_prefix_cache(config.device, graph)
     group = builder.compile_config(graph, config.device, core).get("DYNAMIC_QUANTIZATION_GROUP_SIZE", 32)
-    cpu = CpuInfo.read(core)
     int8 = "int8 in groups of 32 (16 with Q6_K weights)" if group and cpu.vnni else "off (f32 activations)"
     return autos, f"{config.device}: {cpu.describe()}; compressed MatMuls' int8 activations: {int8}"
 
