@@ -9,6 +9,7 @@ checks are O(1) for the common case (ASCII strings, small maps), so the hot path
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterator
 from typing import Any
@@ -106,7 +107,8 @@ def messages(value: Any, param: str = "messages") -> list:
             raise InvalidRequestError(f"{param}[{i}]: must be a map with role and content",
                                       param=f"{param}[{i}]")
         text(message.get("role"), f"{param}[{i}].role", MAX_NAME_CHARS)
-        if message.get("content") is not None or not _tool_calls(message, f"{param}[{i}]"):
+        calls = _tool_calls(message, f"{param}[{i}]")  # checked whether or not there is content
+        if message.get("content") is not None or not calls:
             total += len(text(message.get("content"), f"{param}[{i}].content"))
         if "name" in message:
             text(message["name"], f"{param}[{i}].name", MAX_NAME_CHARS)
@@ -129,7 +131,24 @@ def _tool_calls(message: dict, param: str) -> bool:
             and is_text(c["function"].get("arguments")) for c in calls):
         raise InvalidRequestError(f'{param}.tool_calls: must be a list of {{"id": ..., "type": "function", '
                                   '"function": {"name": ..., "arguments": "<JSON text>"}}', param=param)
+    for j, c in enumerate(calls):
+        _arguments(c["function"]["arguments"], f"{param}.tool_calls[{j}].function.arguments")
     return True
+
+
+def _arguments(text: str, param: str) -> None:
+    """A history call's arguments that are JSON must come out of the worker's template again: it
+    parses them and writes them with ``tojson``, where an escaped lone surrogate becomes one that
+    UTF-8 cannot encode, and nesting past the parser's recursion fails."""
+    try:
+        json.dumps(json.loads(text), ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:  # a ValueError too: first
+        raise InvalidRequestError(f"{param}: holds an escaped lone surrogate, which UTF-8 cannot encode",
+                                  param=param) from None
+    except ValueError:
+        return  # not JSON: the template gets the text as it is
+    except RecursionError:
+        raise InvalidRequestError(f"{param}: nested too deeply", param=param) from None
 
 
 def request_tokens(choices: int, max_tokens: int, param: str = "max_tokens") -> None:

@@ -147,7 +147,7 @@ _SCHEMA = _raw('{"type": "object", "properties": {"a": {"type": "integer"}}, "re
                '{"type": "object", "properties": {"a": {"maximum": 36893488147419103232}}}')
 _NAME = _raw('"get_weather"', '"add"', '"bad name"', '"' + "x" * 65 + '"', '"\\ud800"')
 _ID = _raw('"call_1"', '"toolu_1"', '"\\ud800"', '""')
-_ARGS = _raw('"{\\"a\\": 1}"', '"{}"', '"not json"', '{"a": 1}')
+_ARGS = _raw('"{\\"a\\": 1}"', '"{}"', '"not json"', '{"a": 1}', '"{\\"a\\": \\"\\\\ud800\\"}"')
 _PARALLEL = _raw("true", "false")
 
 

@@ -90,6 +90,26 @@ def test_history_with_null_content_and_tool_results_passes_the_checks():
         bounds.messages([{"role": "user", "content": None}])
 
 
+@pytest.mark.parametrize("content", [None, "Let me look."])
+@pytest.mark.parametrize("arguments, words", [
+    ('{"city": "\\ud800"}', "lone surrogate"),     # the template would write it back unencodable
+    ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
+])
+def test_history_call_arguments_the_template_cannot_write_are_refused(content, arguments, words):
+    from ovpool import bounds
+
+    def history(args: str) -> list:
+        call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": args}}
+        return [{"role": "user", "content": "hi"},
+                {"role": "assistant", "content": content, "tool_calls": [call]}]
+
+    with pytest.raises(InvalidRequestError, match=words) as info:
+        bounds.messages(history(arguments))
+    assert info.value.param == "messages[1].tool_calls[0].function.arguments"
+    for fine in ('{"n": 123456789012345678901234567890}', "not JSON", '{"city": "\\u00e9"}'):
+        assert bounds.messages(history(fine)) == history(fine)  # big numbers, text, escapes: as given
+
+
 def test_closing_objects_only_narrows_a_schema():
     schema = {"type": "object", "properties": {"a": {"type": "object", "properties": {"b": {}}}},
               "$defs": {"d": {"properties": {"c": {}}}},
