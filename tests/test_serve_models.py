@@ -104,6 +104,27 @@ def test_a_model_whose_worker_was_drained_by_hand_loads_again_on_demand():
     assert sup.due(4.0) == ["a:CPU"]
 
 
+def test_unloading_a_model_drains_its_worker_by_its_exact_id_not_its_bare_name():
+    from ovpool.broker.residency import ModelState
+    from ovpool.serve.loads import ModelLoads
+
+    spec = PoolSpec(models=catalog(("a", "b"), None, None), backend="null")
+    sup = Supervisor({n: d for n, (_, d) in spec.workers().items()}, unloaded=frozenset(spec.workers()))
+    drained: list[str] = []
+    loads = ModelLoads(spec, sup, drained.append)
+    loads.step(0.0, {"queues": {"a": 1}}, {})
+    sup.started("a:CPU", 10, 0.0)
+    sup.ready("a:CPU")
+    mine = {"a:CPU": {"active": 0, "id": "a:CPU@hostA:10"}}
+    loads.step(1.0, {"queues": {}}, mine)
+    assert loads.residency.state("a") is ModelState.LOADED
+    order = {"id": "o1", "model": "a", "action": "unload"}
+    loads.step(2.0, {"queues": {}, "model_orders": [order]}, mine)
+    # the bare "a:CPU" would drain host B's a:CPU at the broker too
+    assert drained == ["a:CPU@hostA:10"]
+    assert loads.step(3.0, {"queues": {}, "model_orders": [order]}, mine) == ["a:CPU"]
+
+
 def test_a_pool_whose_every_model_is_bad_is_refused_before_it_starts(tmp_path):
     from ovpool.serve import preflight
 

@@ -20,7 +20,7 @@ from ovpool.serve.supervisor import Supervisor, WorkerPhase
 
 log = logging.getLogger(__name__)
 
-DrainFn = Callable[[str], None]  # take a worker (by name) out of the broker's placement
+DrainFn = Callable[[str], None]  # take a worker (by its exact registered id) out of placement
 
 
 class ModelLoads:
@@ -85,9 +85,11 @@ class ModelLoads:
     def _unload(self, name: str, reason: str, registered: dict[str, dict]) -> None:
         if self._supervisor.unload(name, reason):
             return  # not running: nothing to stop
-        if self._drain is not None and name in registered:
+        # By its registered id (``name@host:pid``): the broker matches a bare name on every host.
+        worker_id = registered.get(name, {}).get("id")
+        if self._drain is not None and worker_id:
             try:
-                self._drain(name)
+                self._drain(worker_id)
             except Exception as exc:  # a broker that does not answer: the worker hands back instead
                 log.warning("could not drain worker %s before unloading it: %s", name, exc)
         self._draining.add(name)
