@@ -30,7 +30,7 @@ from ovpool.worker.generate.admission import Preparer
 from ovpool.worker.generate.batch import PagedGraph, PagedRunner, PagedSession
 from ovpool.worker.generate.constraint import Constraint, masks_for
 from ovpool.worker.generate.generation import Generation
-from ovpool.worker.generate.intake import Admitted, Intake
+from ovpool.worker.generate.intake import Admitted, Intake, format_param
 from ovpool.worker.generate.kv_tier import BlockTier, TierLink
 from ovpool.worker.generate.scheduler import Scheduler
 from ovpool.worker.generate.session import warm_up
@@ -124,7 +124,7 @@ class Batcher:
             return
         self._unprepared[request_id] = (params, keys)
         self._preparer.submit(request_id, lambda: self._admit(prompt, params), self.intake.vocabulary,
-                              fmt, params.ignore_eos, "tools" if params.calls_tools else "response_format")
+                              fmt, params.ignore_eos, format_param(params))
 
     def _admit(self, prompt: Any, params: SamplingParams) -> list[int]:
         ids = self.intake.ids(prompt, params)

@@ -121,7 +121,7 @@ class Intake:
         fmt = self.output_format(params)
         if fmt is None:
             return None
-        return self.vocabulary().constraint(fmt, ignore_eos=params.ignore_eos, param=_param(params))
+        return self.vocabulary().constraint(fmt, ignore_eos=params.ignore_eos, param=format_param(params))
 
     def vocabulary(self) -> Vocabulary:
         """This model's vocabulary for constrained decoding, built on first use (a batcher's
@@ -137,7 +137,7 @@ class Intake:
         return self.tokenizer.encode(text, add_special=add_special)
 
 
-def _param(params: SamplingParams) -> str:
+def format_param(params: SamplingParams) -> str:
     """The field an output format's error names."""
     return "tools" if params.calls_tools else "response_format"
 
