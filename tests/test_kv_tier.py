@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -32,15 +33,40 @@ def test_a_block_file_round_trips_and_a_damaged_one_is_a_miss_and_removed(tmp_pa
         t.put(b"a" * 16, b"x" * 1000)
         t.put(b"b" * 16, b"y" * 1000)
         t.flush()
-    assert t.get(b"a" * 16) == b"x" * 1000
+    assert t.get(b"a" * 16, 1000) == b"x" * 1000
     truncated, flipped = t.path(b"a" * 16), t.path(b"b" * 16)
     truncated.write_bytes(truncated.read_bytes()[:-1])
     data = bytearray(flipped.read_bytes())
     data[500] ^= 1
     flipped.write_bytes(bytes(data))
-    assert t.get(b"a" * 16) is None and t.get(b"b" * 16) is None and t.get(b"c" * 16) is None
+    assert t.get(b"a" * 16, 1000) is None and t.get(b"b" * 16, 1000) is None
+    assert t.get(b"c" * 16, 1000) is None
     assert not truncated.exists() and not flipped.exists()
     assert t.stats["corrupt"] == 2 and not list((tmp_path / "v1" / "tmp").iterdir())
+
+
+def test_a_file_that_is_no_block_of_the_size_is_a_miss_and_never_read_whole(tmp_path):
+    with tier(tmp_path) as t:
+        t.put(b"a" * 16, b"x" * 1000)
+        t.flush()
+    t.dir.mkdir(parents=True, exist_ok=True)
+    oversized, wrong = t.path(b"o" * 16), t.path(b"w" * 16)
+    with open(oversized, "wb") as f:  # sparse: 8 GiB that a whole read would allocate
+        f.truncate(8 << 30)
+    wrong.write_bytes(t.path(b"a" * 16).read_bytes()[:-10] + bytes(20))
+    zero, fifo = t.path(b"z" * 16), t.path(b"f" * 16)
+    zero.symlink_to("/dev/zero")
+    os.mkfifo(fifo)
+    start = time.monotonic()
+    for address in (b"o", b"w", b"z", b"f"):
+        assert t.get(address * 16, 1000) is None
+    assert time.monotonic() - start < 5
+    assert not oversized.exists() and not wrong.exists() and t.stats["corrupt"] == 2
+    assert zero.is_symlink() and fifo.exists() and t.stats["misses"] == 2  # not a block: left alone
+    assert t.get(b"a" * 16, 1000) == b"x" * 1000
+    results = {r["block"].split("/")[1][:2]: r for r in kv.check(t.dir.parent)}
+    assert results[zero.name[:2]]["problem"] == results[fifo.name[:2]]["problem"] == "not a regular file"
+    assert results[t.path(b"a" * 16).name[:2]]["ok"] and len(results) == 3
 
 
 def test_cache_verify_and_ls_know_the_kv_tier(tmp_path):
@@ -65,7 +91,7 @@ def test_the_tier_stays_within_its_budget_least_recently_used_out(tmp_path):
         t.flush()
         for i in range(8):  # an old block read again is recent again
             os.utime(t.path(bytes([i]) * 16), (i, i))
-        assert t.get(bytes([0]) * 16) is not None
+        assert t.get(bytes([0]) * 16, 1000) is not None
         for i in range(8, 12):
             t.put(bytes([i]) * 16, b"z" * 1000)
         t.flush()
@@ -79,11 +105,11 @@ def test_an_unwritable_tier_warns_once_and_still_reads(tmp_path, caplog):
         t.put(b"a" * 16, b"x" * 100)
         t.flush()
     with read_only(tmp_path), tier(tmp_path) as t:
-        assert t.get(b"a" * 16) == b"x" * 100
+        assert t.get(b"a" * 16, 100) == b"x" * 100
         for i in range(3):
             t.put(bytes([i]) * 16, b"y" * 100)
         t.flush()
-        assert not t.writable and t.get(bytes([1]) * 16) is None
+        assert not t.writable and t.get(bytes([1]) * 16, 100) is None
     assert caplog.text.count("takes no more blocks") == 1
 
 
@@ -126,7 +152,8 @@ class Blocks:
 
 
 class MemoryTier(dict):
-    get = dict.get
+    def get(self, address: bytes, size: int) -> bytes | None:
+        return dict.get(self, address)
 
     def put(self, address: bytes, payload: bytes) -> None:
         self[address] = payload

@@ -12,8 +12,9 @@ is only ever read by a graph that would have computed the same bytes. A file is 
 (``MAGIC``, the payload's length, its crc32) and the block's bytes, written to tmp/ + fsync +
 rename (``CacheStore.write_file``): a reader sees a whole block or none, and of two processes
 writing one block the last rename wins with the same bytes. A file whose size, magic or crc32 is
-wrong is a miss and is removed. A block's last use is its mtime (set on every hit): the tier's
-LRU clock, and that of the cache directory's budget (ovpool.cache.budget).
+wrong is a miss and is removed; a ``.kv`` that is not a regular file (a symlink, a FIFO) is a
+miss left alone, and no read takes more than one block's bytes. A block's last use is its mtime
+(set on every hit): the tier's LRU clock, and that of the cache directory's budget (ovpool.cache.budget).
 
 Writes run on a thread of their own, off the step loop; a write that fails (disk full, read-only
 or unwritable directory) logs one warning and turns writing off for the process; reads go on.
@@ -24,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import stat
 import struct
 import threading
 import time
@@ -89,16 +91,68 @@ def trim(kv_dir: Path, budget_bytes: int, to_bytes: int | None = None) -> tuple[
 
 
 def check(kv_dir: Path) -> list[dict]:
-    """Every block file with ``ok`` and, if not, its ``problem`` (``ovpool cache verify``)."""
+    """Every block file with ``ok`` and, if not, its ``problem`` (``ovpool cache verify``). A
+    ``.kv`` that is not a regular file (a symlink, FIFO or directory) is flagged, never read; a
+    regular one is checked a chunk at a time (its length against its header, then its crc32)."""
     results = []
     for _, size, path in blocks(kv_dir):
         try:
-            ok = unpack(path.read_bytes()) is not None
+            fd = _open_regular(path)
         except OSError:
-            ok = False
-        results.append({"block": f"{path.parent.name}/{path.name}", "ok": ok,
-                        "problem": None if ok else f"not a whole block ({size} bytes, or its crc32 differs)"})
+            fd = None
+        if fd is None:
+            problem = "not a regular file"
+        else:
+            try:
+                whole = _whole(fd, size)
+            except OSError:
+                whole = False
+            finally:
+                os.close(fd)
+            problem = None if whole else f"not a whole block ({size} bytes, or its crc32 differs)"
+        results.append({"block": f"{path.parent.name}/{path.name}", "ok": problem is None,
+                        "problem": problem})
     return results
+
+
+def _open_regular(path: Path) -> int | None:
+    """A read-only descriptor of ``path`` if it is a regular file, else None (a symlink is not
+    followed, a FIFO not waited on); OSError if it is not there."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    try:
+        st = os.fstat(fd)
+    except OSError:
+        os.close(fd)
+        raise
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        return None
+    return fd
+
+
+def _read(fd: int, n: int) -> bytes:
+    chunks, left = [], n
+    while left > 0:
+        chunk = os.read(fd, min(left, 1 << 20))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
+def _whole(fd: int, size: int) -> bool:
+    """Whether the open block file of ``size`` bytes is whole: magic, length and crc32."""
+    head = _read(fd, HEADER.size)
+    if len(head) < HEADER.size:
+        return False
+    magic, length, crc = HEADER.unpack(head)
+    if magic != MAGIC or HEADER.size + length != size:
+        return False
+    running = 0
+    while chunk := os.read(fd, 1 << 20):
+        running = zlib.crc32(chunk, running)
+    return running == crc
 
 
 class DiskTier:
@@ -124,18 +178,31 @@ class DiskTier:
     def path(self, address: bytes) -> Path:
         return self.dir / f"{address.hex()}{SUFFIX}"
 
-    def get(self, address: bytes) -> bytes | None:
-        """The block's bytes, or None (not there, or damaged: then removed)."""
+    def get(self, address: bytes, size: int) -> bytes | None:
+        """The block's ``size`` bytes, or None: not there or not a regular file (a symlink, FIFO or
+        directory: a miss, left alone), or damaged (a file of another length than a block of
+        ``size``, or a wrong magic or crc32: then removed). Reads at most the one block's bytes."""
         path, start = self.path(address), time.perf_counter()
+        want = HEADER.size + size
         try:
-            data = path.read_bytes()
+            fd = _open_regular(path)
+        except OSError:
+            fd = None
+        if fd is None:
+            self.stats["misses"] += 1
+            return None
+        try:
+            length = os.fstat(fd).st_size
+            data = _read(fd, want) if length == want else b""
         except OSError:
             self.stats["misses"] += 1
             return None
-        payload = unpack(data)
+        finally:
+            os.close(fd)
+        payload = unpack(data) if len(data) == want else None
         if payload is None:
             log.warning("KV tier: %s is damaged (%d bytes): removed, the block is recomputed",
-                        path, len(data))
+                        path, length)
             self.stats["corrupt"] += 1
             with contextlib.suppress(OSError):
                 path.unlink()

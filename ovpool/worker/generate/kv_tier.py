@@ -2,8 +2,9 @@
 for a sequence whose chain the pool no longer (or never) held.
 
 The tier is handed in (the host's disk tier, ovpool.cache.kv, which the engine opens: generation
-never reaches the cache itself); all it needs is ``get(address) -> bytes | None`` and
-``put(address, bytes)``. Only blocks whose every position a prompt pass computed go down
+never reaches the cache itself); all it needs is ``get(address, size) -> bytes | None`` (``size``:
+the runner's ``block_bytes``; the tier reads no more than one block's bytes, and a file of another
+size is no block) and ``put(address, bytes)``. Only blocks whose every position a prompt pass computed go down
 (``prefix_cache=on``'s exact rule: ovpool.worker.generate.blocks.chain_hashes), so a block loaded
 back holds the bytes the new sequence's own prompt pass would have written.
 """
@@ -14,7 +15,7 @@ from typing import Protocol
 
 
 class BlockTier(Protocol):
-    def get(self, address: bytes) -> bytes | None: ...
+    def get(self, address: bytes, size: int) -> bytes | None: ...
 
     def put(self, address: bytes, payload: bytes) -> None: ...
 
@@ -37,9 +38,10 @@ class TierLink:
         self.loaded = self.saved = 0
 
     def load(self, address: bytes, block: int) -> bool:
-        """Fill ``block`` with the tier's copy of ``address``; False if it has none (or a block of
-        another size, which no address of this graph can name: then it is left alone)."""
-        payload = self.tier.get(address)
+        """Fill ``block`` with the tier's copy of ``address``; False if it has none (the tier is
+        asked for ``block_bytes`` bytes: a block of another size, which no address of this graph
+        can name, is none)."""
+        payload = self.tier.get(address, self.runner.block_bytes)
         if payload is None or len(payload) != self.runner.block_bytes:
             return False
         self.runner.write_block(block, payload)
