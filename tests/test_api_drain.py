@@ -32,7 +32,7 @@ def test_a_stopping_api_refuses_new_requests_and_fails_what_outlives_its_timeout
         with Client(endpoint) as client:
             wait_for_workers(client, 1, timeout=60)
         config = Config(endpoint, Settings.resolve({"broker": endpoint}), ApiKeys(), 64,
-                        shutdown_timeout_s=1.0)
+                        shutdown_timeout_s=3.0)  # the late request must come before it ends
         stop = threading.Event()
         api = threading.Thread(target=server.run, args=(config, f"127.0.0.1:{port}", stop))
         api.start()

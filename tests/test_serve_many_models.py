@@ -81,7 +81,7 @@ def test_three_models_on_a_budget_of_two_swap_lru_first_and_keep_the_pinned_one(
 def test_a_streaming_model_unloads_only_after_its_stream_and_keep_alive_expiry_unloads(tmp_path):
     with serve(tmp_path, "--backend", "null", "--token-delay", "0.05", "--model", "a", "--model", "b",
                "--max-loaded", "1", "--keep-alive", "1") as served, Client(served.endpoint) as client:
-        stream = iter(client.stream("long", model="a", max_tokens=40, timeout=60))
+        stream = iter(client.stream("long", model="a", max_tokens=100, timeout=60))  # 5 s: past the checks
         texts = [next(stream).text]  # a is loaded and streaming
         done_b: list[str] = []
         thread = threading.Thread(target=lambda: done_b.append(
@@ -92,7 +92,7 @@ def test_a_streaming_model_unloads_only_after_its_stream_and_keep_alive_expiry_u
         assert client.status()["queues"].get("b") == 1  # a streams: b waits, a stays
         texts += [d.text for d in stream]
         thread.join(60)
-        assert len(texts) == 40 and len(done_b) == 1  # the whole stream, then b
+        assert len(texts) == 100 and len(done_b) == 1  # the whole stream, then b
         b_pid = wait_for(lambda: served.workers()["b:CPU"]["pid"], 10, "b's worker")
         entries = wait_for(lambda: (e := _entries(client))["b"]["residency"] == "unloaded" and e, 30,
                            "b's keep-alive to expire")
