@@ -72,13 +72,10 @@ model, levels, turns, new_tokens = sys.argv[1], sys.argv[2], int(sys.argv[3]), i
 levels = [int(x) for x in levels.split(",")]
 run = int(time.time() * 1000) % 10**8  # a system prompt of its own: nothing cached from before
 
-def summary(out, n):
+def summary(out, n):  # ChatRun.summary's figures, as genai_side takes them from its ChatRun
     s = out.summary()
-    ttft = sorted(t.ttft_s for t in out.turns if t.turn > 0)
-    first = sorted(t.ttft_s for t in out.turns if t.turn == 0)
-    q = lambda xs, p: xs[min(len(xs) - 1, int(p * len(xs)))] if xs else None
-    return {f"c{n}_later_p50": q(ttft, 0.5), f"c{n}_later_p99": q(ttft, 0.99),
-            f"c{n}_first_p50": q(first, 0.5), f"c{n}_tps": s["tokens_per_s"]}
+    return {f"c{n}_later_p50": s["ttft_later_turns_median_s"], f"c{n}_later_p99": s["ttft_later_turns_p99_s"],
+            f"c{n}_first_p50": s["ttft_median_s_by_turn"].get("1"), f"c{n}_tps": s["tokens_per_s"]}
 
 def ovpool_side():
     from ovpool import Engine

@@ -7,6 +7,8 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
+from ovpool.bench.stats import percentile
+
 _TOPICS = ("rivers", "bridges", "comets", "violins", "glaciers", "lighthouses", "beekeeping", "typefaces",
            "volcanoes", "orchards", "tides", "clocks", "deserts", "ferns", "harbors", "maps")
 # ~24 SmolLM2 tokens each: with its first line, the system prompt is ~1,015 tokens.
@@ -54,14 +56,8 @@ class ChatRun:
         later = [v for turn, vs in by_turn.items() if turn > 1 for v in vs]
         return {"ttft_median_s_by_turn": {str(k): statistics.median(v) for k, v in sorted(by_turn.items())},
                 "ttft_later_turns_median_s": statistics.median(later) if later else None,
-                "ttft_later_turns_p99_s": _quantile(later, 0.99),
+                "ttft_later_turns_p99_s": percentile(later, 99) if later else None,
                 "completion_tokens": self.completion_tokens, "wall_s": self.wall_s,
                 "tokens_per_s": self.completion_tokens / self.wall_s if self.wall_s else None,
                 "errors": [f"chat {t.conversation} turn {t.turn + 1}: {t.error}"
                            for t in self.turns if t.error]}
-
-
-def _quantile(values: list[float], q: float) -> float | None:
-    """The ``q`` quantile by rank (the largest for 0.99 of fewer than 100 values); None if empty."""
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else None
