@@ -186,6 +186,23 @@ def test_prompt_blocks_go_down_once_computed_and_come_back_in_another_pool():
     assert admit(scheduler(tier, Blocks()), "c", list(range(17))) == 12
 
 
+def test_a_tier_miss_evicts_no_cached_block():
+    s = scheduler(MemoryTier(), Blocks(), num_blocks=8)
+    admit(s, "a", list(range(32)))  # every block of the pool, then all cached
+    s.finish("a")
+    s.tier.tier = MemoryTier()  # a tier that holds none of what comes next
+    admit(s, "r", [200, 201, 202])  # running: one block, one cached block evicted for it
+    cached, evictions = s.pool.cached, s.pool.evictions
+    s.pool.drain()
+    s.add("b", list(range(100, 129)))  # 8 blocks: it waits, and each plan asks the tier again
+    for _ in range(3):
+        s.plan()
+        s.commit()
+        assert s.waiting == ["b"]
+    assert s.tier.loaded == 0 and s.pool.cached == cached and s.pool.evictions == evictions
+    assert not [e for e in s.pool.drain() if type(e).__name__ == "Removed"]
+
+
 def test_the_tier_fills_no_block_a_running_sequence_needs_to_grow():
     tier, runner = MemoryTier(), Blocks()
     admit(scheduler(tier, runner), "a", list(range(40)))  # 10 blocks in the tier

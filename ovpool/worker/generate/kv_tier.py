@@ -37,16 +37,19 @@ class TierLink:
         self.tier, self.runner = tier, runner
         self.loaded = self.saved = 0
 
-    def load(self, address: bytes, block: int) -> bool:
-        """Fill ``block`` with the tier's copy of ``address``; False if it has none (the tier is
-        asked for ``block_bytes`` bytes: a block of another size, which no address of this graph
-        can name, is none)."""
+    def fetch(self, address: bytes) -> bytes | None:
+        """The tier's copy of ``address``, or None if it has none (the tier is asked for
+        ``block_bytes`` bytes: a block of another size, which no address of this graph can name,
+        is none). Asked before a block is allocated for it, so a miss evicts nothing."""
         payload = self.tier.get(address, self.runner.block_bytes)
         if payload is None or len(payload) != self.runner.block_bytes:
-            return False
+            return None
+        return payload
+
+    def fill(self, block: int, payload: bytes) -> None:
+        """Write ``payload`` (from ``fetch``) into ``block``."""
         self.runner.write_block(block, payload)
         self.loaded += 1
-        return True
 
     def save(self, address: bytes, block: int) -> None:
         """Copy ``block`` (just computed, full, all prompt) down to the tier."""

@@ -295,10 +295,11 @@ class Scheduler:
                 return
             block = self.pool.take(address)
             if block is None:
-                block = self.pool.allocate()
-                if not self.tier.load(address, block):
-                    self.pool.release([block])
+                payload = self.tier.fetch(address)
+                if payload is None:  # a miss: no block allocated, so no cached one evicted
                     return
+                block = self.pool.allocate()
+                self.tier.fill(block, payload)
                 self.pool.register(block, address, *self._content(seq, len(seq.blocks)))
             seq.blocks.append(block)
 
