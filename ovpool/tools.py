@@ -18,10 +18,12 @@ schema the worker could not enforce is an InvalidRequestError where the request 
 
 from __future__ import annotations
 
-import functools
+import hashlib
 import json
 import re
 import secrets
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
@@ -131,16 +133,43 @@ def _tool(tool: Any, where: str) -> dict[str, Any]:
 
 def _check_schema(schema: dict, where: str) -> None:
     """InvalidRequestError with llguidance's message when the schema does not compile."""
-    why = _schema_problem(json.dumps(schema, sort_keys=True))
+    why = _PROBLEMS.problem(json.dumps(schema, sort_keys=True))
     if why:
         raise _invalid(where, f"is not a usable JSON schema: {why}")
 
 
-@functools.lru_cache(maxsize=512)
+class _Problems:
+    """``_schema_problem`` of the last ``size`` schema texts, by their sha256: an agent sends the
+    same tools every turn, and each request is checked in the client, the broker and the worker
+    (3-4 ms for 10 tools each time, uncached). Keyed by digest, not by text: a text may be a
+    mebibyte, and a peer could send hundreds of different ones."""
+
+    def __init__(self, size: int):
+        self.size, self._lock, self._known = size, threading.Lock(), OrderedDict()
+
+    def problem(self, schema: str) -> str:
+        key = hashlib.sha256(schema.encode()).digest()
+        with self._lock:
+            if key in self._known:
+                self._known.move_to_end(key)
+                return self._known[key]
+        why = _schema_problem(schema)
+        with self._lock:
+            self._known[key] = why
+            if len(self._known) > self.size:
+                self._known.popitem(last=False)
+        return why
+
+    def clear(self) -> None:
+        with self._lock:
+            self._known.clear()
+
+
+_PROBLEMS = _Problems(512)
+
+
 def _schema_problem(schema: str) -> str:
-    """Why llguidance cannot compile the JSON schema ``schema`` ("" if it can). Cached: an agent
-    sends the same tools every turn, and each request is checked in the client, the broker and
-    the worker (3-4 ms for 10 tools each time, uncached)."""
+    """Why llguidance cannot compile the JSON schema ``schema`` ("" if it can)."""
     import llguidance
 
     try:

@@ -168,3 +168,13 @@ def test_pieces_join_to_the_calls_however_the_reply_is_cut(text, calls, kind, cu
         assert (first.id, first.name, first.arguments) == (call.id, call.name, "")
         assert "".join(p.arguments for p in pieces if p.index == i) == call.arguments
     assert reader.finish_reason("stop") == ("tool_calls" if calls else "stop")
+
+
+def test_the_schema_check_remembers_a_bounded_number_of_digests_not_texts():
+    from ovpool import tools
+
+    problems = tools._Problems(2)
+    texts = [json.dumps({"type": "object", "description": "x" * 100_000 + str(i)}) for i in range(3)]
+    assert [problems.problem(t) for t in texts] == ["", "", ""]
+    assert problems.problem('{"type": "no such type"}') != ""  # a problem is remembered as well
+    assert len(problems._known) == 2 and all(len(key) == 32 for key in problems._known)
