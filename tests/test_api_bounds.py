@@ -142,3 +142,28 @@ def test_a_client_gone_before_its_body_ended_is_counted_not_a_traceback(http):
     assert sent[0]["type"] == "http.response.start" and sent[0]["status"] == 499
     assert 'ovpool_http_requests_total{endpoint="completions",status="499"}' in http.get("/metrics").text
     assert_still_serving(http)
+
+
+@pytest.mark.parametrize("timeout", ["NaN", "-1", "1" + "0" * 400, "1e999", "-Infinity", "true", '"5"',
+                                     "null"])
+def test_an_admin_drains_timeout_must_be_a_finite_number_of_seconds(http, timeout):
+    """NaN or -1 reached the broker as 0 (the whole pool drained at once); 10**400 was a 500."""
+    error = refused(http, f'{{"timeout_s": {timeout}}}', "/admin/drain")
+    assert error["param"] == "timeout_s" and "finite number of seconds >= 0" in error["message"]
+
+
+@pytest.mark.parametrize("path", ["/admin/drain", "/v1/models/m/load", "/v1/models/m/unload"])
+def test_an_admin_routes_body_is_none_or_a_json_object(http, path):
+    for raw in ("[]", '"x"', "1", "{", "NaN"):
+        refused(http, raw, path)
+
+
+@pytest.mark.parametrize("timeout", ["nan", "-1", "inf", "1e400"])
+def test_ovpool_drains_timeout_must_be_a_finite_number_of_seconds(timeout):
+    from click.testing import CliRunner
+
+    from ovpool.cli.drain import drain_command
+
+    result = CliRunner().invoke(drain_command, ["--timeout", timeout, "--broker", "tcp://127.0.0.1:1"])
+    assert result.exit_code == 2 and "finite number of seconds >= 0" in result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)

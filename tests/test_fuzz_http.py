@@ -32,6 +32,13 @@ BASES = {"/v1/completions": {"model": '"m"', "prompt": '"one two"', "max_tokens"
                           "max_tokens": "2"},
          "/v1/messages/count_tokens": {"model": '"m"', "messages": '[{"role": "user", "content": "hi"}]'},
          "/v1/responses": {"model": '"m"', "input": '"hi"', "max_output_tokens": "2"}}
+# The admin routes, each with a base body that leaves the pool serving: a drain of a worker that is
+# not registered (so any timeout_s is refused or drains nothing), a model's load or unload order
+# (which only the broker records: no `ovpool serve` here carries it out).
+ADMIN_BASES = {"/admin/drain": {"worker": '"no-such-worker"', "timeout_s": "1"},
+               "/v1/models/m/load": {}, "/v1/models/m/unload": {},
+               "/v1/models/no-such-model/load": {}}
+ADMIN_FIELDS = ["timeout_s", "model", "x"]
 
 # Raw JSON texts no json.dumps of a Python value writes, and edges of every range.
 SPECIAL = ["18446744073709551616", "-18446744073709551617", "9223372036854775808", "2147483648", "-1", "0",
@@ -79,7 +86,7 @@ def http():
 
 
 def _check(http, path: str, fields: dict[str, str]) -> None:
-    response = post(http, _body(BASES[path], fields), path)
+    response = post(http, _body({**BASES, **ADMIN_BASES}[path], fields), path)
     allowed = {504} if "timeout" in fields else set()  # the client asked for a (tiny) deadline
     assert response.status_code < 500 or response.status_code in allowed, (fields, response.text[:500])
     if response.status_code >= 400:
@@ -130,6 +137,26 @@ def test_fuzzed_whole_bodies_are_4xx(http, raw):
         response = post(http, raw, path)
         assert 400 <= response.status_code < 500, (raw[:200], response.text[:500])
         assert_error_shape(path, response.json())
+    assert_still_serving(http)
+
+
+@FUZZ
+@given(fields=st.dictionaries(st.sampled_from(ADMIN_FIELDS), RAW, min_size=1, max_size=3),
+       path=st.sampled_from(list(ADMIN_BASES)))
+def test_fuzzed_admin_bodies_are_4xx_or_served(http, fields, path):
+    _check(http, path, fields)
+
+
+@FUZZ
+@given(raw=st.sampled_from(SPECIAL) | _json | _nested | st.binary(max_size=64).map(repr))
+def test_fuzzed_whole_admin_bodies_are_4xx_or_served(http, raw):
+    for path in ADMIN_BASES:
+        if path == "/admin/drain" and raw.lstrip().startswith("{"):
+            continue  # a JSON object without the base's "worker" drains the whole pool
+        response = post(http, raw, path)
+        assert response.status_code < 500, (raw[:200], response.text[:500])
+        if response.status_code >= 400:
+            assert_error_shape(path, response.json())
     assert_still_serving(http)
 
 

@@ -26,7 +26,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import json
 import logging
+import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -193,13 +195,13 @@ class _Api:
 
     async def _drain(self, request: Request) -> Response:
         """``{"worker": NAME, "timeout_s": N}`` (both optional; no worker: the whole pool)."""
-        body = parse_json(await request.body() or b"{}")
-        worker, timeout = (body.get("worker", ""), body.get("timeout_s", self.config.shutdown_timeout_s)) \
-            if isinstance(body, dict) else (None, None)
-        if not isinstance(worker, str) or isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        body = await _admin_body(request)
+        worker, timeout = body.get("worker", ""), body.get("timeout_s", self.config.shutdown_timeout_s)
+        if not isinstance(worker, str):
             raise errors.InvalidRequestError("the body is {\"worker\": NAME, \"timeout_s\": SECONDS}, "
                                              "both optional (no worker: the whole pool)", param="worker")
-        drained = (await self.client.drain(worker, float(timeout), self.config.status_timeout_s))["draining"]
+        timeout_s = _seconds(timeout)
+        drained = (await self.client.drain(worker, timeout_s, self.config.status_timeout_s))["draining"]
         if worker and not drained["workers"]:
             raise errors.InvalidRequestError(f"no worker named {worker!r} is registered", param="worker")
         return JSONResponse({"draining": drained})
@@ -274,6 +276,7 @@ class _Api:
     async def _order(self, request: Request, action: str) -> Response:
         """202 with the model's state now: serve loads (or unloads, once idle) it within a poll."""
         model_id = request.path_params["model_id"]
+        await _admin_body(request)  # none, or a JSON object (its fields are not read)
         status = await self.client.model_order(model_id, action, self.config.status_timeout_s)
         return JSONResponse({**models.ordered(status, model_id, action), "action": action}, 202)
 
@@ -321,8 +324,31 @@ class _Api:
         return StreamingResponse(body, media_type="text/event-stream", headers=sse.HEADERS)
 
 
-async def _json(request: Request) -> Any:
-    """The request's JSON body, read only up to MAX_BODY_BYTES (413 past it)."""
+async def _admin_body(request: Request) -> dict:
+    """An admin route's body: none (``{}``) or a JSON object, read like any request's (_json)."""
+    body = await _json(request, empty=b"{}")
+    if not isinstance(body, dict):
+        raise errors.InvalidRequestError("the request body must be a JSON object (or none)")
+    return body
+
+
+def _seconds(value: Any) -> float:
+    """``timeout_s``: a finite number of seconds >= 0 (NaN, -1 or 1e400 would drain the pool now)."""
+    seconds = math.nan
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        try:
+            seconds = float(value)
+        except OverflowError:  # an int past float's range (10**400)
+            pass
+    if not math.isfinite(seconds) or seconds < 0:
+        raise errors.InvalidRequestError(f"timeout_s must be a finite number of seconds >= 0, not "
+                                         f"{json.dumps(value)[:40]}", param="timeout_s")
+    return seconds
+
+
+async def _json(request: Request, empty: bytes | None = None) -> Any:
+    """The request's JSON body, read only up to MAX_BODY_BYTES (413 past it); ``empty``: the JSON
+    text an empty body stands for (else it is malformed)."""
     declared = request.headers.get("content-length", "")
     if declared.isascii() and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
         raise _too_large()
@@ -335,7 +361,7 @@ async def _json(request: Request) -> Any:
             chunks.append(chunk)
     except ClientDisconnect:  # gone before its body was all sent: no answer, no traceback
         raise ClientGone() from None
-    return parse_json(b"".join(chunks))
+    return parse_json(b"".join(chunks) or empty or b"")
 
 
 def _too_large() -> HTTPException:

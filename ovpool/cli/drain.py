@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import signal
 import socket
@@ -52,11 +53,18 @@ def _state_option(required: bool):
                              + (", its pid)." if required else ")."))
 
 
+def _seconds(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
+    """A finite number of seconds >= 0: NaN or -1 would reach the broker as 0 (drain at once)."""
+    if value is not None and not (math.isfinite(value) and value >= 0):
+        raise click.BadParameter(f"a finite number of seconds >= 0, not {value:g}")
+    return value
+
+
 @click.command("drain")
 @click.argument("worker", required=False, default="")
 @broker_option
 @_state_option(required=False)
-@click.option("--timeout", "timeout_s", type=float, default=None, metavar="SECONDS",
+@click.option("--timeout", "timeout_s", type=float, default=None, metavar="SECONDS", callback=_seconds,
               help="How long accepted requests may run on (setting shutdown_timeout_s, default 30).")
 @secret_option
 @server_key_option
