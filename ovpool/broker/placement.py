@@ -37,6 +37,11 @@ from ovpool.protocol import Cancel, Error, Heartbeat
 AFFINITY_SLACK = 0.25
 
 
+def _takes_more(w: RegisteredWorker) -> bool:
+    """A free slot (within the broker's cap), and not being drained."""
+    return len(w.inflight) < w.cap and not w.draining
+
+
 def _busy(w: RegisteredWorker) -> float:
     return len(w.inflight) / w.info.slots
 
@@ -82,7 +87,7 @@ class Placement:
         return sum(1 for m, q in self._queues.items() if q and not self.serves(m))
 
     def has_free_slot(self, model: str) -> bool:
-        return any(len(w.inflight) < w.cap and not w.draining for w in self._by_model.get(model, ()))
+        return any(_takes_more(w) for w in self._by_model.get(model, ()))
 
     def status(self) -> dict:
         return {
@@ -219,7 +224,7 @@ class Placement:
 
     def _choose(self, model: str, job: Job) -> RegisteredWorker | None:
         """The worker ``job`` goes to now (see the module docstring), or None: none is free."""
-        free = [w for w in self._by_model.get(model, ()) if len(w.inflight) < w.cap and not w.draining]
+        free = [w for w in self._by_model.get(model, ()) if _takes_more(w)]
         if not free:
             return None
         least = min(free, key=_busy)
