@@ -68,7 +68,7 @@ class Admission:
             raise self.not_served(model)  # a worker that cannot load it: no use waiting for it
         state, reason = self.supervised.residency(model) if model else ("", "")
         if state == "failed":
-            raise errors.ModelNotFoundError(f"model {model!r} cannot be loaded: {reason}")
+            raise cannot_load(model, reason)
         if state:
             return model  # not loaded now: it waits while its supervisor loads it
         starting = now < self.started + timing.BROKER_GRACE_S
@@ -122,3 +122,8 @@ def _sampling(params: dict) -> SamplingParams:
         raise errors.InvalidRequestError(
             f"params: not valid sampling parameters ({type(exc).__name__}: {exc})"[:300],
             param="params") from None
+
+
+def cannot_load(model: str, reason: str) -> errors.ModelNotFoundError:
+    """The error of a request for a model its supervisor reported it could not load."""
+    return errors.ModelNotFoundError(f"model {model!r} cannot be loaded: {reason}")

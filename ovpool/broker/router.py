@@ -28,7 +28,7 @@ import secrets
 
 from ovpool import errors, timing
 from ovpool.broker import bounds, drain
-from ovpool.broker.admission import Admission
+from ovpool.broker.admission import Admission, cannot_load
 from ovpool.broker.placement import Placement
 from ovpool.broker.state import (
     Counters,
@@ -268,8 +268,7 @@ class Router:
             if state == "failed" and not self.placement.serves(model):  # its queue waits in vain
                 for rid in list(self.queues.get(model, ())):
                     self.counters.failed += 1
-                    self._fail(self.jobs[rid], errors.ModelNotFoundError(
-                        f"model {model!r} cannot be loaded: {reason}"), out)
+                    self._fail(self.jobs[rid], cannot_load(model, reason), out)
 
     # -- worker messages ------------------------------------------------------------------------
 
