@@ -19,7 +19,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -31,12 +30,7 @@ from pathlib import Path
 
 from ovpool import errors
 from ovpool.client import Client
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from ovpool.demo import free_port
 
 
 def descendants(pid: int) -> set[int]:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -29,13 +28,8 @@ import time
 from pathlib import Path
 
 from ovpool.client import Client
+from ovpool.demo import free_port
 from ovpool.models import model_name
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def first_token_s(client: Client, model: str) -> float:
@@ -67,7 +61,7 @@ def _serve_argv(port: int, workdir: Path, models: list[str], *extra: str) -> lis
 
 
 def swaps(models: list[str], rounds: int, workdir: Path, gap_s: float) -> dict[str, dict[str, list[float]]]:
-    port = _port()
+    port = free_port()
     argv = _serve_argv(port, workdir, models, "--max-loaded", "1")
     times: dict[str, dict[str, list[float]]] = {model_name(m)[0]: {"cold": [], "warm": []} for m in models}
     with open(workdir / "serve.log", "wb") as log:
@@ -109,7 +103,7 @@ def workers_of(serve_pid: int) -> dict[int, str]:
 
 def rss(models: list[str], workdir: Path, settle_s: float) -> list[dict]:
     """PSS of the pool's workers with 1, 2, ... models loaded (no budget; the cache warm)."""
-    port = _port()
+    port = free_port()
     argv = _serve_argv(port, workdir, models)
     rows = []
     with open(workdir / "rss.log", "wb") as log:
