@@ -14,7 +14,8 @@ from pathlib import Path
 
 from filelock import FileLock
 
-from ovpool.errors import ModelNotFoundError
+from ovpool.bounds import MAX_NAME_CHARS
+from ovpool.errors import ConfigError, ModelNotFoundError
 from ovpool.settings import default_cache_dir
 
 
@@ -54,6 +55,9 @@ def model_name(model: str) -> tuple[str, str]:
         if not name.strip() or not source.strip():
             raise ModelNotFoundError(f"--model {model!r}: give NAME=PATH with both parts, e.g. "
                                      "--model chat=/models/qwen.gguf")
+        if len(name.strip()) > MAX_NAME_CHARS:  # every request naming it would be refused
+            raise ConfigError(f"--model {model[:60]!r}...: NAME must be at most {MAX_NAME_CHARS} "
+                              f"characters, not {len(name.strip()):,}")
         return name.strip(), source.strip()
     if model.lower() in ALIASES:
         return model.lower(), model

@@ -47,6 +47,38 @@ def test_a_models_file_sets_each_models_own_settings(tmp_path):
         catalog((), None, str(path))
 
 
+@pytest.mark.parametrize("field, match", [
+    ("keep_alive = nan", r"\[models.x\]: keep_alive must be a number >= -1, not nan"),
+    ("keep_alive = inf", r"\[models.x\]: keep_alive must be a number >= -1, not inf"),
+    ("slots = 1025", r"\[models.x\]: slots must be a number >= 1 and <= 1024, not 1025"),
+    ("slots = 0", r"\[models.x\]: slots must be a number >= 1"),
+    ('pinned = "no"', r"\[models.x\]: pinned must be true or false, not 'no'"),
+    ("pinned = 1", r"\[models.x\]: pinned must be true or false, not 1"),
+    (f'served_names = ["{"n" * 257}"]', r"\[models.x\]: served_names must each be 1 to 256 characters"),
+])
+def test_a_models_files_out_of_range_field_is_a_config_error_naming_model_and_field(tmp_path, field, match):
+    path = tmp_path / "models.toml"
+    path.write_text(f'[models.x]\npath = "smollm2"\n{field}\n')
+    with pytest.raises(ConfigError, match=match):
+        catalog((), None, str(path))
+
+
+def test_a_model_name_longer_than_requests_may_name_is_refused_at_start(tmp_path):
+    from ovpool.bounds import MAX_NAME_CHARS
+
+    long = "n" * (MAX_NAME_CHARS + 1)
+    path = tmp_path / "models.toml"
+    path.write_text(f'[models.{long}]\npath = "smollm2"\n')
+    with pytest.raises(ConfigError, match=f"the model's name must be 1 to {MAX_NAME_CHARS} characters"):
+        catalog((), None, str(path))
+    with pytest.raises(ConfigError, match=f"NAME must be at most {MAX_NAME_CHARS} characters"):
+        catalog((f"{long}=smollm2",), None, None)
+    ok = "n" * MAX_NAME_CHARS
+    path.write_text(f'[models.{ok}]\npath = "smollm2"\nserved_names = ["m{ok[1:]}"]\nslots = 1024\n')
+    assert catalog((), None, str(path))[0].slots == 1024
+    assert catalog((f"{ok}=smollm2",), None, None)[0].name == ok
+
+
 def test_several_models_get_a_worker_per_model_and_device_each_answering_to_its_name():
     spec = PoolSpec(models=catalog(("smollm2", "g=gemma3-270m"), None, None), devices=("CPU", "GPU.0"))
     assert list(spec.workers()) == ["smollm2:CPU", "smollm2:GPU.0", "g:CPU", "g:GPU.0"]

@@ -16,9 +16,12 @@ Pure functions apart from reading that file (Python 3.11+: tomllib) and listing 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from ovpool import bounds
+from ovpool.broker.bounds import MAX_SLOTS, is_name
 from ovpool.broker.residency import ModelPolicy
 from ovpool.errors import ConfigError
 from ovpool.models import model_name, models_in
@@ -96,12 +99,21 @@ def _entry(path: str, name: str, table: object, base: Path) -> ModelEntry:
     source = table["path"]
     if "/" in source and not Path(source).expanduser().is_absolute():
         source = str(base / source)  # relative to the models file, not to where serve runs
+    pinned = table.get("pinned", False)
     try:
-        return ModelEntry(name, source, served_names=tuple(_strings(table, "served_names")),
-                          slots=_number(table, "slots", int, 1),
+        if not is_name(name):
+            raise ValueError(f"the model's name must be 1 to {bounds.MAX_NAME_CHARS} characters, "
+                             f"not {len(name):,}")
+        if type(pinned) is not bool:
+            raise TypeError(f"pinned must be true or false, not {pinned!r}")
+        served_names = _strings(table, "served_names")
+        if not all(is_name(v) for v in served_names):
+            raise ValueError(f"served_names must each be 1 to {bounds.MAX_NAME_CHARS} characters")
+        return ModelEntry(name, source, served_names=tuple(served_names),
+                          slots=_number(table, "slots", int, 1, MAX_SLOTS),
                           devices=tuple(_strings(table, "devices")),
                           keep_alive_s=_number(table, "keep_alive", float, -1),
-                          pinned=bool(table.get("pinned", False)))
+                          pinned=pinned)
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{where}: {exc}") from None
 
@@ -113,10 +125,13 @@ def _strings(table: dict, key: str) -> list[str]:
     return value
 
 
-def _number(table: dict, key: str, kind: type, minimum: float) -> float | int | None:
+def _number(table: dict, key: str, kind: type, minimum: float,
+            maximum: float = math.inf) -> float | int | None:
     value = table.get(key)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < minimum:
-        raise ValueError(f"{key} must be a number >= {minimum:g}, not {value!r}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or not minimum <= value <= maximum:
+        most = f" and <= {maximum:g}" if math.isfinite(maximum) else ""
+        raise ValueError(f"{key} must be a number >= {minimum:g}{most}, not {value!r}")
     return kind(value)
