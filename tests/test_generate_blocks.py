@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ovpool.worker.generate.blocks import BlockPool, chain_hashes
+from ovpool.worker.generate.blocks import BlockPool, Removed, Stored, chain_hashes
 from ovpool.worker.generate.scheduler import Scheduler
 
 
@@ -188,3 +188,17 @@ def check_accounting(s: Scheduler) -> None:
     for b in range(pool.num_blocks):
         assert pool.refs(b) == sum(table.count(b) for table in tables) >= 0
     assert all(b in pool._address for b in cached)
+
+
+def test_a_pool_records_no_events_unless_asked():
+    pool = BlockPool(1)  # no publisher: no block's tokens are copied for one
+    block = pool.allocate()
+    pool.register(block, b"a" * 16, None, [1, 2])
+    pool.release([block])
+    block = pool.allocate()  # evicts a
+    pool.register(block, b"b" * 16, b"a" * 16, [3, 4])
+    assert pool.drain() == [] and pool.evictions == 1 and not pool.events
+    pool.release([block])
+    pool.recording = True  # a publisher now exists
+    pool.register(pool.allocate(), b"c" * 16, None, [5, 6])  # evicts b
+    assert pool.drain() == [Removed(b"b" * 16), Stored(b"c" * 16, None, (5, 6))]

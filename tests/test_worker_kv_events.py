@@ -39,7 +39,7 @@ def test_batch_has_vllm_field_order():
 
 
 def test_pool_reports_new_blocks_once_and_evictions():
-    pool = BlockPool(1)
+    pool = BlockPool(1, events=True)
     block = pool.allocate()
     pool.register(block, A, None, [1, 2])
     pool.register(block, A, None, [1, 2])  # already held: nothing new
@@ -69,6 +69,7 @@ def _received(sub: zmq.Socket, seq: int) -> list:
 def test_subscriber_sees_a_prompts_full_blocks_then_their_eviction(engine, tmp_path):
     runner = PagedRunner(engine.compiled, num_blocks=4)
     batcher = engine.batcher(runner, max_running=1, prefill_chunk=16, prefix_cache="on")
+    batcher.record_kv_events()
     size = runner.block_size
     first = [10 + i % 80 for i in range(2 * size + 3)]  # two full blocks and a partial one
     params = SamplingParams(max_tokens=1, ignore_eos=True)

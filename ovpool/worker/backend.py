@@ -64,6 +64,10 @@ class Backend(Runtime, Protocol):
 
     def held_route_keys(self, limit: int) -> list[bytes]: ...
 
+    def record_kv_events(self) -> None:
+        """Record prefix-cache block events for ``kv_events`` from now on (the worker publishes
+        them: kv_events_endpoint); none are recorded before."""
+
     def kv_events(self) -> tuple[int, list]:
         """(block size, prefix-cache block events since the last call: ovpool.worker.kv_events)."""
 
@@ -100,6 +104,7 @@ class EngineBackend:
         self.slots = slots
         self._interleaved = Interleaved(engine)
         self._batcher: Batcher | None = None
+        self._record_kv_events = False  # the worker publishes them: the batcher records them
         engine.load_report["batching"] = engine.batching_plan()  # what READY tells `ovpool status`
         self._loading = _load_batcher(engine, slots)
 
@@ -115,6 +120,8 @@ class EngineBackend:
             loading, self._loading = self._loading, None
             try:
                 self._batcher = loading.result()
+                if self._record_kv_events:
+                    self._batcher.record_kv_events()
             except Exception as exc:  # the worker keeps serving without batching; say why, once
                 self.engine.load_report["batching"] = f"off: {exc}"
                 log.warning("continuous batching is off: %s; each request runs on its own", exc)
@@ -144,6 +151,11 @@ class EngineBackend:
     def held_route_keys(self, limit: int) -> list[bytes]:
         """The batcher's (the single-stream sessions keep no route keys)."""
         return self._batcher.held_route_keys(limit) if self._batcher is not None else []
+
+    def record_kv_events(self) -> None:
+        self._record_kv_events = True
+        if self._batcher is not None:
+            self._batcher.record_kv_events()
 
     def kv_events(self) -> tuple[int, list]:
         """(block size, the batcher's prefix-cache block events since the last call); the

@@ -92,6 +92,9 @@ class NullBackend:
     def held_route_keys(self, limit: int) -> list[bytes]:
         return list(reversed(self._held))[:max(limit, 0)]
 
+    def record_kv_events(self) -> None:
+        pass  # it caches no KV
+
     def kv_events(self) -> tuple[int, list]:
         return 0, []  # it caches no KV
 

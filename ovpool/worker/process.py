@@ -121,6 +121,8 @@ class Worker:
         self._refused = False  # the broker refused this worker's key as a worker's (said once)
         self._kv_events = (KvEventPublisher(config.kv_events_endpoint, topic(backend.models[0]))
                            if config.kv_events_endpoint else None)
+        if self._kv_events is not None:  # block events are recorded only for a publisher
+            backend.record_kv_events()
 
     def __enter__(self) -> Worker:
         if self._kv_events is not None:

@@ -110,8 +110,14 @@ class Batcher:
         """Route keys of requests whose KV chain is still cached, most recently used first."""
         return self.scheduler.held_keys(limit)
 
+    def record_kv_events(self) -> None:
+        """From now on, record the prefix cache's block events for ``kv_events`` (a publisher
+        exists: none are recorded otherwise)."""
+        self.scheduler.pool.recording = True
+
     def kv_events(self) -> list:
-        """The prefix cache's block events since the last call (blocks.Stored / Removed)."""
+        """The prefix cache's block events since the last call (blocks.Stored / Removed), as
+        recorded since ``record_kv_events``."""
         return self.scheduler.pool.drain()
 
     def add(self, request_id: str, prompt: Any, params: SamplingParams,

@@ -14,8 +14,9 @@ address of everything before it (``chain_hash``), so equal addresses mean equal 
 first one is seeded with the graph's identity, so two models never share a block.
 
 ``events`` reports what the cache gains and loses (``Stored``, ``Removed``) for a gateway's prefix
-index (ovpool.worker.kv_events publishes them); a bounded outbox, so a worker that publishes
-nothing keeps only the latest.
+index (ovpool.worker.kv_events publishes them); a bounded outbox, filled only while ``recording``
+(``BlockPool(events=True)``, or set once a publisher exists: a worker with kv_events_endpoint),
+so a worker that publishes nothing copies no block's tokens.
 """
 
 from __future__ import annotations
@@ -75,10 +76,11 @@ _EVENTS_MAX = 65536  # unread events kept (a publisher drains them every step)
 
 
 class BlockPool:
-    """``num_blocks`` KV blocks; ``caching=False`` keeps no content (every freed block is empty)."""
+    """``num_blocks`` KV blocks; ``caching=False`` keeps no content (every freed block is empty);
+    ``events``: record ``Stored`` / ``Removed`` events for a publisher (``recording``)."""
 
-    def __init__(self, num_blocks: int, caching: bool = True):
-        self.num_blocks, self.caching = num_blocks, caching
+    def __init__(self, num_blocks: int, caching: bool = True, events: bool = False):
+        self.num_blocks, self.caching, self.recording = num_blocks, caching, events
         # Empty blocks are reused last in, first out: blocks never written cost no memory
         # (batch.PagedRunner), so a long-running worker touches only what its busiest moment needed.
         self._empty: deque[int] = deque(range(num_blocks))
@@ -114,7 +116,8 @@ class BlockPool:
             address = self._address.pop(block)
             del self._by_address[address]
             self.evictions += 1
-            self.events.append(Removed(address))
+            if self.recording:
+                self.events.append(Removed(address))
         self._refs[block] = 1
         return block
 
@@ -139,13 +142,14 @@ class BlockPool:
     def register(self, block: int, address: bytes, parent: bytes | None = None,
                  tokens: Sequence[int] = ()) -> None:
         """``block`` (in use) now holds the full, computed content ``address``, the ``tokens``
-        after the block ``parent`` (for ``events``). If another block already holds it (two
-        sequences computed the same prefix side by side), that one stays the cached copy and this
-        one is emptied when freed."""
+        after the block ``parent`` (for ``events``, while ``recording``). If another block already
+        holds it (two sequences computed the same prefix side by side), that one stays the cached
+        copy and this one is emptied when freed."""
         if self.caching and address not in self._by_address and block not in self._address:
             self._address[block] = address
             self._by_address[address] = block
-            self.events.append(Stored(address, parent, tuple(tokens)))
+            if self.recording:
+                self.events.append(Stored(address, parent, tuple(tokens)))
 
     def drain(self) -> list[Stored | Removed]:
         """The events since the last drain, oldest first."""
