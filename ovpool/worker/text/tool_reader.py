@@ -47,6 +47,7 @@ class ToolReader:
         self._start = -1              # where the calls begin in the reply (-1: not yet)
         self._resume = 0              # where the call after the complete ones begins
         self._scans: dict[int, tuple] = {}  # an open value's scan so far, by where it begins
+        self._decoded: dict[int, tuple[int, str]] = {}  # a string's clean offset and its text
 
     def feed(self, text: str, final: bool = False) -> tuple[str, tuple[ToolCallDelta, ...]]:
         """The visible text and the call pieces that ``text`` (the reply's next text) adds;
@@ -96,7 +97,7 @@ class ToolReader:
         if match is None:
             return "", []
         if match.group(1) == "response":
-            return _string_prefix(raw, match.end()), []
+            return _string_prefix(raw, match.end(), self._scans, self._decoded), []
         if self._start < 0:
             self._start = _skip_space(raw, match.end())
             if not raw.startswith("[", self._start):
@@ -204,19 +205,26 @@ def _value_end(raw: str, pos: int, scans: dict | None = None) -> int | None:
     return None
 
 
-def _string_prefix(raw: str, pos: int) -> str:
+def _string_prefix(raw: str, pos: int, scans: dict | None = None,
+                   decoded: dict | None = None) -> str:
     """The decoded text of the JSON string at ``pos`` so far: an escape cut short, or the first
-    half of a surrogate pair, waits for the rest."""
+    half of a surrogate pair, waits for the rest. ``scans`` and ``decoded`` (where the string's
+    text was last decoded up to, and that text) let the next call decode only what arrived."""
     if not raw.startswith('"', pos):
         return ""
-    end = _value_end(raw, pos)
+    done, text = (decoded or {}).get(pos, (pos + 1, ""))
+    end = _value_end(raw, pos, scans)
     if end is not None:
-        return json.loads(raw[pos:end], strict=False)
-    body, i = raw[pos + 1:], 0
-    while i < len(body):
-        step = (6 if body[i + 1:i + 2] == "u" else 2) if body[i] == "\\" else 1
-        if i + step > len(body):
+        return text + json.loads(f'"{raw[done:end - 1]}"', strict=False)
+    i = done
+    while i < len(raw):
+        step = (6 if raw[i + 1:i + 2] == "u" else 2) if raw[i] == "\\" else 1
+        if i + step > len(raw):
             break
         i += step
-    text = json.loads(f'"{body[:i]}"', strict=False)
-    return text[:-1] if text and "\ud800" <= text[-1] <= "\udbff" else text
+    tail = json.loads(f'"{raw[done:i]}"', strict=False)
+    if tail and "\ud800" <= tail[-1] <= "\udbff":  # a pair's first half: decode it again with the rest
+        i, tail = (i - 6, tail[:-1]) if raw[i - 6:i - 4] == "\\u" else (i, tail)
+    if decoded is not None:
+        decoded[pos] = (i, text + tail)
+    return (text + tail)[:-1] if tail and "\ud800" <= tail[-1] <= "\udbff" else text + tail
