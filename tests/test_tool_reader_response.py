@@ -2,7 +2,8 @@
 
 import json
 
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ovpool.worker.text.tool_format import GENERIC
 from ovpool.worker.text.tool_reader import ToolReader
@@ -23,7 +24,7 @@ def _read(pieces):
 def test_response_pieces_read_as_whole(cuts):
     cuts = sorted(set(cuts))
     bounds = [0, *cuts, len(REPLY)]
-    pieces = [REPLY[a:b] for a, b in zip(bounds, bounds[1:])]
+    pieces = [REPLY[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
     assert _read(pieces) == _read([REPLY]) == TEXT
 
 
