@@ -111,6 +111,7 @@ class WorkerConfig(_Config):
     kv_tier: bool = _default("kv_tier")
     kv_events_endpoint: str = _default("kv_events_endpoint")
     kv_tier_mb: int = _default("kv_tier_mb")
+    kv_ram_mb: int = _default("kv_ram_mb")
     cache_max_mb: int = _default("cache_max_mb")
     graph: GraphConfig = field(default_factory=GraphConfig)
 

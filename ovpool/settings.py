@@ -204,6 +204,10 @@ _SETTINGS = [
             scopes=(WORKER,)),
     Setting("kv_tier_mb", int, 1024, "MiB of disk the KV tier may take (every model's blocks "
             "together; least recently used blocks go first)", minimum=1, scopes=(WORKER,)),
+    Setting("kv_ram_mb", int, 128, "MiB of host RAM each worker keeps KV blocks in above the disk "
+            "tier (with kv_tier): the blocks its prompts computed or loaded, least recently used "
+            "out, so a prefix evicted from kv_cache_mb comes back without a disk read; 0: none "
+            "(docs/prefix-caching.md)", minimum=0, scopes=(WORKER,)),
     Setting("cache_max_mb", int, 20480, "MiB the whole cache directory may take (compiled models "
             "and the KV tier): past it, the least recently used entries and blocks go as new ones "
             "are written, never one a live worker maps (docs/cache.md)", minimum=1, scopes=(WORKER,)),

@@ -34,6 +34,7 @@ from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
+from ovpool.cache.kv_ram import RamTier
 from ovpool.cache.store import CacheStore
 
 log = logging.getLogger("ovpool.cache")
@@ -312,9 +313,11 @@ def _size(path: Path) -> int | None:
 
 
 def open_tier(cache_dir: str | Path | None, entry: str | None, budget_mb: int,
-              dir_check: Callable[[], object] | None = None) -> DiskTier | None:
+              dir_check: Callable[[], object] | None = None, ram_mb: int = 0) -> DiskTier | RamTier | None:
     """The disk tier for the paged graph of cache entry ``entry`` (its family is the namespace),
-    or None without a cache directory or an entry."""
+    under a RAM tier of ``ram_mb`` (ovpool.cache.kv_ram) if that is not 0; None without a cache
+    directory or an entry."""
     if not cache_dir or not entry:
         return None
-    return DiskTier(CacheStore(cache_dir), entry.split("-", 1)[0], budget_mb << 20, dir_check)
+    disk = DiskTier(CacheStore(cache_dir), entry.split("-", 1)[0], budget_mb << 20, dir_check)
+    return RamTier(disk, ram_mb << 20) if ram_mb else disk

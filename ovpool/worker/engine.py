@@ -87,7 +87,7 @@ class Engine:
         self._idle: list[Session | PagedSession] = []
         self._single: Streams | None = None  # the single streams on the paged graph, see _streams
         self._prefix_auto: str | None = None  # what prefix_cache=auto means here, once known
-        self._tiers: list[kv.DiskTier] = []  # the KV tiers of its Batchers (see _kv_tier)
+        self._tiers: list[kv.DiskTier | kv.RamTier] = []  # the KV tiers of its Batchers (see _kv_tier)
         self.warmed = False
         if self.config.warm_up == "load":
             self.warm_up()
@@ -138,12 +138,14 @@ class Engine:
         return Batcher.from_graph(self.intake, graph, kv_cache_mb=self.config.kv_cache_mb,
                                   tier=self._kv_tier(graph.entry, options["prefix_cache"]), **options)
 
-    def _kv_tier(self, entry: str | None, prefix_cache: str) -> kv.DiskTier | None:
-        """The host's disk KV tier of the paged graph of cache entry ``entry`` (setting kv_tier;
-        exact blocks only, so with prefix_cache=on), closed with the engine; None if off."""
+    def _kv_tier(self, entry: str | None, prefix_cache: str) -> kv.DiskTier | kv.RamTier | None:
+        """The host's disk KV tier of the paged graph of cache entry ``entry`` under kv_ram_mb of
+        RAM (setting kv_tier; exact blocks only, so with prefix_cache=on), closed with the engine;
+        None if off."""
         if not self.config.kv_tier or prefix_cache != "on":
             return None
-        tier = kv.open_tier(self.cache_dir, entry, self.config.kv_tier_mb, dir_check=self._keep_cache_within)
+        tier = kv.open_tier(self.cache_dir, entry, self.config.kv_tier_mb, dir_check=self._keep_cache_within,
+                            ram_mb=self.config.kv_ram_mb)
         if tier is not None:
             self._tiers.append(tier)
         return tier
