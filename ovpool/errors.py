@@ -36,6 +36,7 @@ an error that every start would repeat (a worker stops on one with exit status E
         ├── ClientTooSlowError       request.client_too_slow  a stream unread for stream_stall_s
         ├── StreamGapError           request.stream_gap  a PARTIAL of a stream went missing
         ├── BrokerUnavailableError   request.broker_unavailable
+        │   └── NotActiveError       request.broker_unavailable.not_active  a standby broker: try its peer
         └── DrainingError            request.draining    the pool (or worker) is draining: retry
 """
 
@@ -181,6 +182,14 @@ class StreamGapError(RequestError):
 
 class BrokerUnavailableError(RequestError):
     code = "request.broker_unavailable"
+
+
+class NotActiveError(BrokerUnavailableError):
+    """The broker asked is the passive one of a standby pair (docs/operations.md, Standby broker):
+    its peer serves. Retryable there: a client, worker or HTTP API that knows both endpoints fails
+    over to the other and sends what is unfinished again."""
+
+    code = "request.broker_unavailable.not_active"
 
 
 class DrainingError(RequestError):

@@ -11,6 +11,7 @@ Who sends what::
     broker → client   PARTIAL, FINAL, ERROR, STATUS_REPLY, PONG, SHUTDOWN
     worker → broker   READY, HEARTBEAT, PARTIAL, FINAL, ERROR, DISCONNECT, LOAD_FAILED
     broker → worker   REQUEST, CANCEL, CREDIT, HEARTBEAT, DISCONNECT
+    broker → broker   PEER_STATE (the standby pair's own PUB/SUB sockets, ovpool.broker.binary_star)
 
 Flow control (docs/protocol.md): every sender of PARTIALs holds credit granted by its receiver, so
 no queue grows past what the receiver agreed to take and no layer ever drops a message. A worker
@@ -251,6 +252,18 @@ class LoadFailed:
 
 
 @dataclass(frozen=True)
+class PeerState:
+    """A broker of a standby pair → its peer, every heartbeat interval: its Binary Star state
+    (ovpool.broker.binary_star.State: 1 primary, 2 backup, 3 active, 4 passive) and the endpoint
+    its clients and workers connect to (for ``ovpool status``). A passive broker answers a client's
+    SUBMIT, PING or DRAIN, and a worker's READY, with ERROR request.broker_unavailable.not_active."""
+
+    command: ClassVar[int] = 0x30
+    state: int
+    endpoint: str = ""
+
+
+@dataclass(frozen=True)
 class Request:
     """The broker hands a request to a worker; ``params`` are validated SamplingParams;
     ``route_keys``: the prompt's route keys (ovpool.prefix_key), for the worker's cache report."""
@@ -266,7 +279,7 @@ class Request:
 
 Message = (Submit | Cancel | Credit | Status | Ping | Pong | Supervised | Partial | Final | Error
            | StatusReply | Shutdown | Ready | Heartbeat | Disconnect | LoadFailed | Request | Drain
-           | ModelOrder)
+           | ModelOrder | PeerState)
 
 _BY_COMMAND: dict[int, type] = {cls.command: cls for cls in Message.__args__}
 _COMMAND_BYTES: dict[type, bytes] = {cls: bytes([cls.command]) for cls in _BY_COMMAND.values()}
