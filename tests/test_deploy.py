@@ -111,12 +111,15 @@ def test_kubernetes_validate_rejects_a_misspelled_field(tmp_path):
     assert result.returncode != 0
 
 
+def pod_spec(doc: dict) -> dict:
+    """The pod spec a manifest runs: a workload's template, or a KServe runtime's own spec."""
+    spec = doc.get("spec", {})
+    return spec if doc["kind"] == "ServingRuntime" else spec.get("template", {}).get("spec", {})
+
+
 def containers() -> list[dict]:
-    found = []
-    for path in manifests():
-        for doc in yaml.safe_load_all(path.read_text()):
-            found += doc.get("spec", {}).get("template", {}).get("spec", {}).get("containers", [])
-    return found
+    return [c for path in manifests() for doc in yaml.safe_load_all(path.read_text())
+            for c in pod_spec(doc).get("containers", [])]
 
 
 def test_kubernetes_commands_parse_and_probes_exist():
@@ -127,6 +130,56 @@ def test_kubernetes_commands_parse_and_probes_exist():
             if "exec" in container.get(probe, {}):
                 assert container[probe]["exec"]["command"][0] == "ovpool"
                 parses(container[probe]["exec"]["command"][1:])
+
+
+# The fields KServe's CRDs define (kserve/kserve config/crd/full, commit aaac4e29, 2026-08-21):
+# kubernetes-validate has no schema for them, so a misspelled field would pass it unseen.
+SERVING_RUNTIME_SPEC = {"affinity", "annotations", "builtInAdapter", "containers", "disabled",
+                        "grpcDataEndpoint", "grpcEndpoint", "hostIPC", "httpDataEndpoint",
+                        "imagePullSecrets", "labels", "multiModel", "nodeSelector", "protocolVersions",
+                        "replicas", "resourceClaims", "schedulerName", "storageHelper",
+                        "supportedModelFormats", "tolerations", "volumes", "workerSpec"}
+MODEL_FORMAT = {"autoSelect", "name", "priority", "version"}
+ISVC_MODEL = {"args", "env", "envFrom", "modelFormat", "ports", "protocolVersion", "resources",
+              "runtime", "runtimeVersion", "storage", "storageUri", "volumeMounts"}
+
+
+def kserve_docs() -> dict[str, dict]:
+    docs = yaml.safe_load_all((DEPLOY / "kubernetes" / "kserve-runtime.yaml").read_text())
+    return {doc["kind"]: doc for doc in docs}
+
+
+def test_kserve_runtime_uses_only_fields_its_crd_defines():
+    runtime = kserve_docs()["ServingRuntime"]["spec"]
+    assert set(runtime) <= SERVING_RUNTIME_SPEC, set(runtime) - SERVING_RUNTIME_SPEC
+    for fmt in runtime["supportedModelFormats"]:
+        assert set(fmt) <= MODEL_FORMAT and "name" in fmt
+    assert [c["name"] for c in runtime["containers"]][0] == "kserve-container"
+    mounts = {m["name"] for c in runtime["containers"] for m in c.get("volumeMounts", [])}
+    assert mounts <= {v["name"] for v in runtime["volumes"]}
+
+
+def test_kserve_runtime_pod_validates_as_a_kubernetes_pod(tmp_path):
+    """Its containers and volumes are core PodSpec fields: checked strictly as a Pod."""
+    validate = need_tool("kubernetes-validate")
+    runtime = kserve_docs()["ServingRuntime"]["spec"]
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "ovpool-kserve"},
+           "spec": {"containers": runtime["containers"], "volumes": runtime["volumes"]}}
+    (tmp_path / "pod.yaml").write_text(yaml.safe_dump(pod))
+    result = subprocess.run([validate, "--strict", str(tmp_path / "pod.yaml")], capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_kserve_inference_service_names_the_runtime_and_a_format_it_serves():
+    docs = kserve_docs()
+    model = docs["InferenceService"]["spec"]["predictor"]["model"]
+    assert set(model) <= ISVC_MODEL, set(model) - ISVC_MODEL
+    runtime = docs["ServingRuntime"]
+    assert model["runtime"] == runtime["metadata"]["name"]
+    formats = {f["name"] for f in runtime["spec"]["supportedModelFormats"]}
+    assert model["modelFormat"]["name"] in formats
+    assert model["storageUri"].endswith(".gguf")
 
 
 def test_containerfile_copies_existing_paths_and_its_command_parses():
