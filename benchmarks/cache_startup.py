@@ -22,7 +22,11 @@ times the set-up its first requests paid: the short prompt's first token, then a
 tokens) with a decode step, minus the same requests once warm.
 Both engines get the raw prompt (GenAI's chat template off), greedy, EOS ignored.
 
-Targets (issue 4): a hit's start-to-first-token ≤ 0.25× the uncached start, and the engine's load
+"hit" begins the import, and the imported graph's first pass (ovpool.worker.graph.first_pass), before
+the engine's modules load, as ``ovpool generate`` and ``ovpool worker`` do; "hit, no early pass"
+leaves that pass to the first request, as they did before (issue 30), in the same run.
+
+Targets (issues 4, 30): a hit's start-to-first-token ≤ 0.15× the uncached start, and the engine's load
 on a hit ≤ 0.15× GenAI's load, judged like-for-like (neither set up, or both). ``--evict`` drops
 the GGUF's and the blob's pages from the page cache before each run (POSIX_FADV_DONTNEED),
 measuring a cold disk instead of a warm page cache.
@@ -44,7 +48,7 @@ from pathlib import Path
 PROMPT = "The capital of France is"
 # 18 tokens: prefills of 7 rows or more use a weight layout of their own (see above).
 LONG_PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle on the beach"
-SCENARIOS = ("no cache", "hit", "hit, warm-up at load", "cache-only", "genai")
+SCENARIOS = ("no cache", "hit", "hit, no early pass", "hit, warm-up at load", "cache-only", "genai")
 
 
 def load(args: argparse.Namespace) -> tuple[dict, Callable[[str, int], object]]:
@@ -63,19 +67,24 @@ def load(args: argparse.Namespace) -> tuple[dict, Callable[[str, int], object]]:
 
     defer_heavy_imports()  # as every ovpool command (worker, generate) starts
     from ovpool.cache import prefetch
+    from ovpool.config import GraphConfig
+    from ovpool.worker.graph.first_pass import for_warm_up
 
     # cache_dir "" (the "no cache" run): no cache at all, not the default one.
     settings = {"warm_up": "load" if args.child == "hit, warm-up at load" else "idle",
                 "cache_dir": args.cache_dir}
     t0 = time.perf_counter()
-    # As `ovpool generate` and `ovpool worker` do before importing the engine.
-    early = prefetch.start(args.model, args.device, settings)
+    # As `ovpool generate` and `ovpool worker` do before importing the engine ("hit, no early
+    # pass": as they did before the early first pass).
+    first_pass = None if args.child == "hit, no early pass" else for_warm_up(settings["warm_up"])
+    early = prefetch.start(args.model, args.device, GraphConfig(), args.cache_dir, first_pass=first_pass)
     from ovpool.worker.engine import Engine
 
     engine = Engine(args.model, device=args.device, cache_only=args.child == "cache-only",
                     settings=settings, early=early)
     figures = {"load_s": time.perf_counter() - t0, "outcome": engine.load_report["outcome"],
-               "warm_up_s": engine.load_report["seconds"].get("warm-up", 0.0)}
+               "warm_up_s": engine.load_report["seconds"].get("warm-up", 0.0),
+               "early_first_pass": early is not None and early.set_up}
     return figures, lambda prompt, n: engine.complete(prompt, max_tokens=n, ignore_eos=True)
 
 
@@ -91,6 +100,8 @@ def child(args: argparse.Namespace) -> None:
     first_token_at = time.time()
     first_long = timed(request, LONG_PROMPT, 2)  # the other prefill layout, and a decode step
     setup = first - timed(request, PROMPT, 1) + first_long - timed(request, LONG_PROMPT, 2)
+    if figures["early_first_pass"]:  # whether it ran: known by now (the first request waited)
+        figures["early_first_pass"] = figures["early_first_pass"].result()
     print(json.dumps({"first_token_at": first_token_at, **figures, "first_forward_s": first,
                       "first_requests_setup_s": setup}))
 
@@ -120,23 +131,27 @@ def run(scenario: str, args: argparse.Namespace, cache_dir: str) -> dict:
 
 
 def summarize(runs: dict[str, list[dict]]) -> dict:
-    med = {s: {k: statistics.median(r[k] for r in rs) for k in rs[0] if k != "outcome"}
+    words = ("outcome", "early_first_pass")
+    med = {s: {k: statistics.median(r[k] for r in rs) for k in rs[0] if k not in words}
            for s, rs in runs.items()}
     bare, hit = med["hit"], med["hit, warm-up at load"]
-    start_ratio = bare["start_to_first_token_s"] / med["no cache"]["start_to_first_token_s"]
+    cold = med["no cache"]["start_to_first_token_s"]
+    start_ratio = bare["start_to_first_token_s"] / cold
+    before = {"hit, no early pass / no cache (start to first token)":
+              med["hit, no early pass"]["start_to_first_token_s"] / cold}
     if "genai" not in med:
-        return {"median": med, "ratios": {"hit / no cache (start to first token)": start_ratio},
-                "targets_met": {"hit <= 0.25x no cache": start_ratio <= 0.25}}
+        return {"median": med, "ratios": {"hit / no cache (start to first token)": start_ratio, **before},
+                "targets_met": {"hit <= 0.15x no cache": start_ratio <= 0.15}}
     genai = med["genai"]
     genai_set_up = genai["load_s"] + genai["first_requests_setup_s"]
     ratios = {
-        "hit / no cache (start to first token)": start_ratio,
+        "hit / no cache (start to first token)": start_ratio, **before,
         "hit load, no warm-up / genai load (neither set up)": bare["load_s"] / genai["load_s"],
         "hit load with warm-up / genai load + its first-request set-up (both set up)":
             hit["load_s"] / genai_set_up,
         "hit load with warm-up / genai load (ovpool set up, genai not)": hit["load_s"] / genai["load_s"],
     }
-    targets = {"hit <= 0.25x no cache": ratios["hit / no cache (start to first token)"] <= 0.25,
+    targets = {"hit <= 0.15x no cache": ratios["hit / no cache (start to first token)"] <= 0.15,
                "hit load <= 0.15x genai load, neither set up":
                    ratios["hit load, no warm-up / genai load (neither set up)"] <= 0.15,
                "hit load <= 0.15x genai load, both set up":
@@ -182,9 +197,9 @@ def print_table(summary: dict, args: argparse.Namespace) -> None:
     columns = (("start_to_first_token_s", "start→1st token"), ("load_s", "load"),
                ("warm_up_s", "of it warm-up"), ("first_forward_s", "1st request"),
                ("first_requests_setup_s", "set-up in 1st requests"))
-    print(f"{'scenario':<17}" + "".join(f"{title:>24}" for _, title in columns))
+    print(f"{'scenario':<21}" + "".join(f"{title:>24}" for _, title in columns))
     for s, m in summary["median"].items():
-        print(f"{s:<17}" + "".join(f"{m[key]:>24.2f}" for key, _ in columns))
+        print(f"{s:<21}" + "".join(f"{m[key]:>24.2f}" for key, _ in columns))
     populate = summary["populate (compile + export)"]
     print(f"populate (compile + export): {populate['start_to_first_token_s']:.2f}")
     for name, ratio in summary["ratios"].items():

@@ -2,6 +2,7 @@
 only when the lookup chose the same blob file, device and config; never a wrong or corrupt model."""
 
 import gc
+import json
 import os
 
 import cache_toy
@@ -117,3 +118,35 @@ def test_gc_removes_hints_whose_blob_is_gone(toy):
     cache.remove(cache.blob_path(entry))
     assert maintenance.gc(cache)["hints"] == [hint.name]
     assert list(cache.hints_dir.iterdir()) == []
+
+
+def counting_pass():
+    """A first pass that records the compiled models it ran on."""
+    ran = []
+    return ran, ran.append
+
+
+def test_the_first_pass_runs_once_the_blob_matches_its_hints_checksum(toy):
+    cache, model_file = toy
+    load(cache, model_file)
+    ran, first_pass = counting_pass()
+    early = prefetch.start(model_file, "CPU", GraphConfig(), cache.root, CORE, first_pass=first_pass)
+    assert early.set_up.result() is True
+    hit = load(cache, model_file, early)
+    assert hit.outcome == "hit" and ran == [hit.compiled]
+    np.testing.assert_array_equal(cache_toy.run(hit.compiled), EXPECTED)
+
+
+def test_a_blob_unlike_its_hint_or_a_hint_without_checksum_runs_no_first_pass(toy):
+    cache, model_file = toy
+    load(cache, model_file)
+    [hint] = cache.hints_dir.iterdir()
+    text = hint.read_text()
+    flip_middle_bit(cache, only_entry(cache)[1])
+    ran, first_pass = counting_pass()
+    early = prefetch.start(model_file, "CPU", GraphConfig(), cache.root, CORE, first_pass=first_pass)
+    assert early.set_up.result() is False and ran == []
+    assert load(cache, model_file, early).outcome == "wrote"  # and the lookup still finds it bad
+    hint.write_text(json.dumps({k: v for k, v in json.loads(text).items() if k != "checksum"}))
+    early = prefetch.start(model_file, "CPU", GraphConfig(), cache.root, CORE, first_pass=first_pass)
+    assert early.set_up.result() is False and ran == []  # a hint from before checksums

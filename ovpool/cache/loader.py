@@ -160,7 +160,7 @@ def _try_hit(lookup: Lookup, core, device, config, cache_only, early=None,
         if entry is not None:
             hit = lookup.import_entry(core, entry, device, config, early)
             log.info("model cache HIT %s", entry.id)
-            prefetch.remember(lookup.store, hint, entry.blob, device, config)
+            prefetch.remember(lookup.store, hint, entry.blob, device, config, entry.checksum)
             return hit, entry.id
     except CacheCorruptError as exc:
         if cache_only:
@@ -212,7 +212,7 @@ def _compile_and_export(lookup: Lookup, core, device, config, build,
             log.warning("model cache: export failed (%s); going on with the compiled model", exc)
             return compiled, "compiled", None, None
         log.info("model cache WROTE %s", entry.id)
-        prefetch.remember(lookup.store, hint, entry.blob, device, config)
+        prefetch.remember(lookup.store, hint, entry.blob, device, config, entry.checksum)
         return compiled, "wrote", entry.id, None
 
 

@@ -12,6 +12,12 @@ caller holds the BlobImport and hands it to its load (``load_compiled(early=...)
 over only if the fingerprint chose the same blob file (same inode, size and mtime), device and
 config, and still checks the checksum against the entry: a stale hint costs CPU time, never a
 wrong model.
+
+A hint also keeps its blob's checksum, so the import can go on to the compiled model's first pass
+(``first_pass``, the caller's: ovpool.worker.graph.first_pass) on the same thread, once the blob's
+crc32 equals the hint's: the CPU plugin lays every weight matrix out for its kernels at the first
+pass of a shape class (SmolLM2 at f32: ~0.85 s of CPU, more than the import), which otherwise
+waits for the engine's first request. A blob that fails its hint's checksum never runs.
 """
 
 from __future__ import annotations
@@ -20,8 +26,8 @@ import contextlib
 import hashlib
 import json
 import os
-from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +52,8 @@ class BlobImport:
     result that took it over (``LoadResult.close``), else whoever began it.
     """
 
-    def __init__(self, core: ov.Core, path: Path, device: str, config: Mapping[str, Any]):
+    def __init__(self, core: ov.Core, path: Path, device: str, config: Mapping[str, Any], *,
+                 checksum: str | None = None, first_pass: FirstPass | None = None):
         self.path, self.device, self.config = Path(path), device, dict(config)
         with open(self.path, "rb") as f:  # the identity of exactly the file that gets mapped
             self.identity = _identity(os.fstat(f.fileno()))
@@ -55,6 +62,8 @@ class BlobImport:
         pool = ThreadPoolExecutor(2, thread_name_prefix="ovpool-blob")
         self._compiled = pool.submit(_import, core, self.blob, device, self.config, self.path.name)
         self._checksum = pool.submit(crc32_of, self.blob)
+        # Queued behind the two: it starts once the checksum is done, and waits for the import.
+        self.set_up: Future[bool] = pool.submit(self._first_pass, self.blob, checksum, first_pass)
         pool.shutdown(wait=False)  # the threads end with their work
 
     @property
@@ -85,6 +94,19 @@ class BlobImport:
         return (Path(path) == self.path and current == self.identity and current[1] == size
                 and device == self.device and dict(config) == self.config)
 
+    def _first_pass(self, blob: np.memmap, checksum: str | None, first_pass: FirstPass | None) -> bool:
+        """Run ``first_pass`` on the compiled model if the blob is the one the hint checksummed;
+        whether it ran. ``blob``: the mapping, an argument so that it stays mapped while the pass
+        reads it even if the import is closed meanwhile."""
+        compiled, found = self._compiled, self._checksum
+        if first_pass is None or checksum is None or compiled is None or found.result() != checksum:
+            return False
+        try:
+            first_pass(compiled.result())
+        except (RuntimeError, OvpoolError):  # advice only: the engine's own first pass reports it
+            return False
+        return len(blob) > 0
+
     def result(self) -> tuple[ov.CompiledModel, str]:
         """(compiled model, ``crc32:<hex>`` of the blob), once both threads are done; a blob
         OpenVINO cannot import raises CacheCorruptError."""
@@ -92,6 +114,9 @@ class BlobImport:
             raise CacheError(f"the import of {self.path.name} was closed")
         checksum = self._checksum.result()
         return self._compiled.result(), checksum
+
+
+FirstPass = Callable[[ov.CompiledModel], object]
 
 
 def _identity(st: os.stat_result) -> tuple[int, int, int, int]:
@@ -112,11 +137,14 @@ def hint_key(model_path: str | Path, device: str, graph: GraphConfig | Settings 
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:24]
 
 
-def remember(store: CacheStore, key: str | None, blob: str, device: str, config: Mapping[str, Any]) -> None:
-    """Point ``key``'s hint at ``blob`` unless it already does; a read-only cache keeps its old one."""
+def remember(store: CacheStore, key: str | None, blob: str, device: str, config: Mapping[str, Any],
+             checksum: str) -> None:
+    """Point ``key``'s hint at ``blob`` (with its ``checksum``) unless it already does; a read-only
+    cache keeps its old one."""
     if key is None:
         return
-    text = json.dumps({"blob": blob, "device": device, "config": dict(config)}, sort_keys=True)
+    text = json.dumps({"blob": blob, "device": device, "config": dict(config), "checksum": checksum},
+                      sort_keys=True)
     path = store.hint_path(key)
     with contextlib.suppress(OSError):
         if path.is_file() and path.read_text() == text:
@@ -126,11 +154,13 @@ def remember(store: CacheStore, key: str | None, blob: str, device: str, config:
 
 
 def start(model: str | Path, device: str | None, graph: GraphConfig | Settings | Mapping[str, Any],
-          cache_dir: str | Path | None = None, core: ov.Core | None = None) -> BlobImport | None:
+          cache_dir: str | Path | None = None, core: ov.Core | None = None,
+          first_pass: FirstPass | None = None) -> BlobImport | None:
     """Begin importing the blob that an Engine of ``model`` on ``device`` with the ``graph``
     settings and ``cache_dir`` used last, if the cache has a hint for it; the import begun (the
     caller's to hand to that Engine, as ``early``), or None. Without a cache directory, hint or
-    blob the engine loads as it would have."""
+    blob the engine loads as it would have. ``first_pass``: run on the imported model once the
+    blob's checksum equals the hint's (see the module docstring)."""
     if isinstance(graph, Settings):  # the Engine's call shape until it passes its WorkerConfig
         device, cache_dir = device or graph.device, cache_dir or graph.cache_dir
     if not cache_dir:
@@ -143,5 +173,6 @@ def start(model: str | Path, device: str | None, graph: GraphConfig | Settings |
         key = hint_key(resolve_model_path(model), device, graph)
         hint = json.loads(store.hint_path(key).read_text())
         blob = store.blobs_dir / Path(hint["blob"]).name
-        return BlobImport(core or ov.Core(), blob, hint["device"], hint["config"])
+        return BlobImport(core or ov.Core(), blob, hint["device"], hint["config"],
+                          checksum=hint.get("checksum"), first_pass=first_pass)
     return None

@@ -45,8 +45,11 @@ def generate_command(prompt: str | list, model: str, sampling: dict, device: str
                                                 cache_only=cache_only))
     if settings.source("decode_graph") == "default" and sampling["max_tokens"] < DECODE_GRAPH_MIN_TOKENS:
         settings = settings.replace(decode_graph="off")
-    # A likely hit imports while the engine's modules do.
-    early = prefetch.start(model, settings.device, GraphConfig.of(settings), settings.cache_dir)
+    from ovpool.worker.graph.first_pass import for_warm_up
+
+    # A likely hit imports, and runs its first pass, while the engine's modules load.
+    early = prefetch.start(model, settings.device, GraphConfig.of(settings), settings.cache_dir,
+                           first_pass=for_warm_up(settings.warm_up))
     from ovpool.sampling_params import SamplingParams
     from ovpool.worker.engine import Engine
 

@@ -99,9 +99,11 @@ def _run_worker(settings: Any, model: str, backend: str, name: str | None, token
     early = None
     if backend == "engine":
         from ovpool.cache import prefetch
+        from ovpool.worker.graph.first_pass import for_warm_up
 
-        # A likely hit imports while the rest does.
-        early = prefetch.start(model, settings.device, GraphConfig.of(settings), settings.cache_dir)
+        # A likely hit imports, and runs its first pass, while the rest loads.
+        early = prefetch.start(model, settings.device, GraphConfig.of(settings), settings.cache_dir,
+                               first_pass=for_warm_up(settings.warm_up))
     from ovpool.worker.process import Worker
 
     names = list(served_names)

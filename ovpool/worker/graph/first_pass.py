@@ -1,0 +1,40 @@
+"""A stateful graph's first pass, run on the thread that imported it from the cache (see
+ovpool.cache.prefetch), before any request needs it.
+
+The CPU plugin lays each weight matrix out for its kernels at the first pass of a shape class
+(passes of 1-6 rows share one here, 7+ rows another); a graph imported from the cache pays it in its
+first request (SmolLM2, f32: ~0.85 s of CPU for the 1-6 class, measured in docs/performance.md).
+Every request needs that class: a one-row decode step, and a short prompt. So one pass of one token
+sets it up, on a fresh InferRequest whose state is thrown away (its KV never meets a request's) and
+whose result is unused: the kernels a shape selects do not depend on earlier passes, so no token
+changes. Only this module knows the stateful graph's ports (ovpool.worker.graph.builder.port_spec);
+a graph with any other input is left alone. Imports only numpy and openvino: a command calls
+``for_warm_up`` before the engine's modules load.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import openvino as ov
+
+_ONE_TOKEN = {"input_ids": np.zeros((1, 1), np.int64), "attention_mask": np.ones((1, 1), np.int64),
+              "position_ids": np.zeros((1, 1), np.int64), "beam_idx": np.zeros(1, np.int32),
+              "logits_from": np.zeros(1, np.int64)}
+
+
+def one_token_pass(compiled: ov.CompiledModel) -> bool:
+    """One pass of one token at position 0 on a new InferRequest of ``compiled``; False (nothing
+    run) if its inputs are not the stateful graph's."""
+    names = [port.get_any_name() for port in compiled.inputs]
+    if not names or not set(names) <= set(_ONE_TOKEN):
+        return False
+    compiled.create_infer_request().infer({name: _ONE_TOKEN[name] for name in names})
+    return True
+
+
+def for_warm_up(warm_up: str) -> Callable[[ov.CompiledModel], bool] | None:
+    """The first pass an early import runs for an engine of setting ``warm_up``: none with
+    ``off``, which leaves every set-up to the first requests."""
+    return None if warm_up == "off" else one_token_pass
