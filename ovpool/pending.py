@@ -31,7 +31,7 @@ from typing import Any, Protocol
 
 import msgpack
 
-from ovpool import bounds, errors, timing, tools
+from ovpool import bounds, errors, keep_alive, timing, tools
 from ovpool.completion import Completion, Delta
 from ovpool.protocol import (
     MAX_MESSAGE_BYTES,
@@ -97,7 +97,10 @@ def make_submit(prompt_or_messages: str | list, model: str, timeout: float | Non
                 sampling: dict[str, Any], window: int = 0) -> Submit:
     """A validated SUBMIT (``window`` > 0: a stream with that much credit). Bad sampling parameters,
     a prompt over ovpool.bounds, anything msgpack cannot encode, or a message over the broker's
-    limit raise InvalidRequestError naming the field here, before it is tracked or sent."""
+    limit raise InvalidRequestError naming the field here, before it is tracked or sent.
+    ``sampling`` may hold ``keep_alive`` (ovpool.keep_alive), which is the SUBMIT's, not sampling."""
+    sampling = dict(sampling)
+    keep_alive_s = keep_alive.parse(sampling.pop("keep_alive", None))
     checked = SamplingParams(**sampling)
     tools.check_chat(checked.calls_tools, not isinstance(prompt_or_messages, str))
     params = sampling_to_wire(checked)
@@ -115,7 +118,7 @@ def make_submit(prompt_or_messages: str | list, model: str, timeout: float | Non
         raise errors.InvalidRequestError("timeout must be > 0 seconds (or None for no timeout)",
                                          param="timeout")
     model = bounds.text(model or "", "model", bounds.MAX_NAME_CHARS)
-    submit = Submit(_next_id(), model, params, prompt, messages, float(timeout or 0.0), window)
+    submit = Submit(_next_id(), model, params, prompt, messages, float(timeout or 0.0), window, keep_alive_s)
     _check_size(submit)
     return submit
 

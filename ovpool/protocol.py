@@ -66,6 +66,7 @@ class Submit:
     messages: list | None = None
     timeout_s: float = 0.0
     window: int = 0  # 0: only the FINAL (no PARTIALs); else a stream with this many tokens of credit
+    keep_alive_s: float | None = None  # the model's keep-alive from now on (ovpool.keep_alive); None: its own
 
 
 @dataclass(frozen=True)
@@ -285,7 +286,8 @@ _BY_COMMAND: dict[int, type] = {cls.command: cls for cls in Message.__args__}
 _COMMAND_BYTES: dict[type, bytes] = {cls: bytes([cls.command]) for cls in _BY_COMMAND.values()}
 # Field name -> accepted Python types, per class (annotations are strings under __future__).
 _TYPES = {"str": (str,), "int": (int,), "float": (float, int), "dict": (dict,), "list": (list,),
-          "str | None": (str, type(None)), "list | None": (list, type(None))}
+          "str | None": (str, type(None)), "list | None": (list, type(None)),
+          "float | None": (float, int, type(None))}
 _SCHEMA: dict[type, dict[str, tuple[tuple[type, ...], bool]]] = {
     cls: {f.name: (_TYPES[f.type], f.default is dataclasses.MISSING
                    and f.default_factory is dataclasses.MISSING)

@@ -6,71 +6,13 @@ import pytest
 from broker_helpers import C1, C2, LATE, W1, of, ready, submit
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from residency_world import NAMES, World
 
 from ovpool import errors, timing
 from ovpool.broker.residency import NEVER, Load, ModelPolicy, ModelState, Residency, Unload
 from ovpool.broker.router import Router
 from ovpool.errors import ConfigError
 from ovpool.protocol import Error, Ping, Request, Supervised
-
-NAMES = ("a", "b", "c")
-
-
-class World:
-    """The pool around a Residency: loads and unloads finish when told, requests queue, run, end."""
-
-    def __init__(self, policies: list[ModelPolicy], max_loaded: int | None):
-        self.r = Residency(policies, max_loaded)
-        self.max_loaded = max_loaded
-        self.queued = dict.fromkeys((p.name for p in policies), 0)
-        self.active = dict.fromkeys(self.queued, 0)
-        self.pinned = {p.name for p in policies if p.pinned}
-        self.loads: list[str] = []
-        self.now = 0.0
-
-    def observe(self) -> list:
-        actions = self.r.observe(self.now, self.queued, self.active)
-        for action in actions:
-            if isinstance(action, Unload):  # never under requests in flight or waiting, never a pin
-                assert not self.active[action.model] and not self.queued[action.model]
-                assert action.model not in self.pinned
-            else:
-                self.loads.append(action.model)
-        if self.max_loaded is not None:
-            assert self.r.resident() <= self.max_loaded
-        return actions
-
-    def step(self, event: tuple[str, str]) -> None:
-        kind, name = event
-        state = self.r.state(name)
-        if kind == "submit":
-            self.queued[name] += 1
-        elif kind == "ready" and state is ModelState.LOADING:
-            self.r.loaded(name, self.now)
-        elif kind == "gone" and state is ModelState.UNLOADING:
-            self.r.unloaded(name)
-        elif kind == "dispatch" and state is ModelState.LOADED and self.queued[name]:
-            self.queued[name] -= 1
-            self.active[name] += 1
-        elif kind == "finish" and self.active[name]:
-            self.active[name] -= 1
-        elif kind == "tick":
-            self.now += 61.0
-        elif kind in ("load", "unload"):  # POST /v1/models/{id}/load|unload
-            self.r.order(name, kind, self.now)
-        self.observe()
-
-    def settle(self) -> None:
-        """No new requests: every pending load, unload and request goes on until nothing waits."""
-        for _ in range(200):
-            for name in NAMES:
-                for kind in ("ready", "gone", "dispatch", "finish"):
-                    self.step((kind, name))
-            if not any(self.queued.values()) and not any(self.active.values()):
-                return
-        raise AssertionError(f"requests still wait: {self.queued}, states "
-                             f"{[self.r.state(n).value for n in NAMES]}")
-
 
 events = st.lists(st.tuples(st.sampled_from(("submit", "ready", "gone", "dispatch", "finish", "tick",
                                               "load", "unload")),

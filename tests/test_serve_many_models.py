@@ -81,6 +81,7 @@ def test_three_models_on_a_budget_of_two_swap_lru_first_and_keep_the_pinned_one(
 def test_a_streaming_model_unloads_only_after_its_stream_and_keep_alive_expiry_unloads(tmp_path):
     with serve(tmp_path, "--backend", "null", "--token-delay", "0.05", "--model", "a", "--model", "b",
                "--max-loaded", "1", "--keep-alive", "1") as served, Client(served.endpoint) as client:
+        served.wait_service("broker")  # a loaded host may start it past the client's connect timeout
         stream = iter(client.stream("long", model="a", max_tokens=100, timeout=60))  # 5 s: past the checks
         texts = [next(stream).text]  # a is loaded and streaming
         done_b: list[str] = []

@@ -293,8 +293,8 @@ class _Api:
         return JSONResponse({"input_tokens": completion.usage.prompt_tokens})
 
     async def _complete(self, request: Request, gen: Generate) -> list[Completion]:
-        futures = [self.client.submit(c.prompt, model=gen.model, timeout=gen.timeout, **c.sampling)
-                   for c in gen.choices]
+        futures = [self.client.submit(c.prompt, model=gen.model, timeout=gen.timeout,
+                                      keep_alive=gen.keep_alive, **c.sampling) for c in gen.choices]
         with self.disconnects.watch(request, lambda: fail_pending(futures, ClientGone())):
             return await self._results(futures)
 
@@ -309,7 +309,8 @@ class _Api:
 
     async def _stream(self, request: Request, gen: Generate, dialect: Dialect) -> Response:
         merged = Merged({c.index: self.client.stream(c.prompt, model=gen.model, timeout=gen.timeout,
-                                                     **c.sampling) for c in gen.choices})
+                                                     keep_alive=gen.keep_alive, **c.sampling)
+                         for c in gen.choices})
         try:
             with self.disconnects.watch(request, merged.client_gone):
                 first = await merged.__anext__()

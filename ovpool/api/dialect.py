@@ -68,6 +68,6 @@ def renamed(names: dict[str, str]) -> Iterator[None]:
 
 
 def extensions(body: dict) -> dict[str, Any]:
-    """ovpool's own fields, as /v1/chat/completions takes them: ``seed`` (the same tokens again)
-    and ``timeout`` (seconds before a 504)."""
-    return {name: body[name] for name in ("seed", "timeout") if name in body}
+    """ovpool's own fields, as /v1/chat/completions takes them: ``seed`` (the same tokens again),
+    ``timeout`` (seconds before a 504) and ``keep_alive`` (Ollama's: how long the model stays loaded)."""
+    return {name: body[name] for name in ("seed", "timeout", "keep_alive") if name in body}

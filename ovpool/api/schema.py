@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from ovpool import bounds
+from ovpool import bounds, keep_alive
 from ovpool.api import chat_tools
 from ovpool.api.chat_tools import bad
 from ovpool.bounds import MAX_CHOICES, MAX_JSON_DEPTH, MAX_LOGPROBS
@@ -51,6 +51,7 @@ class Generate:
     echo: bool = False
     logprobs: int | None = None  # None: not asked for; else how many top alternatives per token
     timeout: float | None = None
+    keep_alive: float | None = None  # seconds (ovpool.keep_alive; -1: never); None: the model's own
 
 
 def parse_json(raw: bytes) -> Any:
@@ -109,7 +110,7 @@ def _generate(body: dict, chat: bool, prompts: list, max_tokens: int, logprobs: 
     if logprobs is not None:
         base["logprobs"] = logprobs
     return Generate(chat, model, _choices(base, prompts, n), n, stream, _include_usage(body, stream), echo,
-                    logprobs, _timeout(body))
+                    logprobs, _timeout(body), keep_alive.parse(body.get("keep_alive")))
 
 
 def _choices(base: dict[str, Any], prompts: list, n: int) -> list[Choice]:

@@ -7,9 +7,10 @@ are outside ovpool.bounds (every field of a message too), its sampling parameter
 (SamplingParams: nested ones included) or ask for more than ``max_new_tokens``, it names a model
 no worker serves (after the start-up grace a restarted broker gives workers to register again,
 or at once when a worker that was to serve it reported that it cannot load it: LOAD_FAILED; a
-model a supervisor loads on demand, SUPERVISED entries with ``model``, waits for its load), or
-its model's queue is full. During the grace, requests wait for at most ``MAX_UNSEEN_MODELS``
-models not served yet. The whole message is within protocol.MAX_MESSAGE_BYTES (the server).
+model a supervisor loads on demand, SUPERVISED entries with ``model``, waits for its load), its
+model's queue is full, or its keep-alive is not a number of seconds (ovpool.keep_alive.seconds).
+During the grace, requests wait for at most ``MAX_UNSEEN_MODELS`` models not served yet. The
+whole message is within protocol.MAX_MESSAGE_BYTES (the server).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from __future__ import annotations
 import math
 import secrets
 
-from ovpool import bounds, errors, timing
+from ovpool import bounds, errors, keep_alive, timing
 from ovpool.broker.placement import Placement
 from ovpool.broker.state import Job, LoadFailures, SupervisedHosts
 from ovpool.prefix_key import NO_KEYS, route_keys
@@ -41,6 +42,7 @@ class Admission:
     def admit(self, peer: bytes, msg: Submit, now: float) -> Job:
         """The Job for ``msg`` from ``peer``; raises a RequestError if it is refused."""
         _check_envelope(msg)
+        keep = None if msg.keep_alive_s is None else keep_alive.seconds(msg.keep_alive_s, "keep_alive_s")
         params = _sampling(msg.params)
         if params.max_tokens > self.max_new_tokens:
             raise errors.InvalidRequestError(
@@ -57,7 +59,7 @@ class Admission:
         request = Request(msg.request_id, model, wire, msg.prompt, msg.messages, list(route.keys))
         deadline = now + msg.timeout_s if msg.timeout_s > 0 else float("inf")
         return Job(request, peer, deadline, queued_at=now, waiting_since=now, route=route,
-                   max_tokens=params.max_tokens)
+                   max_tokens=params.max_tokens, keep_alive_s=keep)
 
     def _resolve_model(self, model: str, now: float) -> str:
         resolved = (model if self.placement.serves(model) else None) if model else self.placement.only_model()

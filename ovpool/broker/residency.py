@@ -8,7 +8,14 @@ models of one ``ovpool serve`` (one host's devices), which to load and which to 
 - at most ``max_loaded`` models are resident (loading, loaded or unloading) at any moment; when a
   load would pass it, the least recently used loaded model that is neither pinned nor busy
   (requests in flight or queued) is unloaded first, and the load follows once it has gone;
-- a loaded model idle for its keep-alive (seconds; -1 never) is unloaded; pinned models never are;
+- with ``max_bytes`` (a byte budget per device, the workers' PSS as serve measures it), the models
+  resident on a device take at most that much once settled: over it, the least recently used idle
+  unpinned model there unloads, never a busy one; a load waits for room when its model's size is
+  known from an earlier load (else it loads, and the measure decides after); a model over the
+  budget alone (beside pins) stays loaded and is reported (a Notice, its reason);
+- a loaded model idle for its keep-alive (seconds; -1 never) is unloaded; pinned models never are.
+  The keep-alive is the model's own unless its latest request set one (SUBMIT.keep_alive_s, as the
+  broker's STATUS ``keep_alive`` reports it): the last request wins, as in Ollama;
 - a model whose load failed stays ``failed`` (the broker fails its requests naming why: the
   worker's LOAD_FAILED, or the supervisor's report of a worker failing for good).
 
@@ -16,24 +23,21 @@ Nothing here touches a process or a socket, and time is passed in, so the proper
 hours of traffic in microseconds (tests/test_broker_residency.py). Its actions are carried out by
 ``ovpool.serve.pool``, which starts and stops one worker process per model and device.
 
-Why processes per model, not a worker swapping its model on a broker command: an unload then gives
-the memory back whole (the process exits; what a swapped-out OpenVINO model leaves in the
-allocator's arenas stays in a long-lived worker's RSS, and the budget is about real memory), a bad
-model file costs only its own process, and the supervisor's crash and give-up policy applies per
-model unchanged. It costs the interpreter and OpenVINO's import on each load (figures in
-docs/operations.md, "Many models"), which the cache's prefetch overlaps with the import of the
-compiled blob, so a warm load stays an import.
+Why a process per model rather than a worker swapping its model: docs/operations.md, "Many models".
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 
 from ovpool.errors import ConfigError
 
 NEVER = -1.0  # a keep-alive that never expires
+MIB = 1 << 20
+
+Usage = Mapping[str, int]  # requests queued (or in flight) per model
 
 
 class ModelState(str, Enum):
@@ -49,11 +53,13 @@ RESIDENT = (ModelState.LOADING, ModelState.LOADED, ModelState.UNLOADING)
 
 @dataclass(frozen=True)
 class ModelPolicy:
-    """One model of the catalog: ``keep_alive_s`` idle seconds before it unloads (NEVER: -1)."""
+    """One model of the catalog: ``keep_alive_s`` idle seconds before it unloads (NEVER: -1),
+    ``devices`` its workers run on (each device has its own byte budget)."""
 
     name: str
     keep_alive_s: float = 300.0
     pinned: bool = False
+    devices: tuple[str, ...] = ("CPU",)
 
 
 @dataclass(frozen=True)
@@ -67,7 +73,15 @@ class Unload:
     reason: str
 
 
-Action = Load | Unload
+@dataclass(frozen=True)
+class Notice:
+    """Once per load: ``model`` is over the byte budget on its own, which no unload can fix."""
+
+    model: str
+    text: str
+
+
+Action = Load | Unload | Notice
 
 
 @dataclass
@@ -80,26 +94,47 @@ class _Model:
     loads: int = 0
     unloads: int = 0
     reason: str = ""
+    keep_alive_s: float | None = None  # its latest request's keep-alive; None: the policy's
+    memory: dict[str, int] = field(default_factory=dict)  # device -> bytes its workers hold now
+    known: dict[str, int] = field(default_factory=dict)  # device -> bytes it held when last loaded
+    noticed: bool = False  # its Notice went out for this load
+
+    @property
+    def keep(self) -> float:
+        return self.policy.keep_alive_s if self.keep_alive_s is None else self.keep_alive_s
+
+    def size(self, device: str) -> int:
+        """Its bytes on ``device``: measured, or for a load under way what it took last time."""
+        now = self.memory.get(device, 0)
+        return max(now, self.known.get(device, 0)) if self.state is ModelState.LOADING else now
 
 
 class Residency:
-    """``max_loaded`` None: no budget. Pinned models are loaded at the first ``observe``; pins that
-    leave no room for the other models are a ConfigError."""
+    """``max_loaded`` None: no budget of models; ``max_bytes`` None: none of bytes. Pinned models
+    are loaded at the first ``observe``; pins that leave no room for the others are a ConfigError."""
 
-    def __init__(self, models: list[ModelPolicy], max_loaded: int | None = None):
+    def __init__(self, models: list[ModelPolicy], max_loaded: int | None = None,
+                 max_bytes: int | None = None):
         pinned = [m.name for m in models if m.pinned]
         if max_loaded is not None and pinned and len(pinned) >= max_loaded and len(models) > max_loaded:
             raise ConfigError(f"the pinned models ({', '.join(pinned)}) take the whole budget of "
                               f"max_loaded={max_loaded}, so the others could never load; pin fewer "
                               "or raise --max-loaded")
-        self.max_loaded = max_loaded
+        self.max_loaded, self.max_bytes = max_loaded, max_bytes
         self._models = {m.name: _Model(m) for m in models}
+        self._devices = sorted({d for m in models for d in m.devices})
 
     # -- events ---------------------------------------------------------------------------------
 
-    def observe(self, now: float, queued: Mapping[str, int], active: Mapping[str, int]) -> list[Action]:
-        """The broker's view at ``now`` (requests queued and in flight per model): the actions due."""
+    def observe(self, now: float, queued: Usage, active: Usage, keep_alive: Mapping[str, float] | None = None,
+                memory: Mapping[str, Mapping[str, int]] | None = None) -> list[Action]:
+        """The broker's view at ``now`` (requests queued and in flight per model, the keep-alive
+        the latest request for a model set) and serve's ``memory`` (model -> device -> bytes its
+        workers hold; None: not measured this round): the actions due."""
         for name, m in self._models.items():
+            m.keep_alive_s = (keep_alive or {}).get(name)
+            if memory is not None:
+                self._measured(m, memory.get(name, {}))
             if queued.get(name, 0) or active.get(name, 0):
                 m.last_used = now
                 if m.wanted_since is None and m.state not in (ModelState.LOADED, ModelState.FAILED):
@@ -108,6 +143,7 @@ class Residency:
                 m.wanted_since = None
         out: list[Action] = []
         self._expire(now, queued, active, out)
+        self._fit_bytes(queued, active, out)
         self._load_wanted(now, queued, active, out)
         return out
 
@@ -164,20 +200,26 @@ class Residency:
         m = self._models[model]
         waiting = round(now - m.wanted_since, 3) if m.wanted_since is not None else 0.0
         return {"model": model, "residency": m.state.value, "pinned": int(m.policy.pinned),
-                "keep_alive_s": m.policy.keep_alive_s, "loads": m.loads, "unloads": m.unloads,
-                "waiting_s": waiting, "residency_reason": m.reason}
+                "keep_alive_s": m.keep, "keep_alive_from": "setting" if m.keep_alive_s is None else "request",
+                "memory_mib": round(sum(m.memory.values()) / MIB, 1), "loads": m.loads,
+                "unloads": m.unloads, "waiting_s": waiting, "residency_reason": m.reason}
 
     # -- inside ---------------------------------------------------------------------------------
 
-    def _idle(self, name: str, queued: Mapping[str, int], active: Mapping[str, int]) -> bool:
+    def _idle(self, name: str, queued: Usage, active: Usage) -> bool:
         m = self._models[name]
         return (m.state is ModelState.LOADED and not m.policy.pinned
                 and not queued.get(name, 0) and not active.get(name, 0))
 
-    def _expire(self, now: float, queued: Mapping[str, int], active: Mapping[str, int],
-                out: list[Action]) -> None:
+    def _measured(self, m: _Model, memory: Mapping[str, int]) -> None:
+        """Its workers' bytes per device now; what a loaded model holds is its size next time."""
+        m.memory = dict(memory) if m.state in RESIDENT else {}
+        if m.state is ModelState.LOADED:
+            m.known.update((d, b) for d, b in memory.items() if b > 0)
+
+    def _expire(self, now: float, queued: Usage, active: Usage, out: list[Action]) -> None:
         for name, m in self._models.items():
-            keep = m.policy.keep_alive_s
+            keep = m.keep
             if m.ordered == "unload" and m.state is not ModelState.LOADING:
                 if m.state is not ModelState.LOADED:
                     m.ordered = ""  # not loaded (any more): nothing to do
@@ -185,28 +227,96 @@ class Residency:
                     m.ordered = ""
                     self._unload(m, "unloaded on request (POST /v1/models/{id}/unload)", out)
             elif keep >= 0 and self._idle(name, queued, active) and now - m.last_used >= keep:
-                self._unload(m, f"idle for its keep-alive of {keep:g} s", out)
+                asked = "" if m.keep_alive_s is None else " (its latest request's keep_alive)"
+                self._unload(m, f"idle for its keep-alive of {keep:g} s{asked}", out)
 
-    def _load_wanted(self, now: float, queued: Mapping[str, int], active: Mapping[str, int],
-                     out: list[Action]) -> None:
+    # -- the byte budget ------------------------------------------------------------------------
+
+    def _on(self, device: str, *states: ModelState) -> list[_Model]:
+        return [m for m in self._models.values() if m.state in states and device in m.policy.devices]
+
+    def _used(self, device: str, *states: ModelState) -> int:
+        return sum(m.size(device) for m in self._on(device, *states))
+
+    def _fit_bytes(self, queued: Usage, active: Usage, out: list[Action]) -> None:
+        """Over the budget on a device: its least recently used idle models unload (not counting
+        those already unloading) until it fits, or one unpinned model is left (beside any pins):
+        that one stays, as serving beats an empty device, and is reported once."""
+        if self.max_bytes is None:
+            return
+        for device in self._devices:
+            while (used := self._used(device, ModelState.LOADING, ModelState.LOADED)) > self.max_bytes:
+                staying = [m for m in self._on(device, ModelState.LOADING, ModelState.LOADED)
+                           if not m.policy.pinned]
+                if len(staying) <= 1:
+                    self._alone(staying, device, used, out)
+                    break
+                if not self._make_room(None, device, queued, active, out):
+                    break  # the busy ones unload as they go idle
+
+    def _alone(self, staying: list[_Model], device: str, used: int, out: list[Action]) -> None:
+        if not staying or staying[0].noticed or staying[0].state is ModelState.LOADING:
+            return
+        m = staying[0]
+        m.noticed = True
+        m.reason = (f"{m.policy.name!r} alone holds {m.size(device) / MIB:.0f} MiB on {device} (with any "
+                    f"pinned models: {used / MIB:.0f} MiB), over max_loaded_mb={self.max_bytes / MIB:g}: "
+                    "it stays loaded and serves; raise max_loaded_mb to load another model beside it")
+        out.append(Notice(m.policy.name, m.reason))
+
+    def _no_room(self, m: _Model) -> str | None:
+        """A device of ``m`` where its size from its last load does not fit beside what is there
+        (unloading models included: their memory is not back yet); None: it fits."""
+        if self.max_bytes is None:
+            return None
+        for device in m.policy.devices:
+            used = self._used(device, *RESIDENT)
+            if used and used + m.known.get(device, 0) > self.max_bytes:
+                return device
+        return None
+
+    def _make_room(self, m: _Model | None, device: str | None, queued: Usage, active: Usage,
+                   out: list[Action]) -> bool:
+        """Unload the least recently used idle model (on ``device`` if given) to make room for
+        ``m`` (None: the budget alone); False if none is idle."""
+        victims = [n for n, v in self._models.items() if v is not m and self._idle(n, queued, active)
+                   and (device is None or device in v.policy.devices)]
+        if not victims:
+            return False
+        victim = self._models[min(victims, key=lambda n: (self._models[n].last_used, n))]
+        budget = (f"max_loaded={self.max_loaded}" if device is None
+                  else f"max_loaded_mb={self.max_bytes / MIB:g} on {device}")
+        why = f"making room for {m.policy.name!r}" if m is not None else "over the budget"
+        self._unload(victim, f"least recently used, {why} ({budget})", out)
+        return True
+
+    # -- loads ----------------------------------------------------------------------------------
+
+    def _load_wanted(self, now: float, queued: Usage, active: Usage, out: list[Action]) -> None:
         wanted = sorted((m for m in self._models.values() if m.state is ModelState.UNLOADED
                          and (m.policy.pinned or m.wanted_since is not None)),
                         key=lambda m: (not m.policy.pinned, m.wanted_since or now, m.policy.name))
         making_room = sum(m.state is ModelState.UNLOADING for m in self._models.values())
         for m in wanted:
-            if self.max_loaded is None or self.resident() < self.max_loaded:
-                m.state, m.reason = ModelState.LOADING, ""
-                m.loads += 1
-                out.append(Load(m.policy.name))
-            elif making_room:
-                making_room -= 1  # an unload under way makes room for this one
-            else:
-                victims = [n for n in self._models if self._idle(n, queued, active)]
-                if not victims:
+            if self.max_loaded is not None and self.resident() >= self.max_loaded:
+                if making_room:
+                    making_room -= 1  # an unload under way makes room for this one
+                elif not self._make_room(m, None, queued, active, out):
                     return  # every resident model is busy or pinned: wait for one to go idle
-                victim = self._models[min(victims, key=lambda n: (self._models[n].last_used, n))]
-                self._unload(victim, f"least recently used, making room for {m.policy.name!r} "
-                                     f"(max_loaded={self.max_loaded})", out)
+            elif (device := self._no_room(m)) is None or not self._waits(m, device, queued, active, out):
+                self._load(m, out)
+
+    def _waits(self, m: _Model, device: str, queued: Usage, active: Usage, out: list[Action]) -> bool:
+        """Whether ``m`` waits for bytes on ``device``: an unload under way there, one started now,
+        or busy models there that will go idle; with only pins there it loads beside them."""
+        if self._on(device, ModelState.UNLOADING) or self._make_room(m, device, queued, active, out):
+            return True
+        return any(not v.policy.pinned for v in self._on(device, *RESIDENT))
+
+    def _load(self, m: _Model, out: list[Action]) -> None:
+        m.state, m.reason, m.noticed = ModelState.LOADING, "", False
+        m.loads += 1
+        out.append(Load(m.policy.name))
 
     def _unload(self, m: _Model, reason: str, out: list[Action]) -> None:
         m.state, m.reason = ModelState.UNLOADING, reason

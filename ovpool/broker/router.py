@@ -33,6 +33,7 @@ from ovpool.broker.placement import Placement
 from ovpool.broker.state import (
     Counters,
     Job,
+    KeepAlives,
     LoadFailures,
     ModelOrders,
     Output,
@@ -89,6 +90,7 @@ class Router:
         self.failures = LoadFailures()
         self.supervised = SupervisedHosts()
         self.orders = ModelOrders(secrets.token_hex(4))
+        self.keep_alives = KeepAlives()
         self.admission = Admission(self.placement, self.failures, started=now, queue_limit=queue_limit,
                                    max_new_tokens=max_new_tokens, supervised=self.supervised)
         self._told_to_register: set[bytes] = set()
@@ -177,6 +179,7 @@ class Router:
             "supervised": self.supervised.entries(),
             "failed": self.failures.entries(now),
             "model_orders": self.orders.entries(),
+            "keep_alive": self.keep_alives.entries(),
             "draining": {"pool": self.drain.describe(now) if self.drain else None,
                          "workers": [w.info.worker_id for w in self.workers.values() if w.draining]},
         }
@@ -217,6 +220,7 @@ class Router:
             out.append((peer, Error(msg.request_id, exc.code, str(exc))))
             return
         self.counters.submitted += 1
+        self.keep_alives.note(job.model, job.keep_alive_s)
         if msg.window > 0:  # no stream takes more PARTIALs than its max_tokens
             self.streams.open(job.request_id, peer, min(msg.window, job.max_tokens))
         self.placement.submit(job, out)

@@ -60,6 +60,7 @@ class Job:
     progress_at: float | None = None  # its latest PARTIAL (or first tick) on its current worker
     route: RouteKeys = NO_KEYS  # its prompt's route keys (the same as request.route_keys)
     max_tokens: int = 1 << 63  # its sampling max_tokens: no honest worker sends more PARTIALs
+    keep_alive_s: float | None = None  # its model's keep-alive from now on (KeepAlives); None: its own
 
     @property
     def request_id(self) -> str:
@@ -87,6 +88,27 @@ class Counters:
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
+
+
+class KeepAlives:
+    """Each model's keep-alive as the latest request for it set it (SUBMIT.keep_alive_s): the last
+    request wins, as in Ollama, and one without sets its model back to its own (so it is dropped
+    here). STATUS's ``keep_alive`` (model -> seconds), which the serve that loads it follows."""
+
+    _MAX = 1024  # models named by requests: beyond this the oldest entry goes (back to its own)
+
+    def __init__(self) -> None:
+        self._by_model: dict[str, float] = {}
+
+    def note(self, model: str, keep_alive_s: float | None) -> None:
+        self._by_model.pop(model, None)
+        if keep_alive_s is not None:
+            if len(self._by_model) >= self._MAX:
+                del self._by_model[next(iter(self._by_model))]
+            self._by_model[model] = keep_alive_s
+
+    def entries(self) -> dict[str, float]:
+        return dict(self._by_model)
 
 
 class ModelOrders:

@@ -60,6 +60,7 @@ def _spec(devices: str | None, workers: int | None, bind: str, remote: str | Non
         raise click.UsageError("--served-name names the one model of a pool; with several, give "
                                "names as --model NAME=PATH or served_names in a --models file")
     return PoolSpec(models=models, max_loaded=settings.max_loaded or None, keep_alive_s=settings.keep_alive_s,
+                    max_loaded_mb=settings.max_loaded_mb or None,
                     devices=tuple(listed), bind=None if remote else bind, broker=remote or "",
                     cache_dir=settings.cache_dir,
                     cache_only=settings.cache_only, metrics_port=settings.metrics_port, http=http, **fields)
@@ -116,6 +117,9 @@ def _publisher(state_file: str | None, client: Any, client_keys: dict[str, str])
 @click.option("--max-loaded", type=int, default=None, metavar="N",
               help="Several models: at most N loaded at once; the least recently used idle one "
                    "unloads first (setting max_loaded; 0: no limit).")
+@click.option("--max-loaded-mb", type=float, default=None, metavar="MIB",
+              help="Several models: at most MIB of loaded models per device (their workers' PSS); "
+                   "the least recently used idle one unloads first (setting max_loaded_mb; 0: none).")
 @click.option("--keep-alive", type=float, default=None, metavar="SECONDS",
               help="Several models: unload one idle this long (setting keep_alive_s, default 300; "
                    "-1: never).")
@@ -163,7 +167,7 @@ def _publisher(state_file: str | None, client: Any, client_keys: dict[str, str])
                    "serve then exits with status 2.")
 @settings_options
 def serve_command(models: tuple[str, ...], models_dir: str | None, models_file: str | None,
-                  max_loaded: int | None, keep_alive: float | None,
+                  max_loaded: int | None, max_loaded_mb: float | None, keep_alive: float | None,
                   devices: str | None, workers: int | None, bind: str, remote: str | None,
                   cache_dir: str | None, cache_only: bool | None, metrics_port: int | None,
                   state_file: str | None, http: str | None, no_http: bool, api_key_file: str | None,
@@ -179,6 +183,7 @@ def serve_command(models: tuple[str, ...], models_dir: str | None, models_file: 
     curve = {k: fields.pop(k) for k in CURVE_SETTINGS}
     settings = resolve_settings(assignments, cache_dir=cache_dir, cache_only=cache_only,
                                 metrics_port=metrics_port, max_loaded=max_loaded, keep_alive_s=keep_alive,
+                                max_loaded_mb=max_loaded_mb,
                                 **curve)
     if fields.get("backend") != "null":
         check_cache_dir(settings)
@@ -236,7 +241,8 @@ def _run(spec: PoolSpec, settings: Any, keys: ChildKeys, state_file: str | None,
 def _echo_start(spec: PoolSpec, remote: str | None, keys: ChildKeys) -> None:
     what = spec.model if not spec.on_demand else (
         f"{len(spec.models)} models on demand ({', '.join(m.name for m in spec.models)}; at most "
-        f"{spec.max_loaded or 'all'} loaded)")
+        f"{spec.max_loaded or 'all'} loaded"
+        + (f", {spec.max_loaded_mb:g} MiB a device" if spec.max_loaded_mb else "") + ")")
     click.echo(f"ovpool serve: {what} on {len(spec.devices)} worker(s) ({', '.join(spec.devices)}), "
                f"broker {spec.endpoint}" + (" (remote)" if remote else "") + f" ({keys.mode})"
                + f", cache {spec.cache_dir or 'off'}"

@@ -45,9 +45,10 @@ class ModelEntry:
     # worker), so /v1/models can say so before it loads; None: not known.
     chat: bool | None = None
 
-    def policy(self, keep_alive_s: float) -> ModelPolicy:
+    def policy(self, keep_alive_s: float, devices: tuple[str, ...]) -> ModelPolicy:
+        """Its residency policy: ``keep_alive_s`` and ``devices`` are the pool's defaults."""
         keep = self.keep_alive_s if self.keep_alive_s is not None else keep_alive_s
-        return ModelPolicy(self.name, keep, self.pinned)
+        return ModelPolicy(self.name, keep, self.pinned, tuple(dict.fromkeys(self.devices or devices)))
 
 
 def catalog(models: tuple[str, ...], models_dir: str | None,

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from ovpool.broker.residency import RESIDENT, Load, ModelState, Residency
+from ovpool.broker.residency import MIB, RESIDENT, Load, ModelState, Notice, Residency
 from ovpool.serve.spec import PoolSpec
 from ovpool.serve.supervisor import Supervisor, WorkerPhase
 
@@ -25,8 +25,12 @@ DrainFn = Callable[[str], None]  # take a worker (by its exact registered id) ou
 
 class ModelLoads:
     def __init__(self, spec: PoolSpec, supervisor: Supervisor, drain: DrainFn | None = None):
-        self.residency = Residency(spec.policies(), spec.max_loaded)
+        mb = spec.max_loaded_mb
+        self.residency = Residency(spec.policies(), spec.max_loaded, int(mb * MIB) if mb else None)
         self._workers = {name: model.name for name, (model, _) in spec.workers().items()}
+        self._devices = {name: device for name, (_, device) in spec.workers().items()}
+        # A request may name a model by any of its served names; residency knows catalog names.
+        self._names = {alias: m.name for m in spec.models for alias in (m.name, *m.served_names)}
         self._chat = {m.name: int(m.chat) for m in spec.models if m.chat is not None}
         self._supervisor = supervisor
         self._drain = drain
@@ -39,9 +43,11 @@ class ModelLoads:
     def model_of(self, worker: str) -> str:
         return self._workers[worker]
 
-    def step(self, now: float, status: dict | None, registered: dict[str, dict]) -> list[str]:
-        """One round with the broker's ``status`` (None: no answer) and this host's registered
-        workers by name (their STATUS entries): the workers to stop now (drained and idle)."""
+    def step(self, now: float, status: dict | None, registered: dict[str, dict],
+             memory: dict[str, int] | None = None) -> list[str]:
+        """One round with the broker's ``status`` (None: no answer), this host's registered
+        workers by name (their STATUS entries) and ``memory`` (bytes each running worker holds,
+        by name; None: not measured this round): the workers to stop now (drained and idle)."""
         self._follow_supervisor(now, registered)
         if status is None:
             return []
@@ -53,8 +59,11 @@ class ModelLoads:
         for name, entry in registered.items():
             model = self._workers[name]
             active[model] = active.get(model, 0) + int(entry.get("active", 0))
-        for action in self.residency.observe(now, queued, active):
-            if isinstance(action, Load):
+        keep = {self._names[m]: s for m, s in status.get("keep_alive", {}).items() if m in self._names}
+        for action in self.residency.observe(now, queued, active, keep, self._by_model(memory)):
+            if isinstance(action, Notice):
+                log.warning("model %s: %s", action.model, action.text)
+            elif isinstance(action, Load):
                 log.info("loading model %s (requests wait for it)", action.model)
                 for name in self.names(action.model):
                     self._supervisor.load(name, now)
@@ -63,6 +72,16 @@ class ModelLoads:
                 for name in self.names(action.model):
                     self._unload(name, action.reason, registered)
         return idle
+
+    def _by_model(self, memory: dict[str, int] | None) -> dict[str, dict[str, int]] | None:
+        """Bytes per worker as residency takes them: model -> device -> bytes."""
+        if memory is None:
+            return None
+        out: dict[str, dict[str, int]] = {}
+        for name, used in memory.items():
+            per_device = out.setdefault(self._workers[name], {})
+            per_device[self._devices[name]] = per_device.get(self._devices[name], 0) + used
+        return out
 
     def _take_orders(self, orders: list[dict], now: float) -> None:
         """POST /v1/models/{id}/load|unload, as the broker keeps them: each once, ours only."""

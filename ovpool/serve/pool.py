@@ -25,6 +25,7 @@ from ovpool.errors import ConfigError
 from ovpool.serve.child import ChildProcess
 from ovpool.serve.conductor import BrokerDrainFn, Conductor, Orders
 from ovpool.serve.loads import DrainFn, ModelLoads
+from ovpool.serve.memory import MemoryReader
 from ovpool.serve.service import Service
 from ovpool.serve.spec import PoolSpec
 from ovpool.serve.supervisor import RestartPolicy, Supervisor, WorkerPhase
@@ -52,6 +53,7 @@ class Pool:
         self.supervisor = Supervisor({n: d for n, (_, d) in self._workers.items()}, policy,
                                      unloaded=frozenset(self._workers) if spec.on_demand else frozenset())
         self.loads = ModelLoads(spec, self.supervisor, drain)
+        self._memory = MemoryReader()
         self._stop_by: dict[str, float] = {}  # unloading workers signalled: SIGKILL after this
         # The services' environments may carry keys (kept off command lines). A crashed broker
         # restarts at once: clients wait only connect_timeout_s (2 s) for a dropped connection.
@@ -190,7 +192,8 @@ class Pool:
         for name, child in self._children.items():
             if child.pid in mine:
                 registered[name] = mine[child.pid]
-        for name in self.loads.step(now, self._broker_status, registered):
+        memory = self._memory.read(now, {name: child.pid for name, child in self._children.items()})
+        for name in self.loads.step(now, self._broker_status, registered, memory):
             child = self._children.get(name)
             if child is not None and name not in self._stop_by:
                 child.signal(signal.SIGTERM)

@@ -81,6 +81,7 @@ class PoolSpec:
     models: tuple[ModelEntry, ...] = (ModelEntry(DEFAULT_MODEL, DEFAULT_MODEL),)
     max_loaded: int | None = None
     keep_alive_s: float = 300.0
+    max_loaded_mb: float | None = None  # per device, the workers' PSS (None: no byte budget)
     devices: tuple[str, ...] = ("CPU",)
     bind: str | None = DEFAULT_BIND
     broker: str = ""
@@ -117,7 +118,7 @@ class PoolSpec:
         """The residency policy of each model (one model alone is pinned: always loaded)."""
         if not self.on_demand:
             return [ModelPolicy(self.models[0].name, NEVER, pinned=True)]
-        return [m.policy(self.keep_alive_s) for m in self.models]
+        return [m.policy(self.keep_alive_s, self.devices) for m in self.models]
 
     @property
     def endpoint(self) -> str:
