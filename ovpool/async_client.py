@@ -59,14 +59,20 @@ class AsyncClient(ClientBase):
         self._tasks: list[asyncio.Task] = []
 
     async def __aenter__(self) -> AsyncClient:
-        self._tasks = [asyncio.create_task(coro) for coro in (self._read(), self._timers(), self._watch())]
-        for task in self._tasks:
-            task.add_done_callback(self._task_done)
+        coros = (self._read(self._raw), self._timers(), self._watch(self._monitor))
+        self._tasks = [self._task(coro) for coro in coros]
         return self
+
+    def _task(self, coro: Any) -> asyncio.Task:
+        task = asyncio.create_task(coro)
+        task.add_done_callback(self._task_done)
+        return task
 
     def _task_done(self, task: asyncio.Task) -> None:
         """A task of the I/O loop ended: by aclose (cancelled), or by a bug that must not leave
         anyone waiting (ClientBase._loop_failed)."""
+        if task not in self._tasks:  # the reader or watcher of a socket left in a failover
+            return
         if not task.cancelled() and task.exception() is not None and not self._stopped:
             self._loop_failed(task.exception())
 
@@ -132,8 +138,9 @@ class AsyncClient(ClientBase):
         """The broker's STATUS (``ask_with``: another command it answers with one, e.g. DRAIN)."""
         self._check_reading()
         future = asyncio.get_running_loop().create_future()
-        self._pending.add_status_waiter(FutureSink(future), time.monotonic())
-        self._send([ask_with or Status()])
+        ask = ask_with or Status()
+        self._pending.add_status_waiter(FutureSink(future), time.monotonic(), ask)
+        self._send([ask])
         try:
             return await asyncio.wait_for(future, timeout)
         except asyncio.TimeoutError as exc:
@@ -172,8 +179,8 @@ class AsyncClient(ClientBase):
         if self._raw.get(_EVENTS) & _POLLIN:
             self._readable.set()
 
-    async def _read(self) -> None:
-        loop, fd = asyncio.get_running_loop(), self._raw.get(zmq.FD)
+    async def _read(self, raw: zmq.Socket) -> None:
+        loop, fd = asyncio.get_running_loop(), raw.get(zmq.FD)
         loop.add_reader(fd, self._readable.set)
         self._readable.set()  # whatever arrived before the reader was added
         try:
@@ -185,7 +192,8 @@ class AsyncClient(ClientBase):
                     await asyncio.sleep(0)  # a flood of replies lets the loop's other tasks run
                 self._check_readable()  # what came in since (reading EVENTS re-arms the descriptor)
         finally:
-            loop.remove_reader(fd)
+            if raw is self._raw:  # after a failover that fd may be the new socket's
+                loop.remove_reader(fd)
 
     def _drain(self, most: int = 256) -> bool:
         """Handle the messages waiting, up to ``most``; whether it stopped at ``most``."""
@@ -200,8 +208,22 @@ class AsyncClient(ClientBase):
     async def _timers(self) -> None:
         while True:
             self._send(self._pending.tick(time.monotonic()))
+            if self._pending.wants_failover(time.monotonic()):
+                self._fail_over()
             await asyncio.sleep(timing.POLL_INTERVAL_S)
 
-    async def _watch(self) -> None:
+    def _fail_over(self) -> None:
+        """A new socket: the old one's reader and watcher stop first (run from the timer task)."""
+        asyncio.get_running_loop().remove_reader(self._raw.get(zmq.FD))
+        reader, timers, watcher = self._tasks
+        self._tasks = [timers]
+        reader.cancel()
+        watcher.cancel()
+        resend = self._switch(time.monotonic())
+        self._raw = zmq.Socket.shadow(self._socket.underlying)
+        self._tasks = [self._task(self._read(self._raw)), timers, self._task(self._watch(self._monitor))]
+        self._send(resend)
+
+    async def _watch(self, monitor: zmq.Socket) -> None:
         while True:
-            self._on_monitor(await recv_monitor_message(self._monitor), time.monotonic())
+            self._on_monitor(await recv_monitor_message(monitor), time.monotonic())

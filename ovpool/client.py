@@ -158,8 +158,9 @@ class Client(ClientBase):
         future: concurrent.futures.Future = concurrent.futures.Future()
 
         def ask(now: float) -> list[Message]:
-            self._pending.add_status_waiter(FutureSink(future), now)
-            return [ask_with or Status()]
+            ask = ask_with or Status()
+            self._pending.add_status_waiter(FutureSink(future), now, ask)
+            return [ask]
 
         self._call(ask)
         try:
@@ -234,6 +235,16 @@ class Client(ClientBase):
             if now >= next_tick:
                 next_tick = now + timing.POLL_INTERVAL_S
                 self._send(self._pending.tick(now))
+                if self._pending.wants_failover(now):
+                    self._fail_over(poller, now)
+
+    def _fail_over(self, poller: zmq.Poller, now: float) -> None:
+        poller.unregister(self._socket)
+        poller.unregister(self._monitor)
+        resend = self._switch(now)
+        poller.register(self._socket, zmq.POLLIN)
+        poller.register(self._monitor, zmq.POLLIN)
+        self._send(resend)
 
     def _run_commands(self, now: float) -> None:
         with contextlib.suppress(queue.Empty):

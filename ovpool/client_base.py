@@ -5,6 +5,10 @@ No message from the broker stops a client's loop: one that cannot be decoded or 
 the request it names and is counted (``LinkState.malformed``); a SUBMIT that cannot be encoded
 fails alone, before the broker sees it, and is never resent. Should the loop stop anyway (a bug),
 everything waiting fails at once with the reason, later calls raise it, and ``healthy`` is False.
+
+``broker`` may list a standby pair's endpoints, comma-separated: the client talks to one at a time
+and, when PendingRequests asks (a refusal, a lost or silent broker), moves to the next with a
+fresh DEALER (``_switch``) and sends it what is unfinished.
 """
 
 from __future__ import annotations
@@ -67,13 +71,15 @@ class ClientBase:
     def __init__(self, broker: str | None, model: str, timeout: float | None,
                  settings: ClientConfig | Settings | dict | None):
         self.config = ClientConfig.coerce(settings)  # the public facades' top: see ClientConfig.coerce
-        self.broker = endpoint.check(broker or self.config.broker)
+        self.brokers = endpoint.split(endpoint.check(broker or self.config.broker))
+        self.broker = self.brokers[0]  # the one this client talks to now
         self.model = model
         self.timeout = timeout
         s = self.config
         self._pending = PendingRequests(time.monotonic(), broker=self.broker,
                                         connect_timeout_s=s.connect_timeout_s,
-                                        curve=bool(s.curve_secret_key or s.curve_server_key))
+                                        curve=bool(s.curve_secret_key or s.curve_server_key),
+                                        endpoints=len(self.brokers))
         self._handshake = HandshakeWatch(self.broker)
         self._stopped = ""  # why the I/O loop stopped by an error
 
@@ -86,6 +92,21 @@ class ClientBase:
             context.term()
             raise
         self._monitor = self._socket.get_monitor_socket()  # the one attached before connecting
+
+    def _switch(self, now: float) -> list[Message]:
+        """Move to the next endpoint of the pair: a new DEALER there; what to send it."""
+        self._socket.disable_monitor()
+        self._monitor.close()
+        self._socket.close(linger=0)
+        old = self.broker
+        self.broker = self.brokers[(self.brokers.index(old) + 1) % len(self.brokers)]
+        self._handshake = HandshakeWatch(self.broker)
+        self._socket = dealer(self._context, self.broker, self.config, LINK_EVENTS)
+        self._monitor = self._socket.get_monitor_socket()
+        resend = self._pending.switched(self.broker, now)
+        _log.warning("failing over from the broker at %s to %s with %d unfinished request(s)", old,
+                     self.broker, len(resend))
+        return resend
 
     # -- health ---------------------------------------------------------------------------------
 

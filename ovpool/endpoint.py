@@ -19,14 +19,21 @@ FORMS = "tcp://HOST:PORT (e.g. tcp://127.0.0.1:5555) or ipc://PATH (e.g. ipc:///
 _TCP = re.compile(r"tcp://(?P<host>\[[0-9A-Fa-f:.%\w]+\]|[\w.*-]+):(?P<port>\d+|\*)")
 
 
-def check(endpoint: str, what: str = "broker endpoint") -> str:
-    """``endpoint`` unchanged if it is one ZeroMQ can bind or connect, else a ConfigError that says
-    which of ``what`` is wrong and the accepted forms (the inproc:// of tests passes too)."""
+def check(endpoint: str, what: str = "broker endpoint", many: bool = True) -> str:
+    """``endpoint`` unchanged if it is one ZeroMQ can bind or connect (with ``many``, or a
+    comma-separated list of them: a standby broker pair), else a ConfigError that says which of
+    ``what`` is wrong and the accepted forms (the inproc:// of tests passes too)."""
     text = endpoint if isinstance(endpoint, str) else repr(endpoint)
-    problem = _problem(text)
+    parts = split(text) if many and "," in text else [text]
+    problem = next((p for p in map(_problem, parts) if p), "") if parts else "no endpoint in the list"
     if problem:
         raise ConfigError(f"{what} {text!r} is not valid ({problem}); use {FORMS}")
     return endpoint
+
+
+def split(endpoints: str) -> list[str]:
+    """The endpoints of a comma-separated list (``tcp://a:5555,tcp://b:5555``: a standby pair)."""
+    return [e.strip() for e in endpoints.split(",") if e.strip()]
 
 
 def _problem(endpoint: str) -> str:

@@ -10,6 +10,12 @@ connection to the broker comes within connect_timeout_s (none at all, or a dropp
 not come back: a broker restarted within it gets them resent), when the broker says it shut down
 (SHUTDOWN), or when a connected broker stays silent.
 
+With the endpoints of a standby pair (``endpoints`` > 1) the last two cases, and a passive
+broker's NotActiveError, are a failover instead: ``wants_failover`` says when, the client moves
+to the next endpoint and ``switched`` gives every unfinished request to send there (a stream's
+replay of what arrived is dropped by ``seq``, as after a restart). Only once no endpoint has served
+for ``failover_budget_s`` do the requests fail.
+
 Replies carry a worker's output unchanged, so none is trusted: one that cannot be read or used
 fails only the request it names (MalformedMessageError, and a CANCEL to the broker) and is counted
 in ``malformed``; a SUBMIT that cannot be encoded fails alone and is forgotten, never resent.
@@ -43,6 +49,7 @@ from ovpool.protocol import (
     Ping,
     Pong,
     Shutdown,
+    Status,
     StatusReply,
     Submit,
     delta_of,
@@ -168,13 +175,17 @@ class PendingRequests:
     handshake that never completes may be a key mismatch (said only then)."""
 
     def __init__(self, now: float, unavailable_s: float | None = None, *, broker: str = "",
-                 connect_timeout_s: float = 2.0, curve: bool = False):
+                 connect_timeout_s: float = 2.0, curve: bool = False, endpoints: int = 1):
         self._unavailable_s = unavailable_s
+        self._endpoints = endpoints
+        self._failover_due = False
+        self._failing_since: float | None = None  # since when no endpoint of the pair served
+        self._switched_at = now
         self._broker = broker or "the configured endpoint"
         self._connect_timeout_s = connect_timeout_s
         self._curve = curve
         self._pending: dict[str, _Pending] = {}
-        self._status_waiters: deque[Any] = deque()
+        self._status_waiters: deque[tuple[Any, Message]] = deque()  # (waiter, what it asked)
         self._last_heard = now
         self._next_ping = now
         self._waiting_since = now  # since when something is outstanding
@@ -209,9 +220,11 @@ class PendingRequests:
         deadline = now + submit.timeout_s + grace if submit.timeout_s > 0 else float("inf")
         self._pending[submit.request_id] = _Pending(submit, sink, deadline)
 
-    def add_status_waiter(self, waiter: Any, now: float) -> None:
+    def add_status_waiter(self, waiter: Any, now: float, ask: Message = Status()) -> None:
+        """Wait for the STATUS_REPLY to ``ask`` (STATUS, DRAIN, MODEL_ORDER: each is answered with
+        one, and each may be asked again of a pair's other broker)."""
         self._start_waiting(now)
-        self._status_waiters.append(waiter)
+        self._status_waiters.append((waiter, ask))
 
     def _start_waiting(self, now: float) -> None:
         if not self._pending and not self._status_waiters:
@@ -234,6 +247,10 @@ class PendingRequests:
     def on_message(self, msg: Message, now: float) -> list[Message]:
         """Deliver ``msg`` to its sink; returns messages to send back to the broker."""
         self._last_heard = self.heard_at = now
+        if self._endpoints > 1:
+            if _refused(msg):  # its peer serves: what it refused goes there
+                return self._refusal(now)
+            self._failing_since = None
         handle = _HANDLERS.get(type(msg))
         try:
             return handle(self, msg) if handle is not None else []
@@ -296,7 +313,7 @@ class PendingRequests:
 
     def _on_status_reply(self, msg: StatusReply) -> list[Message]:
         if self._status_waiters:
-            self._status_waiters.popleft().done(msg.status)
+            self._status_waiters.popleft()[0].done(msg.status)
         return []
 
     def _on_shutdown(self, msg: Shutdown) -> list[Message]:
@@ -326,7 +343,7 @@ class PendingRequests:
         if p is not None:
             p.sink.fail(exc)
         elif not msg.request_id and self._status_waiters:
-            self._status_waiters.popleft().fail(exc)
+            self._status_waiters.popleft()[0].fail(exc)
         return []
 
     def tick(self, now: float) -> list[Message]:
@@ -335,15 +352,19 @@ class PendingRequests:
         if not self._pending and not self._status_waiters:
             return []
         unavailable_s = self._unavailable_s or timing.CLIENT_UNAVAILABLE_S
+        if self._endpoints > 1:  # a stopped broker of a pair: its peer takes over within expiries
+            unavailable_s = min(unavailable_s, timing.HEARTBEAT_EXPIRY_S * 3)
         if not self._up and now - max(self._down_since, self._waiting_since) >= self._connect_timeout_s:
-            self.fail_all(self._unreachable())
+            if not self._fail_over(now):
+                self.fail_all(self._unreachable())
             return []
         # Silence counts once a handshake completed: before that, connect_timeout_s decides (a CURVE
         # broker's refusal can take seconds beside busy processes, and is not silence).
         if self._up and now - self._last_heard >= unavailable_s:
-            self.fail_all(errors.BrokerUnavailableError(
-                f"the broker at {self._broker} is connected but has not answered for"
-                f" {unavailable_s:.1f} s: it is stopped or far behind"))
+            if not self._fail_over(now):
+                self.fail_all(errors.BrokerUnavailableError(
+                    f"the broker at {self._broker} is connected but has not answered for"
+                    f" {unavailable_s:.1f} s: it is stopped or far behind"))
             return []
         out: list[Message] = []
         for rid in [r for r, p in self._pending.items() if now >= p.deadline]:
@@ -354,6 +375,48 @@ class PendingRequests:
             self._next_ping = now + timing.HEARTBEAT_INTERVAL_S
             out.append(Ping(list(self._pending)))
         return out
+
+    @property
+    def failover_budget_s(self) -> float:
+        """How long a pair may go without serving before requests fail: each endpoint's connect
+        timeout, and the expiry a passive broker waits out before a client's vote counts."""
+        return (self._connect_timeout_s + timing.HEARTBEAT_EXPIRY_S) * (self._endpoints + 1)
+
+    def _fail_over(self, now: float) -> bool:
+        """Ask for the next endpoint, unless there is none or the pair is out of time."""
+        if self._endpoints < 2:
+            return False
+        if self._failing_since is None:
+            self._failing_since = now
+        self._failover_due = now - self._failing_since < self.failover_budget_s
+        return self._failover_due
+
+    def _refusal(self, now: float) -> list[Message]:
+        """A passive broker refused: fail over, unless no endpoint has served for the budget."""
+        if self._failing_since is None:
+            self._failing_since = now
+        if now - self._failing_since < self.failover_budget_s:
+            self._failover_due = True
+        else:
+            self.fail_all(errors.NotActiveError(
+                f"no broker of the standby pair took the request in {self.failover_budget_s:.1f} s"
+                f" (the last, {self._broker}, is passive): is its peer running?"))
+        return []
+
+    def wants_failover(self, now: float) -> bool:
+        """Whether to move to the next endpoint now; refusals move at most twice an interval, so
+        two refusing brokers (a backup that never saw its primary) are not asked in a tight loop."""
+        return self._failover_due and now - self._switched_at >= timing.HEARTBEAT_INTERVAL_S / 2
+
+    def switched(self, broker: str, now: float) -> list[Message]:
+        """The client now talks to ``broker``: every unfinished request and status ask to send
+        there (each is answered once: the one left behind is no longer read)."""
+        self._broker, self._failover_due, self._switched_at = broker, False, now
+        if self._failing_since is None:
+            self._failing_since = now
+        self._up = self._was_up = self._tcp = False
+        self._down_since = self._last_heard = self._next_ping = now
+        return [*(self._resend(p) for p in self._pending.values()), *(ask for _, ask in self._status_waiters)]
 
     def _unreachable(self) -> errors.BrokerUnavailableError:
         """Why no connection came within connect_timeout_s, as far as this side can tell."""
@@ -376,7 +439,15 @@ class PendingRequests:
         for p in pending.values():
             p.sink.fail(exc)
         while self._status_waiters:
-            self._status_waiters.popleft().fail(exc)
+            self._status_waiters.popleft()[0].fail(exc)
+
+
+def _refused(msg: Message) -> bool:
+    """A passive standby broker's answer: NotActiveError, or a STATUS that is not the active one's."""
+    if type(msg) is Error:
+        return msg.code == errors.NotActiveError.code
+    standby = msg.status.get("standby") if type(msg) is StatusReply and type(msg.status) is dict else None
+    return type(standby) is dict and standby.get("state") != "active"
 
 
 # What each reply does; anything else a broker sends (a client's own commands) is ignored.

@@ -4,6 +4,11 @@ The hot path decodes, checks the sender's role (broker/roles.py: under CURVE a c
 act as a worker, nor a worker key submit), routes and encodes; it never logs per message. Timers
 run at least every POLL_INTERVAL_S. The loop stops when ``stop`` is set (SIGTERM/SIGINT in the
 CLI) and, on the way out, tells the workers to register again with whichever broker comes next.
+
+One of a standby pair (``standby``, broker/standby.py) serves only while its Binary Star state is
+active: passive, it answers STATUS and refuses the rest with NotActiveError, so clients and
+workers go to its peer. Going passive, it tells whoever it holds to go there too and forgets them;
+going active, it starts from a fresh router (whose grace lets the workers register again first).
 """
 
 from __future__ import annotations
@@ -17,33 +22,50 @@ import zmq
 from ovpool import endpoint, timing
 from ovpool.auth import ServerSecurity
 from ovpool.broker import roles
+from ovpool.broker.binary_star import Action
 from ovpool.broker.metrics import BrokerMetrics, BrokerObserver, MetricsServer
 from ovpool.broker.router import Output, Router
+from ovpool.broker.standby import Standby, StandbyLink
 from ovpool.config import BrokerConfig
-from ovpool.errors import AuthenticationError, ProtocolError
-from ovpool.protocol import MAX_MESSAGE_BYTES, Error, Message, decode, encode, recv_frames, send_frames
+from ovpool.errors import AuthenticationError, NotActiveError, ProtocolError
+from ovpool.protocol import (
+    MAX_MESSAGE_BYTES,
+    Cancel,
+    Credit,
+    Error,
+    Message,
+    Ping,
+    Status,
+    StatusReply,
+    Submit,
+    Supervised,
+    decode,
+    encode,
+    recv_frames,
+    send_frames,
+)
 
 log = logging.getLogger(__name__)
 
 _DRAIN = 512               # messages handled between timer checks
 _NOBLOCK = int(zmq.NOBLOCK)
+_VOTES = (Submit, Ping)  # what counts as a client's vote for a passive broker to take over
+_UNANSWERED = (Cancel, Credit, Supervised)  # dropped by a passive broker: nothing here to act on
 
 
 class Broker:
     """``with Broker("tcp://127.0.0.1:5555") as b: b.serve(stop_event)``."""
 
-    def __init__(self, bind: str, config: BrokerConfig = BrokerConfig()):
-        self.bind = endpoint.check(bind, "broker bind address")
+    def __init__(self, bind: str, config: BrokerConfig = BrokerConfig(), standby: Standby | None = None):
+        self.bind = endpoint.check(bind, "broker bind address", many=False)
         self.config = s = config
         self.endpoint = bind
         self._context = zmq.Context()
         self._security = ServerSecurity(self._context, config)
         self._socket: zmq.Socket | None = None
         self._refusals_logged: set[tuple[int, type]] = set()
-        self.router = Router(now=time.monotonic(), queue_limit=s.queue_limit,
-                             max_new_tokens=s.max_new_tokens, stream_stall_s=s.stream_stall_s,
-                             progress_timeout_s=s.progress_timeout_s,
-                             prefix_routing=s.routing == "prefix")
+        self.router = self._new_router(time.monotonic())
+        self._standby = StandbyLink(self._context, standby, bind, time.monotonic()) if standby else None
         # Off unless a port is set: observing every message costs ~15% of the routing rate.
         self.metrics = BrokerObserver(BrokerMetrics()) if s.metrics_port else None
         self._metrics_server = (MetricsServer(self.metrics.metrics.registry, s.metrics_port)
@@ -65,6 +87,8 @@ class Broker:
             sock.maxmsgsize = 2 * MAX_MESSAGE_BYTES
             self._security.apply(sock, self.bind)
             sock.bind(self.bind)
+            if self._standby is not None:
+                self._standby.__enter__()
             if self._metrics_server is not None:
                 self._metrics_server.__enter__()
         except zmq.ZMQError as exc:
@@ -74,6 +98,8 @@ class Broker:
             self.__exit__(None, None, None)
             raise
         self.endpoint = sock.last_endpoint.decode()
+        if self._standby is not None:
+            self._standby.served = self.endpoint
         log.info("broker listening on %s (queue_limit=%d; %s)", self.endpoint, self.config.queue_limit,
                  self._security.mode())
         return self
@@ -81,6 +107,8 @@ class Broker:
     def __exit__(self, *exc: object) -> None:
         if self._metrics_server is not None:
             self._metrics_server.__exit__()
+        if self._standby is not None:
+            self._standby.__exit__()
         if self._socket is not None:
             self._send(self.router.shutdown(time.monotonic()))
             self._socket.close(linger=int(timing.POLL_INTERVAL_S * 1000))  # let DISCONNECT/SHUTDOWN out
@@ -97,6 +125,7 @@ class Broker:
         receive = _receive_open if self._security.roles is None else self._receive_keyed
         while not stop.is_set():
             now = time.monotonic()
+            self._standby_turn(now)
             if now >= next_tick:
                 self._send(self.router.tick(now, caught_up))
                 if self.metrics:
@@ -106,6 +135,7 @@ class Broker:
                 caught_up = True
                 continue
             now = time.monotonic()
+            self._standby_turn(now)  # a broker woken from a freeze learns it before routing
             caught_up = False
             for _ in range(_DRAIN):
                 try:
@@ -153,6 +183,8 @@ class Broker:
                         MAX_MESSAGE_BYTES)
             self._send(self.router.oversized(peer, msg, len(frames[-1])))
             return
+        if self._standby is not None and not self._admits(peer, msg, now):
+            return
         out = self._handle(peer, msg, now)
         if len(out) == 1 and out[0][1] is msg:  # forwarded as it came (PARTIAL, FINAL): no re-encode
             self._send_raw(out[0][0], frames[1:], msg)
@@ -172,10 +204,58 @@ class Broker:
         try:
             if self.metrics:
                 self.metrics.incoming(msg, now)
-            return self.router.handle(peer, msg, now)
+            out = self.router.handle(peer, msg, now)
+            if self._standby is not None:  # STATUS (and DRAIN's reply) say who serves
+                out = [(p, StatusReply({**m.status, "standby": self._standby.describe()}))
+                       if isinstance(m, StatusReply) else (p, m) for p, m in out]
+            return out
         except Exception:  # a routing (or metrics) bug must cost one message, never the broker
             log.exception("broker failed to route a %s", type(msg).__name__)
             return []
+
+    def _new_router(self, now: float) -> Router:
+        s = self.config
+        return Router(now=now, queue_limit=s.queue_limit, max_new_tokens=s.max_new_tokens,
+                      stream_stall_s=s.stream_stall_s, progress_timeout_s=s.progress_timeout_s,
+                      prefix_routing=s.routing == "prefix")
+
+    def _standby_turn(self, now: float) -> None:
+        if self._standby is not None:
+            self._follow(self._standby.turn(now), now)
+
+    def _follow(self, actions: list[Action], now: float) -> None:
+        """A change of who serves: hand over what this router holds, and start a fresh one."""
+        if Action.DEACTIVATED in actions:
+            self._send(self._handover())
+        if Action.DEACTIVATED in actions or Action.ACTIVATED in actions:
+            self.router = self._new_router(now)
+
+    def _handover(self) -> Output:
+        """Going passive: every request held fails over (its client sends it to the peer), every
+        worker registers with the peer."""
+        why = self._not_active()
+        code = NotActiveError.code
+        out: Output = [(j.client, Error(rid, code, why)) for rid, j in self.router.jobs.items()]
+        out.extend((w.identity, Error("", code, why)) for w in self.router.workers.values())
+        return out
+
+    def _admits(self, peer: bytes, msg: Message, now: float) -> bool:
+        """Whether a standby broker routes ``msg``: while active, yes; passive, only STATUS. A
+        client's SUBMIT or PING is its vote (bstar's client request): it may make us active."""
+        if isinstance(msg, _VOTES):
+            self._follow(self._standby.vote(now), now)
+        if self._standby.active or isinstance(msg, Status):
+            return True
+        if not isinstance(msg, _UNANSWERED):
+            rid = getattr(msg, "request_id", "")
+            self._send([(peer, Error(rid, NotActiveError.code, self._not_active()))])
+        return False
+
+    def _not_active(self) -> str:
+        d = self._standby.describe()
+        return (f"the broker at {self.endpoint} is the passive one of a standby pair (its peer, "
+                f"{d['peer_endpoint'] or d['peer']}, is {d['peer_state'] or 'not heard yet'}): "
+                "send to the other endpoint")
 
     def _send(self, out: Output) -> None:
         for peer, msg in out:

@@ -44,18 +44,29 @@ server_key_option = click.option("--curve-server-key", default=None, type=click.
                    " (enables CURVE with --curve-secret-key).")
 @click.option("--curve-worker-keys", default=None, type=click.Path(file_okay=False),
               help="Directory of worker public keys allowed to register (needed with CURVE).")
+@click.option("--role", type=click.Choice(["primary", "backup"]), default=None,
+              help="One of a standby pair (with --peer and --peer-bind): which one this is.")
+@click.option("--peer", default=None, help="Standby pair: the peer's state endpoint (its --peer-bind).")
+@click.option("--peer-bind", default=None, help="Standby pair: where this broker publishes its state.")
 @settings_options
 def broker_command(bind: str, queue_limit: int | None, metrics_port: int | None, curve_secret_key: str | None,
-                   curve_allowed_keys: str | None, curve_worker_keys: str | None,
-                   assignments: tuple[str, ...]) -> None:
-    """Run the broker: queues, routing, heartbeats and re-dispatch (stop with SIGTERM or Ctrl-C)."""
+                   curve_allowed_keys: str | None, curve_worker_keys: str | None, role: str | None,
+                   peer: str | None, peer_bind: str | None, assignments: tuple[str, ...]) -> None:
+    """Run the broker: queues, routing, heartbeats and re-dispatch (stop with SIGTERM or Ctrl-C).
+    With --role, --peer and --peer-bind, one of a standby pair (docs/operations.md)."""
     from ovpool.broker.server import Broker
+    from ovpool.broker.standby import Standby
+
+    pair = (role, peer, peer_bind)
+    if any(pair) and not all(pair):
+        raise click.UsageError("a standby broker needs all of --role, --peer and --peer-bind")
+    standby = Standby(role, peer_bind, peer) if all(pair) else None
 
     settings = resolve_settings(assignments, queue_limit=queue_limit, metrics_port=metrics_port,
                                 curve_secret_key=curve_secret_key,
                                 curve_allowed_keys=curve_allowed_keys,
                                 curve_worker_keys=curve_worker_keys)
-    with stop_on_signals() as stop, Broker(bind, BrokerConfig.of(settings)) as broker:
+    with stop_on_signals() as stop, Broker(bind, BrokerConfig.of(settings), standby) as broker:
         broker.serve(stop)
 
 
@@ -191,15 +202,42 @@ def complete_command(prompt: str | list, broker: str | None, model: str, samplin
 @secret_option
 @server_key_option
 def status_command(broker: str | None, as_json: bool, **curve: Any) -> None:
-    """Workers, slots, queue depths and counters of the broker."""
+    """Workers, slots, queue depths and counters of the broker (--broker A,B: of a standby pair's
+    active one, named first)."""
     from ovpool.client import Client
 
-    with Client(broker, settings=resolve_settings(**curve)) as client:
-        status = client.status()
+    settings = resolve_settings(**curve)
+    if len(endpoint.split(settings.broker if broker is None else broker)) > 1:
+        status = _pair_status(endpoint.split(broker or settings.broker), settings)
+    else:
+        with Client(broker, settings=settings) as client:
+            status = client.status()
     if as_json:
         emit_json(status)
         return
     print_status(status)
+
+
+def _pair_status(endpoints: list[str], settings: Any) -> dict:
+    """The active broker's status, with ``pair``: each endpoint's state in the standby pair."""
+    from ovpool.client import Client
+
+    pair, active = [], None
+    for ep in endpoints:
+        try:
+            with Client(ep, settings=settings) as client:
+                status = client.status(timeout=5.0)
+        except errors.BrokerUnavailableError as exc:
+            pair.append({"endpoint": ep, "state": "unreachable", "role": None, "error": str(exc)})
+            continue
+        standby = status.get("standby") or {"state": "active", "role": None}  # a lone broker serves
+        pair.append({"endpoint": ep, "state": standby["state"], "role": standby["role"]})
+        if standby["state"] == "active" and active is None:
+            active = status
+    names = ", ".join(f"{p['endpoint']} {p['state']}" for p in pair)
+    if active is None:
+        raise errors.BrokerUnavailableError(f"no broker of the pair is active ({names})")
+    return {**active, "pair": pair}
 
 
 def print_status(status: dict) -> None:
@@ -208,6 +246,10 @@ def print_status(status: dict) -> None:
     from ovpool.cli.tables import print_table
 
     queues = ", ".join(f"{model} {depth}" for model, depth in status["queues"].items()) or "none"
+    for p in status.get("pair", []):
+        role = f" ({p['role']})" if p["role"] else ""
+        click.echo(f"{'active broker' if p['state'] == 'active' else 'standby'}: {p['endpoint']}{role}"
+                   f"{'' if p['state'] == 'active' else ' ' + p['state']}")
     click.echo(f"up {status['uptime_s']:.0f} s, {status['in_flight']} in flight, "
                f"{len(status['workers'])} worker(s); queued: {queues}")
     if status["workers"]:

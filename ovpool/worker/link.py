@@ -15,6 +15,9 @@ The broker is presumed gone after HEARTBEAT_EXPIRY_S without a message; the loop
 ``broker_silent`` only after reading what waited, so a long step is not taken for silence. A loop
 that made no heartbeat for ``STALL_EXPIRIES`` expiries (60 s; no legitimate step is that long) is
 presumed hung: the keeper stops for it, so the broker re-dispatches its requests as for a dead one.
+
+``broker`` may list a standby pair's endpoints, comma-separated: each reconnect goes to the next
+one, and a passive broker's refusal (``refused``) brings the reconnect forward.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import time
 
 import zmq
 
-from ovpool import timing
+from ovpool import endpoint, timing
 from ovpool.auth import secure_peer
 from ovpool.protocol import Ready, encode, recv_frames, send_frames
 from ovpool.settings import Settings
@@ -41,7 +44,9 @@ class BrokerLink:
     """``start()`` connects (sending ``ready``) and starts the keeper; ``stop(linger_s)`` ends both."""
 
     def __init__(self, context: zmq.Context, broker: str, settings: Settings, ready: Ready):
-        self.context, self.broker, self.settings, self.ready = context, broker, settings, ready
+        self.context, self.settings, self.ready = context, settings, ready
+        self.brokers = endpoint.split(broker)
+        self.broker = self.brokers[0]  # the one connected now
         self._lock = threading.Lock()
         self._socket: zmq.Socket | None = None
         self._backoff = timing.RECONNECT_MIN_S
@@ -96,8 +101,14 @@ class BrokerLink:
     def broker_silent(self, now: float) -> bool:
         return now >= self._broker_expires
 
+    def refused(self) -> None:
+        """The broker is the passive one of a pair: reconnect (to the next) soon, not at expiry."""
+        self._broker_expires = min(self._broker_expires, time.monotonic() + timing.RECONNECT_MIN_S)
+
     def reconnect(self) -> None:
-        log.warning("broker %s silent for %.1fs; reconnecting", self.broker, timing.HEARTBEAT_EXPIRY_S)
+        old = self.broker
+        self.broker = self.brokers[(self.brokers.index(old) + 1) % len(self.brokers)]
+        log.warning("broker %s silent or passive; reconnecting to %s", old, self.broker)
         self._backoff = min(self._backoff * 2, timing.RECONNECT_MAX_S)
         self._connect()
 

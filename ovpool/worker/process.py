@@ -32,7 +32,7 @@ import zmq
 from ovpool import endpoint, timing
 from ovpool.auth import secure_peer
 from ovpool.config import WorkerConfig
-from ovpool.errors import AuthenticationError, InferenceError, OvpoolError
+from ovpool.errors import AuthenticationError, InferenceError, NotActiveError, OvpoolError
 from ovpool.prefix_key import MAX_KEYS
 from ovpool.protocol import (
     WORKER_WINDOW,
@@ -77,18 +77,20 @@ def worker_id(name: str) -> str:
 
 def report_load_failure(config: WorkerConfig, models: list[str], device: str, name: str | None,
                         exc: OvpoolError) -> None:
-    """Tell the broker (config.broker) that this worker cannot load ``models`` and why (LOAD_FAILED),
-    so `ovpool status` and the clients waiting for them say so. Best effort: a broker that does not
-    take it within _REPORT_LINGER_S (not started yet, gone) is not waited for longer."""
+    """Tell the broker (config.broker; each of a standby pair) that this worker cannot load
+    ``models`` and why (LOAD_FAILED), so `ovpool status` and the clients waiting for them say so.
+    Best effort: a broker that does not take it within _REPORT_LINGER_S (not started yet, gone)
+    is not waited for longer."""
     msg = LoadFailed(worker_id(name or models[0]), models, device, _socket.gethostname(), os.getpid(),
                      exc.code, str(exc))
     context = zmq.Context()
     try:
-        sock = context.socket(zmq.DEALER)
-        secure_peer(sock, config)
-        sock.connect(config.broker)
-        send_frames(sock, encode(msg), zmq.NOBLOCK)  # queued until the connection is up
-        sock.close(linger=int(_REPORT_LINGER_S * 1000))
+        for broker in endpoint.split(config.broker):  # the lingers run together, in term()
+            sock = context.socket(zmq.DEALER)
+            secure_peer(sock, config)
+            sock.connect(broker)
+            send_frames(sock, encode(msg), zmq.NOBLOCK)  # queued until the connection is up
+            sock.close(linger=int(_REPORT_LINGER_S * 1000))
     except (zmq.ZMQError, OvpoolError) as err:
         log.warning("could not tell the broker that the model failed to load: %s", err)
     finally:
@@ -214,6 +216,8 @@ class Worker:
             self._credit = WORKER_WINDOW
             self._send(self.ready)
             self._registered()
+        elif isinstance(msg, Error) and msg.code == NotActiveError.code:
+            self._link.refused()  # the passive one of a standby pair: its peer serves
         elif isinstance(msg, Error) and msg.code == AuthenticationError.code and not self._refused:
             # Without this line only the broker's log would say why this worker never serves.
             self._refused = True

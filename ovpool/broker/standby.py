@@ -1,0 +1,124 @@
+"""The sockets of a standby broker pair around the pure Binary Star state machine.
+
+Each broker of the pair binds a PUB socket (``bind``) on which it publishes its state every
+heartbeat interval (protocol.PeerState), and subscribes to its peer's (``peer``), as the zguide's
+bstar does. What the broker loop asks: ``turn(now)`` each loop turn (the timer, its own state
+out, the peer's latest state in), ``vote(now)`` for a client's SUBMIT or PING (serve it, or refuse
+it and maybe take over), ``active`` for everything else. The actions that change who serves
+(ACTIVATED, DEACTIVATED) go back to the broker, which owns the router.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import zmq
+
+from ovpool import endpoint, timing
+from ovpool.broker.binary_star import Action, BinaryStar, State
+from ovpool.errors import ConfigError, ProtocolError
+from ovpool.protocol import PeerState, decode, encode, recv_frames, send_frames
+
+log = logging.getLogger(__name__)
+
+ROLES = ("primary", "backup")
+
+
+@dataclass(frozen=True)
+class Standby:
+    """``role`` primary or backup; ``bind``: where this broker publishes its state; ``peer``: the
+    peer's state endpoint."""
+
+    role: str
+    bind: str
+    peer: str
+
+    def __post_init__(self) -> None:
+        if self.role not in ROLES:
+            raise ConfigError(f"standby role {self.role!r} is not one of {', '.join(ROLES)}")
+        endpoint.check(self.bind, "standby state bind address", many=False)
+        endpoint.check(self.peer, "standby peer state endpoint", many=False)
+
+
+class StandbyLink:
+    """``with StandbyLink(context, standby, clients_endpoint, now) as link: link.turn(now)``."""
+
+    def __init__(self, context: zmq.Context, standby: Standby, served: str, now: float):
+        self.standby, self.served = standby, served
+        self.star = BinaryStar(primary=standby.role == "primary", now=now,
+                               expiry_s=timing.HEARTBEAT_EXPIRY_S, interval_s=timing.HEARTBEAT_INTERVAL_S)
+        self.peer_state: State | None = None
+        self.peer_served = ""  # the endpoint the peer's clients use, from its PeerState
+        self._context = context
+        self._pub: zmq.Socket | None = None
+        self._sub: zmq.Socket | None = None
+
+    def __enter__(self) -> StandbyLink:
+        try:
+            self._pub = self._context.socket(zmq.PUB)
+            self._pub.linger = 0
+            self._pub.bind(self.standby.bind)
+            self._sub = self._context.socket(zmq.SUB)
+            self._sub.linger = 0
+            self._sub.setsockopt(zmq.SUBSCRIBE, b"")
+            self._sub.connect(self.standby.peer)
+        except zmq.ZMQError as exc:
+            self.__exit__()
+            raise endpoint.translate(exc, "bind the standby state socket to", self.standby.bind) from exc
+        log.info("standby broker (%s): state on %s, peer's on %s", self.standby.role, self.standby.bind,
+                 self.standby.peer)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sock in (self._pub, self._sub):
+            if sock is not None:
+                sock.close(linger=0)
+        self._pub = self._sub = None
+
+    @property
+    def active(self) -> bool:
+        return self.star.active
+
+    def turn(self, now: float) -> list[Action]:
+        """The timer, our state to the peer when due, and the peer's latest state."""
+        actions, due = self.star.tick(now)
+        if due:
+            send_frames(self._pub, encode(PeerState(int(self.star.state), self.served)), zmq.NOBLOCK)
+        latest = self._latest()
+        if latest is not None:
+            self.peer_state, self.peer_served = State(latest.state), latest.endpoint
+            actions += self.star.peer(self.peer_state, now)
+        return self._logged(actions)
+
+    def vote(self, now: float) -> list[Action]:
+        return self._logged(self.star.client(now))
+
+    def describe(self) -> dict:
+        """STATUS's ``standby``: who this broker is in the pair, and what it last heard."""
+        peer = self.peer_state.name.lower() if self.peer_state is not None else None
+        return {"role": self.standby.role, "state": self.star.state.name.lower(), "endpoint": self.served,
+                "peer": self.standby.peer, "peer_state": peer, "peer_endpoint": self.peer_served}
+
+    def _latest(self) -> PeerState | None:
+        """The newest state waiting (older ones are stale: only the last counts)."""
+        latest = None
+        while True:
+            try:
+                frames = recv_frames(self._sub)
+            except zmq.Again:
+                return latest
+            try:
+                msg = decode(frames)
+            except ProtocolError as exc:
+                log.warning("dropped a malformed peer state: %s", exc)
+                continue
+            if isinstance(msg, PeerState) and msg.state in State._value2member_map_:
+                latest = msg
+
+    def _logged(self, actions: list[Action]) -> list[Action]:
+        if Action.ACTIVATED in actions or Action.DEACTIVATED in actions:
+            peer = self.peer_state.name.lower() if self.peer_state else "unseen"
+            log.warning("standby broker (%s) is now %s (peer: %s)", self.standby.role,
+                        self.star.state.name.lower(), peer)
+        return actions

@@ -1,0 +1,164 @@
+"""A standby broker pair as real processes: kill -9 of the active broker under load, and a paused
+(SIGSTOP) active broker whose peer takes over, a split-brain attempt.
+
+Clients and the worker know both endpoints (``--broker A,B``). Every stream is compared, token by
+token, with the same request (same seed) completed before the fault: exactly once, nothing lost,
+nothing repeated. Deadlines are generous; nothing is timed.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+from serve_helpers import wait_for
+
+from ovpool import errors
+from ovpool.client import Client
+from ovpool.testing.pool import broker, fast_heartbeats, free_endpoint, null_worker
+
+pytestmark = pytest.mark.slow  # processes
+
+STREAMS, TOKENS = 8, 60
+
+
+class Pair:
+    """Two brokers, primary first, and their endpoints; ``both`` is what clients are given."""
+
+    def __init__(self, tmp_path: Path):
+        self.primary_ep, self.backup_ep = free_endpoint(), free_endpoint()
+        state_p, state_b = free_endpoint(), free_endpoint()
+        self.primary = broker(self.primary_ep, "--role", "primary", "--peer", state_b, "--peer-bind", state_p,
+                              log=tmp_path / "primary.log")
+        self.backup = broker(self.backup_ep, "--role", "backup", "--peer", state_p, "--peer-bind", state_b,
+                             log=tmp_path / "backup.log")
+        self.both = f"{self.primary_ep},{self.backup_ep}"
+
+
+def _status_text(pair: Pair) -> str:
+    out = subprocess.run([sys.executable, "-m", "ovpool", "status", "--broker", pair.both],
+                         capture_output=True, text=True, timeout=60)
+    return out.stdout + out.stderr
+
+
+def _active(pair: Pair) -> str:
+    """The first line of ``ovpool status`` for the pair, once it names an active broker."""
+    return wait_for(lambda: next((line for line in _status_text(pair).splitlines()
+                                  if line.startswith("active broker:")), None),
+                    timeout=60, what="an active broker")
+
+
+def _ready(pair: Pair, client: Client) -> None:
+    """The pair has an active broker with the worker registered."""
+
+    def registered() -> bool:
+        try:
+            return len(client.status(timeout=30)["workers"]) == 1
+        except errors.BrokerUnavailableError:  # a broker still starting
+            return False
+
+    wait_for(registered, timeout=60, what="the worker")
+
+
+def _references(client: Client) -> list[str]:
+    return [client.complete(f"stream {i}", max_tokens=TOKENS, seed=i).text for i in range(STREAMS)]
+
+
+def _streams(client: Client, started: threading.Barrier) -> tuple[list, list[threading.Thread]]:
+    """STREAMS streams in threads; each result is (indices, text) or the error it ended with."""
+    results: list = [None] * STREAMS
+
+    def read(i: int) -> None:
+        indices, text = [], ""
+        try:
+            for delta in client.stream(f"stream {i}", max_tokens=TOKENS, seed=i, timeout=120):
+                indices.append(delta.index)
+                text += delta.text
+                if len(indices) == 3:
+                    started.wait(timeout=60)
+            results[i] = (indices, text)
+        except (errors.OvpoolError, threading.BrokenBarrierError) as exc:
+            results[i] = exc
+
+    threads = [threading.Thread(target=read, args=(i,)) for i in range(STREAMS)]
+    for t in threads:
+        t.start()
+    return results, threads
+
+
+def _each_once(results: list, references: list[str]) -> None:
+    for i, got in enumerate(results):
+        assert not isinstance(got, BaseException), f"stream {i}: {got!r}"
+        indices, text = got
+        assert indices == list(range(TOKENS)), f"stream {i}"
+        assert text == references[i]
+
+
+def test_kill_9_of_the_active_broker_loses_no_stream_and_status_names_the_backup(tmp_path):
+    with fast_heartbeats(0.2):  # the children read it when they are made
+        pair = Pair(tmp_path)
+    with fast_heartbeats(0.2), pair.primary, pair.backup, \
+            null_worker(pair.both, slots=STREAMS, token_delay=0.03, log=tmp_path / "worker.log"), \
+            Client(pair.both) as client:
+        _ready(pair, client)
+        assert _active(pair) == f"active broker: {pair.primary_ep} (primary)"
+        references = _references(client)
+        started = threading.Barrier(STREAMS + 1)
+        results, threads = _streams(client, started)
+        started.wait(timeout=60)  # every stream is accepted and under way
+        pair.primary.kill()  # SIGKILL
+        for t in threads:
+            t.join(timeout=120)
+        _each_once(results, references)
+        assert _active(pair) == f"active broker: {pair.backup_ep} (backup)"
+        assert client.complete("after", max_tokens=5).usage.completion_tokens == 5
+
+
+def test_a_paused_active_broker_never_serves_beside_its_peer(tmp_path):
+    """SIGSTOP the active primary mid-stream: its clients and worker move to the backup, which the
+    clients' votes make active; woken (SIGCONT), the primary finds it froze, goes passive and stays
+    so: the backup remains the one active, and the primary refuses a client that asks it alone."""
+    with fast_heartbeats(0.2):  # the children read it when they are made
+        pair = Pair(tmp_path)
+    with fast_heartbeats(0.2), pair.primary, pair.backup, \
+            null_worker(pair.both, slots=STREAMS, token_delay=0.03, log=tmp_path / "worker.log"), \
+            Client(pair.both) as client:
+        _ready(pair, client)
+        references = _references(client)
+        started = threading.Barrier(STREAMS + 1)
+        results, threads = _streams(client, started)
+        started.wait(timeout=60)
+        pair.primary.proc.send_signal(signal.SIGSTOP)
+        try:
+            for t in threads:
+                t.join(timeout=120)
+            _each_once(results, references)
+            assert _active(pair) == f"active broker: {pair.backup_ep} (backup)"
+        finally:
+            pair.primary.proc.send_signal(signal.SIGCONT)
+        wait_for(lambda: f"standby: {pair.primary_ep} (primary) passive" in _status_text(pair),
+                 timeout=60, what="the woken primary passive")
+        with Client(pair.primary_ep) as alone, pytest.raises(errors.NotActiveError):
+            alone.complete("to the primary alone", max_tokens=5, timeout=30)
+        assert _active(pair) == f"active broker: {pair.backup_ep} (backup)"
+        assert client.complete("after", max_tokens=5).usage.completion_tokens == 5
+    assert "is now passive" in (tmp_path / "primary.log").read_text()
+
+
+def test_a_standby_broker_needs_its_role_peer_and_peer_bind():
+    got = subprocess.run([sys.executable, "-m", "ovpool", "broker", "--role", "primary"],
+                         capture_output=True, text=True, timeout=60)
+    assert got.returncode == 2
+    assert "a standby broker needs all of --role, --peer and --peer-bind" in got.stderr
+
+
+def test_a_pair_where_neither_answers_is_one_error_naming_both():
+    a, b = free_endpoint(), free_endpoint()
+    got = subprocess.run([sys.executable, "-m", "ovpool", "status", "--broker", f"{a},{b}"],
+                         capture_output=True, text=True, timeout=60)
+    assert got.returncode != 0
+    assert f"no broker of the pair is active ({a} unreachable, {b} unreachable)" in got.stderr
