@@ -195,6 +195,13 @@ _SETTINGS = [
             "auto: on where measured exact (CPU at f32; bf16 on AVX-512 VNNI/BF16; not a u8 KV "
             "cache), else off (docs/prefix-caching.md)",
             choices=("auto", "on", "all", "off"), scopes=(WORKER,)),
+    Setting("prompt_lookup", str, "off", "prompt-lookup speculative decoding: a decode step also "
+            "verifies the tokens that followed the latest earlier occurrence of the text's last words "
+            "(its prompt or its output so far), in one pass; the tokens are those without it: on, off, "
+            "or auto (per sequence, only as many as its measured acceptance pays for; "
+            "docs/configuration.md)", choices=("auto", "on", "off"), scopes=(WORKER,)),
+    Setting("prompt_lookup_tokens", int, 4, "prompt lookup: the most proposed tokens one decode step "
+            "verifies", minimum=1, scopes=(WORKER,)),
     Setting("kv_tier", bool, True, "keep full prompt KV blocks on disk under the cache directory "
             "(<cache_dir>/v1/kv), shared by the host's workers of one graph and kept across restarts: "
             "a prompt whose beginning any of them computed loads it instead of computing it; only "

@@ -130,7 +130,8 @@ class Engine:
         ``kv_cache_mb`` of blocks); unset values come from the engine's config."""
         options = {"max_running": max_running, "prefix_cache": prefix_cache or self.prefix_cache,
                    "prefill_chunk": prefill_chunk or self.config.prefill_chunk,
-                   "warm_up": self._warm_up_paged}
+                   "warm_up": self._warm_up_paged, "prompt_lookup": self.config.prompt_lookup,
+                   "lookup_tokens": self.config.prompt_lookup_tokens}
         if runner is not None:
             return Batcher(self.intake, runner, identity=self.graphs.paged_identity,
                            tier=self._kv_tier(self.load_result.entry, options["prefix_cache"]), **options)

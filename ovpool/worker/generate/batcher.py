@@ -32,6 +32,7 @@ from ovpool.worker.generate.constraint import Constraint, masks_for
 from ovpool.worker.generate.generation import Generation
 from ovpool.worker.generate.intake import Admitted, Intake, format_param
 from ovpool.worker.generate.kv_tier import BlockTier, TierLink
+from ovpool.worker.generate.lookup import Speculation
 from ovpool.worker.generate.scheduler import Scheduler
 from ovpool.worker.generate.session import warm_up
 
@@ -50,12 +51,17 @@ class Batcher:
     (exact), all or off (see Engine.prefix_cache); ``identity``: the graph's (PagedGraph.identity);
     ``warm_up``: the graph's one-time set-up where another user of it does it (else on a session
     of the Batcher's own); ``tier``: a lower KV tier under the pool (ovpool.worker.generate.kv_tier:
-    the host's disk tier, which the engine opens), used with prefix_cache=on only."""
+    the host's disk tier, which the engine opens), used with prefix_cache=on only;
+    ``prompt_lookup``: off, on or auto, with up to ``lookup_tokens`` proposed tokens verified per
+    decode (ovpool.worker.generate.lookup; not for a constrained request)."""
 
     def __init__(self, intake: Intake, runner: PagedRunner, *, max_running: int, prefill_chunk: int,
                  prefix_cache: str = "off", identity: bytes = b"",
-                 warm_up: Callable[[], None] | None = None, tier: BlockTier | None = None):
+                 warm_up: Callable[[], None] | None = None, tier: BlockTier | None = None,
+                 prompt_lookup: str = "off", lookup_tokens: int = 4):
         self.intake, self.runner = intake, runner
+        self.prompt_lookup, self.lookup_tokens = prompt_lookup, lookup_tokens
+        self._speculation: dict[str, Speculation] = {}
         # The lower tier holds exact blocks only (ovpool.worker.generate.kv_tier): with prefix_cache=on.
         self.tier = TierLink(tier, runner) if tier is not None and prefix_cache == "on" else None
         self.scheduler = Scheduler(num_blocks=runner.num_blocks, block_size=runner.block_size,
@@ -83,14 +89,16 @@ class Batcher:
     @classmethod
     def from_graph(cls, intake: Intake, graph: PagedGraph, *, kv_cache_mb: int, max_running: int,
                    prefill_chunk: int, prefix_cache: str = "off",
-                   warm_up: Callable[[], None] | None = None, tier: BlockTier | None = None) -> Batcher:
+                   warm_up: Callable[[], None] | None = None, tier: BlockTier | None = None,
+                   prompt_lookup: str = "off", lookup_tokens: int = 4) -> Batcher:
         """A Batcher on ``graph`` with ``kv_cache_mb`` of KV blocks."""
         runner = PagedRunner(graph.compiled, kv_cache_mb, decode=graph.decode)
         log.info("continuous batching: %d KV blocks of %d positions (%.0f MiB), graph %s in %.1f s",
                  runner.num_blocks, runner.block_size, runner.kv_bytes / 2**20, graph.outcome,
                  graph.seconds)
         return cls(intake, runner, max_running=max_running, prefill_chunk=prefill_chunk,
-                   prefix_cache=prefix_cache, identity=graph.identity, warm_up=warm_up, tier=tier)
+                   prefix_cache=prefix_cache, identity=graph.identity, warm_up=warm_up, tier=tier,
+                   prompt_lookup=prompt_lookup, lookup_tokens=lookup_tokens)
 
     @property
     def active(self) -> int:
@@ -156,6 +164,8 @@ class Batcher:
                          tools=self.intake.tool_reader(params))
         self.scheduler.add(request_id, ids, route_keys)
         self._generations[request_id] = gen
+        if self.prompt_lookup != "off" and constraint is None:
+            self._speculation[request_id] = Speculation(ids, k=self.lookup_tokens, mode=self.prompt_lookup)
         self._uncounted.add(request_id)
         return gen
 
@@ -175,6 +185,7 @@ class Batcher:
             self._preparer.cancel(request_id)
         self.scheduler.finish(request_id)
         self._uncounted.discard(request_id)
+        self._speculation.pop(request_id, None)
         gen = self._generations.pop(request_id, None)
         if gen is not None:
             gen.close()
@@ -182,6 +193,7 @@ class Batcher:
     def step(self) -> list[Event]:
         """One forward pass for every scheduled request; the events it produced."""
         events = self._prepared()
+        self._propose()
         plan = self.scheduler.plan()
         if self._uncounted:
             self._count_cached(plan)
@@ -189,19 +201,32 @@ class Batcher:
         if not plan.chunks:
             self._preparer.wait(0.05)  # nothing to run but builds: the worker loop would spin
             return events
-        sampled = [c.seq_id for c in plan.chunks if c.sample]
-        masks = masks_for([self._generations[rid].constraint for rid in sampled])
+        sampled = [c for c in plan.chunks if c.sample]
+        masks = masks_for([self._generations[c.seq_id].constraint for c in sampled
+                           for _ in range(1 + c.draft)])
         try:
             # The constrained rows' masks are computed while the pass runs (both drop the GIL).
-            logits = self.runner.forward(plan.chunks, during=masks and masks.compute)
+            logits = self.runner.forward(plan.chunks, rows=_rows(plan.chunks), during=masks and masks.compute)
             if masks is not None:
                 logits = masks.apply(logits)
         except InferenceError as exc:  # the pass is shared: every request in it fails
             return events + [self._fail(c.seq_id, exc) for c in plan.chunks]
         self.scheduler.commit()  # before _accept ends any sequence: its last blocks are written
-        for rid, row in zip(sampled, logits, strict=True):
-            events += self._accept(rid, row, masked=masks is not None)
+        row = 0
+        for chunk in sampled:
+            events += self._accept(chunk, logits[row:row + 1 + chunk.draft], masked=masks is not None)
+            row += 1 + chunk.draft
         return events
+
+    def _propose(self) -> None:
+        """Give each decoding request's proposed tokens (prompt lookup) to the scheduler: within
+        max_tokens and the context, the tokens its next pass may verify."""
+        for rid, speculation in self._speculation.items():
+            if self.scheduler.decoding(rid):
+                gen = self._generations[rid]
+                done = len(gen.prompt_ids) + len(gen.token_ids)
+                most = min(gen.params.max_tokens - len(gen.token_ids), self.intake.context_length - done)
+                self.scheduler.propose(rid, speculation.draft(most - 1))
 
     def _count_cached(self, plan) -> None:
         """Tell each Generation the plan admitted how much of its prompt was cached."""
@@ -210,18 +235,27 @@ class Batcher:
                 self._uncounted.discard(chunk.seq_id)
                 self._generations[chunk.seq_id].cached = self.scheduler.cached(chunk.seq_id)
 
-    def _accept(self, request_id: str, logits, masked: bool) -> list[Event]:
-        gen = self._generations[request_id]
+    def _accept(self, chunk, rows, masked: bool) -> list[Event]:
+        """The tokens of ``chunk``'s request from its ``rows`` of logits: one, or with a draft
+        (``chunk.draft`` tokens proposed) as many as it verifies."""
+        request_id, gen = chunk.seq_id, self._generations[chunk.seq_id]
+        draft, done = chunk.tokens[len(chunk.tokens) - chunk.draft:], len(gen.token_ids)
         try:
-            delta = gen.feed(logits, masked=masked)
+            deltas = gen.verify(rows, draft) if draft else [gen.feed(rows[0], masked=masked)]
         except OvpoolError as exc:
             return [self._fail(request_id, exc)]
-        events: list[Event] = [] if delta is None else [Token(request_id, delta)]
+        events: list[Event] = [Token(request_id, delta) for delta in deltas if delta is not None]
         if gen.finished:
             events.append(Finished(request_id, gen.completion()))
             self.cancel(request_id)
+            return events
+        tokens = gen.token_ids[done:]
+        if request_id in self._speculation:
+            self._speculation[request_id].accept(draft, tokens)
+        if draft:
+            self.scheduler.verified(request_id, tokens)
         else:
-            self.scheduler.append(request_id, gen.token_ids[-1])
+            self.scheduler.append(request_id, tokens[0])
         return events
 
     def _exhausted(self, request_id: str) -> Event:
@@ -232,6 +266,19 @@ class Batcher:
     def _fail(self, request_id: str, error: OvpoolError) -> Event:
         self.cancel(request_id)
         return Failed(request_id, error)
+
+
+def _rows(chunks) -> list[int] | None:
+    """The logits rows of a pass: each sampled chunk's last token and its draft's (None: no
+        draft, the last token of each, feeds' default)."""
+    if not any(c.draft for c in chunks):
+        return None
+    rows, end = [], 0
+    for c in chunks:
+        end += len(c.tokens)
+        if c.sample:
+            rows.extend(range(end - 1 - c.draft, end))
+    return rows
 
 
 def _text_length(prompt: Any) -> int:

@@ -51,6 +51,7 @@ class Generation:
         self._decoder = tokenizer.stream_decoder()
         self._stop = StopMatcher(params.stop)
         self.token_ids: list[int] = []
+        self._last: int | None = None  # the token last chosen (EOS too)
         self._text: list[str] = []
         self.finish_reason: str | None = None
         self.note = ""  # Completion.note
@@ -84,10 +85,27 @@ class Generation:
         if self.constraint is not None:
             logits = logits if masked else self.constraint.masked(logits)
             self.constraint.check()  # a mask past llguidance's limits fails the request
-        token = self._sampler.choose(logits)
+        token = self._last = self._sampler.choose(logits)
         if self._logprobs is not None and token not in self._eos:
             self._token_logprobs.append(self._logprobs.of(logits, token))
         return self._accept(token)
+
+    def verify(self, rows: np.ndarray, draft: Sequence[int]) -> list[Delta]:
+        """Accept tokens from ``rows`` [len(draft) + 1, vocab], where row i scores the token after
+        ``draft[:i]`` (prompt lookup, ovpool.worker.generate.lookup), up to the first row whose
+        token is not the draft's; the Deltas with text. Each token is drawn as ``feed`` draws it,
+        one draw of the seeded generator per token as without a draft, and a draft token holds
+        if it is the one drawn: with probability p(d), and on rejection the token drawn is one of
+        p without d, renormalised (the standard rule for a draft that is one token for sure). So
+        the tokens are those of one ``feed`` per row, greedy or sampled, wherever the rows are."""
+        deltas = []
+        for i, row in enumerate(rows):
+            delta = self.feed(row)
+            if delta is not None:
+                deltas.append(delta)
+            if self.finished or i == len(draft) or self._last != draft[i]:
+                break
+        return deltas
 
     def __iter__(self) -> Iterator[Delta]:
         """Step to the end, yielding each Delta with new text."""
@@ -144,7 +162,8 @@ class Generation:
             raise InvalidRequestError("the generation has not finished: call step() until finished")
         return Completion(text="".join(self._text), token_ids=list(self.token_ids),
                           finish_reason=self.finish_reason,
-                          usage=Usage(len(self.prompt_ids), len(self.token_ids)), timings=self._timings(),
+                          usage=Usage(len(self.prompt_ids), len(self.token_ids), self.cached),
+                          timings=self._timings(),
                           logprobs=None if self._logprobs is None else list(self._token_logprobs),
                           note=self.note, tool_calls=[] if self._tools is None else self._tools.calls,
                           stop=self._stop.matched)

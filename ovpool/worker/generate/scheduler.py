@@ -60,6 +60,7 @@ class Chunk:
     tokens: list[int]
     blocks: list[int]
     sample: bool  # the chunk ends the known tokens: the next token is sampled from its last row
+    draft: int = 0  # of its tokens, the last ``draft`` are proposed ones a sampled pass verifies
 
 
 @dataclass
@@ -85,6 +86,8 @@ class _Seq:
     registered: int = 0  # how many of its blocks have their address in the pool
     admitted: bool = False  # once: counted in prompt_tokens
     cached: int = 0  # of its prompt's tokens, the ones its admission found cached
+    draft: list[int] = field(default_factory=list)  # proposed tokens its next decode verifies
+    verified: int | None = None  # the first position whose KV a verifying pass computed
 
     @property
     def tail(self) -> bytes | None:
@@ -146,6 +149,27 @@ class Scheduler:
         """The token sampled for ``seq_id`` after its last chunk: it is fed in the next plan."""
         self._seqs[seq_id].tokens.append(token)
 
+    def decoding(self, seq_id: str) -> bool:
+        """Whether ``seq_id`` runs and its next chunk is one token (a decode, which a draft may follow)."""
+        seq = self._seqs.get(seq_id)
+        return seq is not None and seq.admitted and seq.pending == 1 and seq.computed >= seq.prompt
+
+    def propose(self, seq_id: str, draft: Sequence[int]) -> None:
+        """Tokens the next plan verifies after ``seq_id``'s decode token, in the same chunk (as
+        many as fit in free blocks: a draft never preempts a sequence)."""
+        self._seqs[seq_id].draft = list(draft)
+
+    def verified(self, seq_id: str, tokens: Sequence[int]) -> None:
+        """The verifying chunk of ``seq_id``'s last plan gave ``tokens``: each but the last was
+        one of its draft tokens and keeps its KV; the last is fed in the next plan. The blocks of
+        the rejected draft tokens' positions go back to the pool."""
+        seq = self._seqs[seq_id]
+        seq.tokens.extend(tokens)
+        seq.computed += len(tokens) - 1
+        keep = self.blocks_for(len(seq.tokens))
+        self.pool.release(seq.blocks[keep:])
+        del seq.blocks[keep:]
+
     def finish(self, seq_id: str) -> None:
         """Forget ``seq_id`` (finished or cancelled) and free its blocks; unknown ids are ignored."""
         seq = self._seqs.pop(seq_id, None)
@@ -192,7 +216,7 @@ class Scheduler:
         plan = Plan()
         for seq in [s for s in self._running if s.pending == 1]:
             if seq in self._running:  # not preempted by an earlier decode of this loop
-                self._schedule(seq, 1, plan)
+                self._schedule_draft(seq, plan) or self._schedule(seq, 1, plan)
         budget = max(self.prefill_chunk, 2)  # a prompt chunk has two tokens or more (prompt_chunk)
         prefilling = [s for s in self._running if s.pending > 1]
         oldest = prefilling[0] if prefilling else None
@@ -253,6 +277,8 @@ class Scheduler:
             if seq is None or seq not in self._running:
                 continue
             full = seq.computed // self.block_size
+            if self.exact and seq.verified is not None:  # a verifying pass's KV is no decode's
+                full = min(full, seq.verified // self.block_size)
             seq.addresses = self._addresses(seq, full)
             for i in range(seq.registered, full):
                 self.pool.register(seq.blocks[i], seq.addresses[i], *self._content(seq, i))
@@ -328,6 +354,24 @@ class Scheduler:
         seq.computed = end
         return n
 
+    def _schedule_draft(self, seq: _Seq, plan: Plan) -> bool:
+        """Add ``seq``'s decode token and its draft (what fits in free blocks and the whole cache)
+        to ``plan``; False without a draft. Only the decode token counts as computed until
+        ``verified`` says which draft tokens hold."""
+        draft, seq.draft = seq.draft, []
+        room = min(self.pool.available - len(self._running), self.num_blocks - len(seq.blocks))
+        fits = max(min((len(seq.blocks) + max(room, 0)) * self.block_size - len(seq.tokens), len(draft)), 0)
+        if not fits:
+            return False
+        start = seq.computed
+        need = self.blocks_for(start + 1 + fits) - len(seq.blocks)
+        seq.blocks.extend(self.pool.allocate() for _ in range(need))
+        plan.chunks.append(Chunk(seq.id, start, [seq.tokens[start], *draft[:fits]], list(seq.blocks),
+                                 sample=True, draft=fits))
+        seq.computed = start + 1
+        seq.verified = start if seq.verified is None else seq.verified
+        return True
+
     def _grow(self, seq: _Seq, num_tokens: int, plan: Plan) -> bool:
         need = self.blocks_for(num_tokens) - len(seq.blocks)
         if not self.fits(num_tokens):
@@ -355,7 +399,7 @@ class Scheduler:
 
     def _release(self, seq: _Seq) -> None:
         self.pool.release(seq.blocks)
-        seq.blocks, seq.computed, seq.registered = [], 0, 0
+        seq.blocks, seq.computed, seq.registered, seq.verified = [], 0, 0, None
 
 
 def _resumable(seq: _Seq, computed: int) -> bool:

@@ -1,0 +1,133 @@
+"""Prompt-lookup (n-gram) speculation as pure logic: what to propose, and whether it pays.
+
+``NgramIndex`` holds one sequence's tokens (prompt, then generated) and proposes the tokens that
+followed the latest earlier occurrence of its longest suffix n-gram (n from ``max_n`` down to
+``min_n``), as GenAI's prompt-lookup decoding and vLLM's ngram proposer do: text that copies its
+input (a summary quoting it, code with a rename, a list repeated) continues as it did before. The
+index is updated incrementally: a proposal costs ``max_n`` dictionary look-ups, not a scan.
+
+``Speculation`` decides, per sequence, how many of the proposed tokens a pass verifies. It
+estimates the chance that a proposed token is the one the model picks, from every proposal, also
+those it did not verify (the next token shows whether the proposal's first token was right, at no
+cost), and verifies ``k`` tokens only where ``(1 + expected accepted tokens) / cost(k + 1
+positions)`` beats a one-position pass; ``PassCost`` is that cost, measured (docs/performance.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+class NgramIndex:
+    """The n-grams of a token history, ``min_n`` to ``max_n`` long, each with where its latest
+    occurrence that some token follows ends."""
+
+    def __init__(self, tokens: Sequence[int] = (), *, min_n: int = 1, max_n: int = 3):
+        if not 1 <= min_n <= max_n:
+            raise ValueError("n-gram lengths need 1 <= min_n <= max_n")
+        self.min_n, self.max_n = min_n, max_n
+        self.tokens: list[int] = []
+        self._ends: dict[tuple[int, ...], int] = {}  # n-gram -> end of its latest followed occurrence
+        self.extend(tokens)
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        for token in tokens:
+            self.append(token)
+
+    def append(self, token: int) -> None:
+        # The n-grams that end where ``token`` goes are followed by a token now.
+        end = len(self.tokens)
+        for n in range(self.min_n, min(self.max_n, end) + 1):
+            self._ends[tuple(self.tokens[end - n:end])] = end
+        self.tokens.append(token)
+
+    def propose(self, k: int) -> list[int]:
+        """Up to ``k`` tokens after the latest earlier occurrence of the longest suffix n-gram
+        (none without one)."""
+        size = len(self.tokens)
+        for n in range(min(self.max_n, size), self.min_n - 1, -1):
+            end = self._ends.get(tuple(self.tokens[size - n:]))
+            if end is not None:
+                return self.tokens[end:end + k]
+        return []
+
+
+def propose(tokens: Sequence[int], k: int, min_n: int = 1, max_n: int = 3) -> list[int]:
+    """``NgramIndex(tokens).propose(k)``, by a scan: the reference its tests compare it with."""
+    tokens = list(tokens)
+    for n in range(min(max_n, len(tokens)), min_n - 1, -1):
+        suffix = tokens[len(tokens) - n:]
+        for end in range(len(tokens) - 1, n - 1, -1):
+            if tokens[end - n:end] == suffix:
+                return tokens[end:end + k]
+    return []
+
+
+@dataclass(frozen=True)
+class PassCost:
+    """The time of a pass over ``n`` positions of one sequence, in one-position passes:
+    ``1`` for n == 1 (the decode graph's step), ``base + per_token * (n - 1)`` beyond."""
+
+    base: float = 1.3
+    per_token: float = 0.08
+
+    def __call__(self, n: int) -> float:
+        return 1.0 if n <= 1 else self.base + self.per_token * (n - 1)
+
+
+class Speculation:
+    """One sequence's speculation: ``mode`` on (always verify what is proposed, up to ``k``
+    tokens) or auto (only as many as pay, by ``cost``); ``rate``: the prior chance that a
+    proposed token is right, then its moving average over the last ~1/``weight`` proposals."""
+
+    def __init__(self, tokens: Sequence[int], *, k: int, mode: str = "auto", cost: PassCost = PassCost(),
+                 rate: float = 0.5, weight: float = 0.15, min_n: int = 1, max_n: int = 3):
+        self.index = NgramIndex(tokens, min_n=min_n, max_n=max_n)
+        self.k, self.mode, self.cost, self.rate, self.weight = k, mode, cost, rate, weight
+        self._guess: int | None = None  # the first token of the last unverified proposal
+        self.proposed = self.accepted = self.passes = 0  # verified draft tokens, accepted ones, passes
+
+    def draft(self, most: int) -> list[int]:
+        """The tokens (``most`` at most) the next pass verifies after the sequence's last token."""
+        proposal = self.index.propose(min(self.k, most)) if most > 0 else []
+        n = len(proposal) if self.mode == "on" else self._worth(len(proposal))
+        self._guess = proposal[0] if proposal and not n else None
+        return proposal[:n]
+
+    def _worth(self, most: int) -> int:
+        """How many proposed tokens (of ``most``) a pass best verifies; 0: one position is best."""
+        best, gain, expected, p = 0, 1.0, 1.0, 1.0
+        for n in range(1, most + 1):
+            p *= self.rate
+            expected += p  # the tokens a pass verifying n proposed tokens gives, on average
+            if expected / self.cost(n + 1) > gain:
+                best, gain = n, expected / self.cost(n + 1)
+        return best
+
+    def accept(self, draft: Sequence[int], tokens: Sequence[int]) -> None:
+        """The pass that verified ``draft`` (maybe none) gave ``tokens``: extend the history, and
+        learn how often proposals are right."""
+        if draft:
+            right = agreeing(draft, tokens)
+            self.passes, self.proposed, self.accepted = (self.passes + 1, self.proposed + len(draft),
+                                                         self.accepted + right)
+            for _ in range(right):
+                self._learn(1.0)
+            if right < len(draft) and right < len(tokens):
+                self._learn(0.0)
+        elif self._guess is not None and tokens:
+            self._learn(1.0 if tokens[0] == self._guess else 0.0)
+        self._guess = None
+        self.index.extend(tokens)
+
+    def _learn(self, outcome: float) -> None:
+        self.rate += self.weight * (outcome - self.rate)
+
+
+def agreeing(draft: Sequence[int], tokens: Sequence[int]) -> int:
+    """How many of ``draft``'s first tokens ``tokens`` begins with."""
+    n = 0
+    while n < min(len(draft), len(tokens)) and draft[n] == tokens[n]:
+        n += 1
+    return n

@@ -1,0 +1,201 @@
+"""Prompt lookup as pure logic: the n-gram proposer, the per-sequence policy, the accept rule's exact
+distribution, and the scheduler's verifying chunks and their roll-back."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ovpool.sampling_params import SamplingParams
+from ovpool.worker.generate.generation import Generation
+from ovpool.worker.generate.lookup import NgramIndex, PassCost, Speculation, propose
+from ovpool.worker.generate.scheduler import Scheduler
+
+histories = st.lists(st.integers(0, 3), max_size=40)  # a small alphabet: many repeats
+
+
+@settings(max_examples=300, deadline=None)
+@given(histories, st.integers(1, 6), st.integers(1, 3), st.integers(0, 2), st.data())
+def test_index_proposes_what_a_scan_finds_however_it_grew(tokens, k, min_n, extra, data):
+    max_n = min_n + extra
+    split = data.draw(st.integers(0, len(tokens)))
+    index = NgramIndex(tokens[:split], min_n=min_n, max_n=max_n)
+    for token in tokens[split:]:
+        index.append(token)
+    assert index.propose(k) == propose(tokens, k, min_n, max_n)
+
+
+@settings(max_examples=200, deadline=None)
+@given(histories, st.integers(1, 6))
+def test_a_proposal_continues_an_earlier_occurrence_of_the_suffix(tokens, k):
+    draft = propose(tokens, k, 1, 3)
+    assert len(draft) <= k
+    if draft:  # some n-gram ending at the history's end occurred earlier, followed by the draft
+        assert any(tokens[e - 1:e] == tokens[-1:] and tokens[e:e + len(draft)] == draft
+                   for e in range(1, len(tokens)))
+    else:
+        assert tokens[-1:] == [] or tokens[-1] not in tokens[:-1]
+
+
+def test_a_repeated_list_is_proposed_from_the_prompt():
+    index = NgramIndex([5, 1, 2, 3, 4, 9, 1, 2])
+    assert index.propose(3) == [3, 4, 9]
+    assert NgramIndex([1, 2, 3]).propose(4) == []
+
+
+def test_auto_verifies_only_what_its_acceptance_pays_for():
+    cost = PassCost(base=1.3, per_token=0.3)
+    spec = Speculation([1, 2, 3, 4, 5, 1, 2], k=4, mode="auto", cost=cost, rate=0.95)
+    assert spec.draft(10) == [3, 4, 5, 1]
+    assert spec.draft(2) == [3, 4]  # within what the request may still generate
+    doubtful = Speculation([1, 2, 3, 4, 5, 1, 2], k=4, mode="auto", cost=cost, rate=0.3)
+    assert doubtful.draft(10) == []
+    assert Speculation([1, 2, 3, 1, 2], k=4, mode="on", cost=cost, rate=0.0).draft(10) == [3, 1, 2]
+
+
+def test_acceptance_is_learned_from_verified_and_unverified_proposals():
+    spec = Speculation([1, 2, 3, 4, 1, 2], k=4, mode="auto", rate=0.9, weight=0.5)
+    assert spec.draft(10) == [3, 4, 1, 2]
+    spec.accept([3, 4, 1, 2], [3, 7])  # one right, then the model's own token
+    assert (spec.passes, spec.proposed, spec.accepted) == (1, 4, 1)
+    assert spec.rate == 0.9 + 0.5 * (1 - 0.9) - 0.5 * (0.9 + 0.5 * (1 - 0.9))
+    low = Speculation([1, 2, 1], k=4, mode="auto", rate=0.01, weight=0.5)
+    assert low.draft(10) == []  # [2, 1] proposed but not verified: its first token is checked
+    low.accept([], [2])
+    assert low.rate == 0.01 + 0.5 * 0.99 and low.index.tokens == [1, 2, 1, 2]
+
+
+class _Tokenizer:
+    eos_ids = (99,)
+
+    def stream_decoder(self):
+        return _Decoder()
+
+
+class _Decoder:
+    def push(self, token: int) -> str:
+        return f"<{token}>"
+
+    def flush(self) -> str:
+        return ""
+
+
+class _Draws:
+    """A stand-in generator: its first draw is ``first``, the others 0.5."""
+
+    def __init__(self, first: float):
+        self.values = [first]
+
+    def random(self) -> float:
+        return self.values.pop() if self.values else 0.5
+
+
+def test_the_accept_rule_gives_p_exactly():
+    # p = 1/2, 1/4, 1/8, 1/8: each of 64 equal cells of the draw's [0, 1) falls in one token's
+    # interval, so counting cells computes the rule's distribution exactly.
+    logits = np.log(np.array([0.5, 0.25, 0.125, 0.125], np.float32))
+    p = [Fraction(1, 2), Fraction(1, 4), Fraction(1, 8), Fraction(1, 8)]
+    cells = 64
+    for draft in range(4):
+        outcomes = []
+        for cell in range(cells):  # the first draw at the middle of each cell
+            gen = _generation(SamplingParams(temperature=1.0, seed=0, max_tokens=8, ignore_eos=True))
+            gen._sampler._rng = _Draws((cell + 0.5) / cells)
+            gen.verify(np.stack([logits, logits]), [draft])
+            outcomes.append(gen.token_ids)
+        accepted = [o for o in outcomes if o[0] == draft]
+        assert all(len(o) == 2 for o in accepted) and Fraction(len(accepted), cells) == p[draft]
+        rejected = [o[0] for o in outcomes if o[0] != draft]
+        assert all(len(o) == 1 for o in outcomes if o[0] != draft)
+        for token in range(4):  # on rejection: p without the draft token, renormalised
+            expected = 0 if token == draft else p[token] / (1 - p[draft])
+            assert Fraction(rejected.count(token), len(rejected)) == expected
+
+
+def _toy_logits(prefix: tuple[int, ...]) -> np.ndarray:
+    """A deterministic 'model': logits over 6 tokens as a function of the whole prefix."""
+    rng = np.random.default_rng(abs(hash(prefix)) % 2**32)
+    return (rng.standard_normal(6) * 2).astype(np.float32)
+
+
+def _generation(params: SamplingParams) -> Generation:
+    return Generation(None, None, [0], params, _Tokenizer(), context_length=10_000)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 2**31), st.sampled_from([0.0, 0.7, 1.3]), st.integers(0, 3), st.integers(1, 4))
+def test_verified_tokens_are_those_of_one_draw_per_token(seed, temperature, lookup_seed, k):
+    params = SamplingParams(temperature=temperature, seed=seed, max_tokens=30, ignore_eos=True,
+                            top_p=0.9, repetition_penalty=1.1)
+    plain = _generation(params)
+    while not plain.finished:
+        plain.feed(_toy_logits((0, *plain.token_ids)))
+    spec = _generation(params)
+    drafts = np.random.default_rng(lookup_seed)
+    while not spec.finished:
+        # Drafts: sometimes the plain run's own next tokens (accepted), sometimes noise.
+        done = len(spec.token_ids)
+        draft = plain.token_ids[done:done + k] if drafts.random() < 0.5 else list(drafts.integers(0, 6, k))
+        rows = np.stack([_toy_logits((0, *spec.token_ids, *draft[:i])) for i in range(len(draft) + 1)])
+        spec.verify(rows, draft)
+    assert spec.token_ids == plain.token_ids
+
+
+def _scheduler(num_blocks=8, caching=False) -> Scheduler:
+    return Scheduler(num_blocks=num_blocks, block_size=4, prefill_chunk=16, max_running=4,
+                     caching=caching)
+
+
+def _decoding(s: Scheduler, seq_id: str, prompt: list[int]) -> None:
+    s.add(seq_id, prompt)
+    s.plan()
+    s.commit()
+    s.append(seq_id, 50)
+    assert s.decoding(seq_id)
+
+
+def test_a_draft_is_verified_in_its_decode_chunk_and_rolled_back():
+    s = _scheduler()
+    _decoding(s, "a", [1, 2, 3, 4, 5, 6])  # 6 prompt tokens + 50: positions 0..6
+    s.propose("a", [7, 8, 9, 10])
+    (chunk,) = s.plan().chunks
+    assert (chunk.start, chunk.tokens, chunk.draft, chunk.sample) == (6, [50, 7, 8, 9, 10], 4, True)
+    assert len(chunk.blocks) == 3  # positions 6..10
+    s.commit()
+    s.verified("a", [7, 42])  # 7 held, 42 is the model's own choice after it
+    (chunk,) = s.plan().chunks
+    assert (chunk.start, chunk.tokens, chunk.draft) == (8, [42], 0)
+    assert s.free_blocks == 8 - 3 and len(chunk.blocks) == 3
+
+
+def test_a_draft_takes_only_free_blocks_and_never_preempts():
+    s = _scheduler(num_blocks=4)
+    s.add("a", [1, 2, 3, 4, 5, 6, 7])  # 8 tokens with its first: 2 blocks
+    s.add("b", [1, 2, 3])  # 4 tokens: 1 block
+    s.plan()
+    s.commit()
+    s.append("a", 50)
+    s.append("b", 50)
+    s.propose("a", list(range(10)))
+    plan = s.plan()
+    assert not plan.preempted
+    chunk = next(c for c in plan.chunks if c.seq_id == "a")
+    assert chunk.draft == 0 and chunk.tokens == [50]  # its one spare block is b's to grow into
+    s.commit()
+
+
+def test_verified_positions_are_not_shared_as_a_decode_would_have_computed_them():
+    s = _scheduler(caching=True)
+    _decoding(s, "a", [1, 2, 3, 4, 5, 6])
+    s.propose("a", [7, 8, 9, 10, 11])
+    s.plan()
+    s.commit()
+    s.verified("a", [7, 8, 9, 10, 11, 12])
+    s.plan()
+    s.commit()
+    # Three full blocks: the first (prompt) is shared, the others hold verified positions.
+    s.finish("a")
+    assert s.pool.cached == 1
