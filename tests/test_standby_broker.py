@@ -8,6 +8,7 @@ nothing repeated. Deadlines are generous; nothing is timed.
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import subprocess
 import sys
@@ -18,6 +19,7 @@ import pytest
 from serve_helpers import wait_for
 
 from ovpool import errors
+from ovpool.async_client import AsyncClient
 from ovpool.client import Client
 from ovpool.testing.pool import broker, fast_heartbeats, free_endpoint, null_worker
 
@@ -116,6 +118,40 @@ def test_kill_9_of_the_active_broker_loses_no_stream_and_status_names_the_backup
         _each_once(results, references)
         assert _active(pair) == f"active broker: {pair.backup_ep} (backup)"
         assert client.complete("after", max_tokens=5).usage.completion_tokens == 5
+
+
+def test_an_async_client_fails_over_mid_stream_too(tmp_path):
+    """AsyncClient (the HTTP API's client) moves its socket to the backup without a lost token."""
+    with fast_heartbeats(0.2):
+        pair = Pair(tmp_path)
+    with fast_heartbeats(0.2), pair.primary, pair.backup, \
+            null_worker(pair.both, slots=STREAMS, token_delay=0.03, log=tmp_path / "worker.log"), \
+            Client(pair.both) as client:
+        _ready(pair, client)
+        references = _references(client)
+
+        async def run() -> list:
+            async with AsyncClient(pair.both) as ac:
+                started = asyncio.Event()
+                counted = [0]
+
+                async def read(i: int) -> tuple[list, str]:
+                    indices, text = [], ""
+                    async for delta in ac.stream(f"stream {i}", max_tokens=TOKENS, seed=i, timeout=120):
+                        indices.append(delta.index)
+                        text += delta.text
+                        if len(indices) == 3:
+                            counted[0] += 1
+                            if counted[0] == STREAMS:
+                                started.set()
+                    return indices, text
+
+                tasks = [asyncio.create_task(read(i)) for i in range(STREAMS)]
+                await asyncio.wait_for(started.wait(), 60)
+                pair.primary.kill()
+                return await asyncio.gather(*tasks, return_exceptions=True)
+
+        _each_once(asyncio.run(run()), references)
 
 
 def test_a_paused_active_broker_never_serves_beside_its_peer(tmp_path):
