@@ -107,6 +107,9 @@ class Delta:
 class Usage:
     prompt_tokens: int
     completion_tokens: int
+    # Of the prompt tokens, those taken from the prefix cache (the worker's pool or the KV tier).
+    # Not compared: the same request gives the same usage whether its prefix was cached or not.
+    cached_prompt_tokens: int = field(default=0, compare=False)
 
     @property
     def total_tokens(self) -> int:
@@ -116,7 +119,8 @@ class Usage:
     def from_dict(cls, d: Any, where: str = "usage") -> Usage:
         if type(d) is not dict:
             raise MalformedMessageError(f"{where} must be a map")
-        return cls(_take(d, "prompt_tokens", (int,), where), _take(d, "completion_tokens", (int,), where))
+        return cls(_take(d, "prompt_tokens", (int,), where), _take(d, "completion_tokens", (int,), where),
+                   _take(d, "cached_prompt_tokens", (int,), where, 0))
 
 
 @dataclass(frozen=True)
@@ -144,7 +148,8 @@ class Completion:
         """Plain data (JSON and msgpack safe); ``logprobs`` in TokenLogprobs' wire form."""
         return {"text": self.text, "token_ids": self.token_ids, "finish_reason": self.finish_reason,
                 "usage": {"prompt_tokens": self.usage.prompt_tokens,
-                          "completion_tokens": self.usage.completion_tokens},
+                          "completion_tokens": self.usage.completion_tokens,
+                          "cached_prompt_tokens": self.usage.cached_prompt_tokens},
                 "timings": self.timings,
                 "logprobs": None if self.logprobs is None else [t.to_wire() for t in self.logprobs],
                 "note": self.note, "tool_calls": [c.to_dict() for c in self.tool_calls], "stop": self.stop}

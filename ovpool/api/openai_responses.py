@@ -108,7 +108,8 @@ def _format(text: Any) -> dict[str, Any] | None:
 
 def _usage(c: Completion) -> dict[str, Any]:
     prompt, out = c.usage.prompt_tokens, c.usage.completion_tokens
-    return {"input_tokens": prompt, "input_tokens_details": {"cached_tokens": 0}, "output_tokens": out,
+    return {"input_tokens": prompt, "input_tokens_details": {"cached_tokens": c.usage.cached_prompt_tokens},
+            "output_tokens": out,
             "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": prompt + out}
 
 
