@@ -350,6 +350,8 @@ class PendingRequests:
         """Local deadlines, the connection, broker silence, and the periodic PING while anything is
         outstanding."""
         if not self._pending and not self._status_waiters:
+            if self._endpoints > 1 and not self._up and now - self._down_since >= self._connect_timeout_s:
+                self._failover_due = True  # idle (serve's reports), but what it sends next needs a broker
             return []
         unavailable_s = self._unavailable_s or timing.CLIENT_UNAVAILABLE_S
         if self._endpoints > 1:  # a stopped broker of a pair: its peer takes over within expiries

@@ -197,4 +197,4 @@ def test_a_pair_where_neither_answers_is_one_error_naming_both():
     got = subprocess.run([sys.executable, "-m", "ovpool", "status", "--broker", f"{a},{b}"],
                          capture_output=True, text=True, timeout=60)
     assert got.returncode != 0
-    assert f"no broker of the pair is active ({a} unreachable, {b} unreachable)" in got.stderr
+    assert f"no broker of the pair is active ({a} unreachable, {b} unreachable); " in got.stderr

@@ -236,7 +236,9 @@ def _pair_status(endpoints: list[str], settings: Any) -> dict:
             active = status
     names = ", ".join(f"{p['endpoint']} {p['state']}" for p in pair)
     if active is None:
-        raise errors.BrokerUnavailableError(f"no broker of the pair is active ({names})")
+        raise errors.BrokerUnavailableError(
+            f"no broker of the pair is active ({names}); a passive one whose peer is silent takes"
+            " over at a client's first request (STATUS is no vote)")
     return {**active, "pair": pair}
 
 
