@@ -306,30 +306,3 @@ def test_a_worker_killed_mid_write_leaves_no_block_that_loads(tiny_model, tmp_pa
     assert again["loaded"] == 0 and again["saved"] == PROMPT // 32
     same_answer(again, run_worker(model, tmp_path, "--no-tier"))
     assert maintenance.gc(CacheStore(tmp_path))["temp"]
-
-
-def test_ovpool_serve_restarted_reuses_a_long_prefix_from_the_tier(tiny_model, tmp_path):
-    from serve_helpers import serve, wait_for
-
-    from ovpool.client import Client
-
-    model = tiny_model()
-    text = " ".join(f"w{i % 37} x{i % 11}" for i in range(36))  # 203 tokens of the tiny vocabulary
-    args = ("--model", str(model), "--workers", "1", "--cache-dir", str(tmp_path / "cache"),
-            *(f"--set={s}" for s in ("prefix_cache=on", "inference_precision=f32", "kv_cache_precision=f32")))
-    runs = []
-    for run in ("first", "restarted"):
-        (tmp_path / run).mkdir()
-        with serve(tmp_path / run, *args) as served:
-            served.wait_states("ready", timeout=120)
-            # Requests go to the Batcher (and its KV pool and tier) once it is made.
-            wait_for(lambda: "continuous batching:" in served.output(), 120, "the paged graph")
-            with Client(served.endpoint) as client:
-                done = client.complete(text, model=str(model), max_tokens=8, temperature=0, ignore_eos=True,
-                                       logprobs=2)
-                report = wait_for(lambda: [w["prefix_cache"] for w in client.status()["workers"]
-                                           if w["prefix_cache"]["prompt_tokens"]], 30, "the counters")
-            runs.append(([(t.token_id, t.logprob) for row in done.logprobs for t in row.top], report[0]))
-    (first, before), (again, after) = runs
-    assert again == first and before["cached_prompt_tokens"] == 0
-    assert after["cached_prompt_tokens"] >= 0.9 * after["prompt_tokens"]
