@@ -20,13 +20,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from datetime import datetime
 from pathlib import Path
 
+from ovpool import errors
 from ovpool.client import Client
 from ovpool.demo import free_port
 from ovpool.models import model_name
@@ -40,6 +43,19 @@ def first_token_s(client: Client, model: str) -> float:
     for _ in stream:
         pass
     return elapsed
+
+
+def wait_for_broker(client: Client, timeout_s: float = 120.0) -> None:
+    """Until the pool's broker answers (a loaded host may start it past connect_timeout_s)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            client.status(5.0)
+            return
+        except errors.OvpoolError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
 
 
 def import_s(repeats: int = 3) -> float:
@@ -60,22 +76,72 @@ def _serve_argv(port: int, workdir: Path, models: list[str], *extra: str) -> lis
     return argv
 
 
-def swaps(models: list[str], rounds: int, workdir: Path, gap_s: float) -> dict[str, dict[str, list[float]]]:
+def swaps(models: list[str], rounds: int, workdir: Path, gap_s: float) -> dict[str, dict[str, list]]:
+    """Per model: cold and warm swap times (s), and each warm swap's phases from serve's log."""
     port = free_port()
     argv = _serve_argv(port, workdir, models, "--max-loaded", "1")
-    times: dict[str, dict[str, list[float]]] = {model_name(m)[0]: {"cold": [], "warm": []} for m in models}
+    times: dict[str, dict[str, list]] = {model_name(m)[0]: {"cold": [], "warm": [], "marks": []}
+                                         for m in models}
     with open(workdir / "serve.log", "wb") as log:
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
     try:
         with Client(f"tcp://127.0.0.1:{port}") as client:
+            wait_for_broker(client)
             for i in range(rounds + 1):
                 for model in times:
                     time.sleep(gap_s)  # the loaded model has set up its kernels and graphs meanwhile
+                    started = time.time()
                     times[model]["cold" if i == 0 else "warm"].append(first_token_s(client, model))
+                    if i:
+                        times[model]["marks"].append((started, times[model]["warm"][-1]))
     finally:
         proc.terminate()
         proc.wait(60)
+    events = log_events((workdir / "serve.log").read_text(errors="replace"))
+    for model, t in times.items():
+        t["phases"] = [swap_phases(events, model, start, took) for start, took in t.pop("marks")]
     return times
+
+
+_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) +\w+ +\S+\[(\d+)\]: (.*)$")
+
+
+def log_events(text: str) -> list[tuple[float, int, str]]:
+    """serve's log (its children's lines too) as (wall time, pid, message)."""
+    out = []
+    for line in text.splitlines():
+        if m := _LINE.match(line):
+            out.append((datetime.strptime(m[1], "%Y-%m-%d %H:%M:%S,%f").timestamp(), int(m[2]), m[3]))
+    return out
+
+
+def swap_phases(events: list[tuple[float, int, str]], model: str, start: float, took: float) -> dict:
+    """Where one warm swap of ``model`` (requested at wall time ``start``, first token ``took``
+    seconds later) spent its time, from serve's log: serve noticing the request, the other model
+    draining and exiting, the new worker's spawn, its start to the cache hit (interpreter,
+    imports, lookup), the hit to ready (import, registration) and ready to the first token."""
+    marks: dict[str, float] = {}
+    worker = None
+    for t, pid, text in events:
+        if t < start - 0.002:
+            continue
+        if "notice" not in marks and text.startswith("unloading model "):
+            marks["notice"] = t
+        elif "loading" not in marks and text.startswith(f"loading model {model} "):
+            marks["loading"] = t
+        elif worker is None and text.startswith(f"worker {model}:") and " started (pid " in text:
+            marks["started"], worker = t, int(re.search(r"pid (\d+)", text)[1])
+        elif pid == worker and "hit" not in marks and "model cache HIT" in text:
+            marks["hit"] = t
+        elif "ready" not in marks and text.startswith(f"worker {model}:") and text.endswith(" is ready"):
+            marks["ready"] = t
+            break
+    order = ["notice", "loading", "started", "hit", "ready"]
+    if any(k not in marks for k in order):
+        return {}
+    points = [start, *(marks[k] for k in order), start + took]
+    names = ["notice_s", "other_exits_s", "spawn_s", "start_to_hit_s", "hit_to_ready_s", "ready_to_token_s"]
+    return {name: round(b - a, 3) for name, a, b in zip(names, points[:-1], points[1:], strict=True)}
 
 
 def pss_mib(pid: int) -> float:
@@ -145,7 +211,7 @@ def main() -> None:
         cold, warm = t["cold"][0], statistics.median(t["warm"])
         result["models"][model] = {"cold_s": round(cold, 3), "warm_s": round(warm, 3),
                                    "warm_runs_s": [round(x, 3) for x in t["warm"]],
-                                   "warm_over_cold": round(warm / cold, 3)}
+                                   "warm_over_cold": round(warm / cold, 3), "warm_phases": t["phases"]}
     if args.json:
         print(json.dumps(result, indent=1))
         return

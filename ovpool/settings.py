@@ -146,6 +146,9 @@ _SETTINGS = [
     Setting("max_loaded_mb", float, 0.0, "serve with several models: at most this many MiB of loaded "
             "models per device, measured as their workers' PSS; over it, the least recently used idle "
             "one that is not pinned unloads (0: no limit)", minimum=0, scopes=(SERVE,)),
+    Setting("spare_worker", bool, True, "serve with several models: keep one worker process started "
+            "ahead, its libraries imported, so that a load skips the interpreter's start and the "
+            "imports (a second or more); it holds ~40 MiB PSS while it waits", scopes=(SERVE,)),
     Setting("routing", str, "prefix", "broker: which free worker gets a request: prefix (the one "
             "most likely to hold its prompt's prefix in its cache, within a small load margin of the "
             "least busy) or least_loaded", choices=("prefix", "least_loaded"), scopes=(BROKER,)),

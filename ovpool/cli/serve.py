@@ -60,7 +60,7 @@ def _spec(devices: str | None, workers: int | None, bind: str, remote: str | Non
         raise click.UsageError("--served-name names the one model of a pool; with several, give "
                                "names as --model NAME=PATH or served_names in a --models file")
     return PoolSpec(models=models, max_loaded=settings.max_loaded or None, keep_alive_s=settings.keep_alive_s,
-                    max_loaded_mb=settings.max_loaded_mb or None,
+                    max_loaded_mb=settings.max_loaded_mb or None, spare_worker=settings.spare_worker,
                     devices=tuple(listed), bind=None if remote else bind, broker=remote or "",
                     cache_dir=settings.cache_dir,
                     cache_only=settings.cache_only, metrics_port=settings.metrics_port, http=http, **fields)

@@ -12,7 +12,9 @@ kept so a worker that dies at start can be reported with its own error message.
 from __future__ import annotations
 
 import collections
+import contextlib
 import ctypes
+import json
 import os
 import signal
 import subprocess
@@ -52,9 +54,10 @@ class ChildProcess:
     """``argv`` as a supervised child; ``with`` starts it and stops it (SIGTERM, then SIGKILL)."""
 
     def __init__(self, name: str, argv: Sequence[str], env: dict[str, str] | None = None,
-                 output: IO[bytes] | None = None, tail_lines: int = 20):
+                 output: IO[bytes] | None = None, tail_lines: int = 20, stdin: bool = False):
         self.name = name
         self._argv, self._env = list(argv), env
+        self._stdin = stdin  # a spare (serve/spare.py): its command line comes later, on stdin
         self._output = output if output is not None else sys.stderr.buffer
         self._tail: collections.deque[str] = collections.deque(maxlen=tail_lines)
         self._proc: subprocess.Popen | None = None
@@ -68,7 +71,8 @@ class ChildProcess:
     def __enter__(self) -> ChildProcess:
         parent = os.getpid()
         self._proc = subprocess.Popen(
-            self._argv, env=self._env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            self._argv, env=self._env, stdin=subprocess.PIPE if self._stdin else subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, preexec_fn=lambda: _child_setup(parent), close_fds=True)
         self._forwarder = threading.Thread(target=self._forward, name=f"out-{self.name}", daemon=True)
         self._forwarder.start()
@@ -76,6 +80,14 @@ class ChildProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+    def launch(self, name: str, argv: Sequence[str]) -> ChildProcess:
+        """A spare becomes ``name``, running ``argv`` (``python -m ovpool ARGS``: ARGS go to it)."""
+        assert self._stdin and list(argv[1:3]) == ["-m", "ovpool"], argv
+        self.name = name
+        self._proc.stdin.write(json.dumps(list(argv[3:])).encode() + b"\n")
+        self._proc.stdin.close()
+        return self
 
     def poll(self) -> int | None:
         """The exit status once the child has exited (negative: killed by that signal), else None."""
@@ -104,6 +116,9 @@ class ChildProcess:
                 self.signal(signal.SIGKILL)
                 self._proc.wait()
         self.signal(signal.SIGKILL)  # anything the child left behind in its group
+        if self._proc.stdin is not None and not self._proc.stdin.closed:  # a spare never used
+            with contextlib.suppress(OSError):
+                self._proc.stdin.close()
         self._forwarder.join(timeout=grace_s)
         return self._proc.returncode
 

@@ -27,6 +27,7 @@ from ovpool.serve.conductor import BrokerDrainFn, Conductor, Orders
 from ovpool.serve.loads import DrainFn, ModelLoads
 from ovpool.serve.memory import MemoryReader
 from ovpool.serve.service import Service
+from ovpool.serve.spare import SpareWorker
 from ovpool.serve.spec import PoolSpec
 from ovpool.serve.supervisor import RestartPolicy, Supervisor, WorkerPhase
 
@@ -54,6 +55,7 @@ class Pool:
                                      unloaded=frozenset(self._workers) if spec.on_demand else frozenset())
         self.loads = ModelLoads(spec, self.supervisor, drain)
         self._memory = MemoryReader()
+        self._spare = SpareWorker(spec.python, env) if spec.on_demand and spec.spare_worker else None
         self._stop_by: dict[str, float] = {}  # unloading workers signalled: SIGKILL after this
         # The services' environments may carry keys (kept off command lines). A crashed broker
         # restarts at once: clients wait only connect_timeout_s (2 s) for a dropped connection.
@@ -75,6 +77,8 @@ class Pool:
     def __exit__(self, *exc: object) -> None:
         if self._http is not None:  # first: no new requests while the workers drain
             self._http.stop()
+        if self._spare is not None:
+            self._spare.close()
         self.supervisor.stop()
         workers = list(self._children.values())
         for child in workers:  # all at once: each worker drains its requests in parallel
@@ -101,6 +105,7 @@ class Pool:
             self._check_failed()
             for name in self.supervisor.due(now):
                 self._spawn(name, now)
+            self._keep_spare()
             # Several models: the broker's queues are read every round, so a request for an
             # unloaded model waits one poll interval at most before its load starts; a signal's
             # order is followed in the round it arrives (readiness turns 503 within ~0.1 s).
@@ -125,7 +130,8 @@ class Pool:
             workers.append({**entry, **residency, "worker_id": registered.get("id"),
                             "load": registered.get("load")})
         view = {"host": self._host, "endpoint": self.spec.endpoint, "model": self.spec.model,
-                "updated": time.time(), "workers": workers, "pid": os.getpid(), **self.conductor.describe()}
+                "updated": time.time(), "workers": workers, "pid": os.getpid(), **self.conductor.describe(),
+                "spare_pid": self._spare.pid if self._spare is not None else None}
         for service in self._services():
             view[service.name] = service.describe()
         return view
@@ -146,10 +152,19 @@ class Pool:
         if old is not None:
             old.stop()
         model, device = self._workers[name]
-        child = ChildProcess(name, self.spec.worker_argv(name, device, model), env=self._env)
-        self._children[name] = child.__enter__()
-        self.supervisor.started(name, child.pid, now)
-        log.info("worker %s started (pid %d)", name, child.pid)
+        argv = self.spec.worker_argv(name, device, model)
+        child = self._spare.take(name, argv) if self._spare is not None else None
+        self._children[name] = child or ChildProcess(name, argv, env=self._env).__enter__()
+        self.supervisor.started(name, self._children[name].pid, now)
+        log.info("worker %s started (pid %d%s)", name, self._children[name].pid,
+                 ", the spare process" if child else "")
+
+    def _keep_spare(self) -> None:
+        """A spare worker process for the next load, started while no worker starts (both would
+        share the cores) and the pool is not stopping."""
+        starting = any(e["state"] == WorkerPhase.STARTING.value for e in self.supervisor.view())
+        if self._spare is not None and not starting and self.conductor.draining_until is None:
+            self._spare.keep_one()
 
     def _reap(self, now: float) -> None:
         for name, child in list(self._children.items()):

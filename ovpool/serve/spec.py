@@ -82,6 +82,7 @@ class PoolSpec:
     max_loaded: int | None = None
     keep_alive_s: float = 300.0
     max_loaded_mb: float | None = None  # per device, the workers' PSS (None: no byte budget)
+    spare_worker: bool = True  # several models: a worker process started ahead (serve/spare.py)
     devices: tuple[str, ...] = ("CPU",)
     bind: str | None = DEFAULT_BIND
     broker: str = ""

@@ -1,0 +1,86 @@
+"""A worker process started before its model is known: a load then skips the interpreter's start
+and the imports, a second or more of a warm swap (docs/performance.md, Model swaps).
+
+``python -m ovpool.serve.spare`` imports what `ovpool worker` imports before it reads its model,
+then waits for one line on stdin, the worker's arguments (JSON: what follows ``python -m
+ovpool``), and runs as that command; end of input (serve stopped without using it) exits 0.
+``SpareWorker`` keeps one for a pool that loads models on demand.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+from collections.abc import Sequence
+
+from ovpool.serve.child import ChildProcess
+
+# What a worker's start imports (ovpool/cli/pool.py, _run_worker) before it has its model.
+PRELOAD = ("openvino", "ovpool.cli", "ovpool.cache.prefetch", "ovpool.worker.process",
+           "ovpool.worker.backend", "ovpool.worker.engine")
+# A spare that keeps exiting on its own (a broken environment) is given up: workers start plainly.
+_MAX_FAILURES = 3
+
+
+class SpareWorker:
+    """At most one spare process of ``python`` with ``env`` (the workers' environment)."""
+
+    def __init__(self, python: str, env: dict[str, str] | None):
+        self._argv = [python, "-m", "ovpool.serve.spare"]
+        self._env = env
+        self._child: ChildProcess | None = None
+        self._failures = 0
+
+    @property
+    def pid(self) -> int | None:
+        return self._child.pid if self._child is not None else None
+
+    def keep_one(self) -> None:
+        """Start a spare unless one runs (call when no worker is starting: it competes for CPU)."""
+        if self._child is not None and self._child.poll() is None:
+            return
+        if self._child is not None:  # it exited before any use
+            self._failures += 1
+            self._child.stop()
+            self._child = None
+        if self._failures < _MAX_FAILURES:
+            self._child = ChildProcess("spare", self._argv, env=self._env, stdin=True).__enter__()
+
+    def take(self, name: str, argv: Sequence[str]) -> ChildProcess | None:
+        """The spare, now running worker ``name`` with ``argv`` (``python -m ovpool ...``); None if
+        there is none alive (start the worker plainly)."""
+        child, self._child = self._child, None
+        if child is None:
+            return None
+        if child.poll() is None:
+            try:
+                return child.launch(name, argv)
+            except OSError:  # it exited meanwhile
+                pass
+        child.stop()
+        return None
+
+    def close(self) -> None:
+        if self._child is not None:
+            self._child.stop()
+            self._child = None
+
+
+def main() -> None:
+    from ovpool.startup import defer_heavy_imports
+
+    defer_heavy_imports()  # as ovpool's entry does, before the imports it trims
+    for module in PRELOAD:
+        importlib.import_module(module)
+    line = sys.stdin.readline()
+    if not line.strip():
+        return
+    sys.argv = ["ovpool", *json.loads(line)]
+    from ovpool.cli import entry
+
+    entry()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,38 @@
+"""serve's spare worker process (serve/spare.py): with several models, a load starts in a process
+that has its imports done, which then runs the model's worker as a plain start would."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+from serve_helpers import serve, wait_for
+
+from ovpool.client import Client
+from ovpool.serve.spare import SpareWorker
+
+
+@pytest.mark.slow
+def test_a_load_takes_the_spare_process_and_a_new_spare_follows(tmp_path):
+    with serve(tmp_path, "--backend", "null", "--model", "a", "--model", "b", "--max-loaded", "1") as served:
+        served.wait_service("broker")
+        spare = wait_for(lambda: served.state().get("spare_pid"), 60, "a spare process")
+        with Client(served.endpoint) as client:
+            assert client.complete("hi", model="a", max_tokens=2, timeout=60).usage.completion_tokens == 2
+            assert served.workers()["a:CPU"]["pid"] == spare
+            after = wait_for(lambda: served.state().get("spare_pid") not in (None, spare) and
+                             served.state()["spare_pid"], 60, "the next spare")
+            assert client.complete("hi", model="b", max_tokens=2, timeout=60).usage.completion_tokens == 2
+            assert served.workers()["b:CPU"]["pid"] == after
+        assert f"worker a:CPU started (pid {spare}, the spare process)" in served.output()
+
+
+def test_without_a_live_spare_a_worker_starts_plainly():
+    spares = SpareWorker(sys.executable, None)
+    assert spares.take("a:CPU", [sys.executable, "-m", "ovpool", "worker"]) is None
+    spares.keep_one()
+    pid = spares.pid
+    spares.keep_one()  # one at a time
+    assert spares.pid == pid
+    spares.close()
+    assert spares.pid is None
