@@ -100,7 +100,9 @@ def _each_once(results: list, references: list[str]) -> None:
         assert text == references[i]
 
 
-def test_kill_9_of_the_active_broker_loses_no_stream_and_status_names_the_backup(tmp_path):
+@pytest.mark.parametrize("stop", ["kill", "stop"])
+def test_kill_9_of_the_active_broker_loses_no_stream_and_status_names_the_backup(tmp_path, stop):
+    """``kill``: SIGKILL; ``stop``: SIGTERM, whose broker hands its requests and worker over."""
     with fast_heartbeats(0.2):  # the children read it when they are made
         pair = Pair(tmp_path)
     with fast_heartbeats(0.2), pair.primary, pair.backup, \
@@ -112,7 +114,7 @@ def test_kill_9_of_the_active_broker_loses_no_stream_and_status_names_the_backup
         started = threading.Barrier(STREAMS + 1)
         results, threads = _streams(client, started)
         started.wait(timeout=60)  # every stream is accepted and under way
-        pair.primary.kill()  # SIGKILL
+        getattr(pair.primary, stop)()
         for t in threads:
             t.join(timeout=120)
         _each_once(results, references)

@@ -110,7 +110,9 @@ class Broker:
         if self._standby is not None:
             self._standby.__exit__()
         if self._socket is not None:
-            self._send(self.router.shutdown(time.monotonic()))
+            # One of a pair hands over instead: its clients and workers move to the peer.
+            self._send(self._handover(f"the broker at {self.endpoint} of a standby pair stopped: send to its"
+                                      " peer") if self._standby else self.router.shutdown(time.monotonic()))
             self._socket.close(linger=int(timing.POLL_INTERVAL_S * 1000))  # let DISCONNECT/SHUTDOWN out
             self._socket = None
         self._security.__exit__()
@@ -226,14 +228,13 @@ class Broker:
     def _follow(self, actions: list[Action], now: float) -> None:
         """A change of who serves: hand over what this router holds, and start a fresh one."""
         if Action.DEACTIVATED in actions:
-            self._send(self._handover())
+            self._send(self._handover(self._not_active()))
         if Action.DEACTIVATED in actions or Action.ACTIVATED in actions:
             self.router = self._new_router(now)
 
-    def _handover(self) -> Output:
-        """Going passive: every request held fails over (its client sends it to the peer), every
-        worker registers with the peer."""
-        why = self._not_active()
+    def _handover(self, why: str) -> Output:
+        """Going passive, or stopping: every request held fails over (its client sends it to the
+        peer), every worker registers with the peer."""
         code = NotActiveError.code
         out: Output = [(j.client, Error(rid, code, why)) for rid, j in self.router.jobs.items()]
         out.extend((w.identity, Error("", code, why)) for w in self.router.workers.values())
