@@ -62,6 +62,7 @@ class Batcher:
         self.intake, self.runner = intake, runner
         self.prompt_lookup, self.lookup_tokens = prompt_lookup, lookup_tokens
         self._speculation: dict[str, Speculation] = {}
+        self.lookup = {"passes": 0, "proposed": 0, "accepted": 0}  # of finished requests' drafts
         # The lower tier holds exact blocks only (ovpool.worker.generate.kv_tier): with prefix_cache=on.
         self.tier = TierLink(tier, runner) if tier is not None and prefix_cache == "on" else None
         self.scheduler = Scheduler(num_blocks=runner.num_blocks, block_size=runner.block_size,
@@ -185,7 +186,10 @@ class Batcher:
             self._preparer.cancel(request_id)
         self.scheduler.finish(request_id)
         self._uncounted.discard(request_id)
-        self._speculation.pop(request_id, None)
+        speculation = self._speculation.pop(request_id, None)
+        if speculation is not None:
+            for key in self.lookup:
+                self.lookup[key] += getattr(speculation, key)
         gen = self._generations.pop(request_id, None)
         if gen is not None:
             gen.close()
