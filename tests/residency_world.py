@@ -57,6 +57,8 @@ class World:
             self.r.loaded(name, self.now)
         elif kind == "gone" and state is ModelState.UNLOADING:
             self.r.unloaded(name)
+        elif kind == "stopping":  # its workers told to exit (idle, drained)
+            self.r.stopping(name)
         elif kind == "dispatch" and state is ModelState.LOADED and self.queued[name]:
             self.queued[name] -= 1
             self.active[name] += 1
@@ -73,7 +75,7 @@ class World:
         and nothing is under way."""
         for _ in range(200):
             for name in self.policies:
-                for kind in ("ready", "gone", "dispatch", "finish"):
+                for kind in ("ready", "stopping", "gone", "dispatch", "finish"):
                     self.step((kind, name))
             busy = any(self.queued.values()) or any(self.active.values())
             moving = any(self.r.state(n) in (ModelState.LOADING, ModelState.UNLOADING) for n in self.policies)

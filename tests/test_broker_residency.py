@@ -14,8 +14,8 @@ from ovpool.broker.router import Router
 from ovpool.errors import ConfigError
 from ovpool.protocol import Error, Ping, Request, Supervised
 
-events = st.lists(st.tuples(st.sampled_from(("submit", "ready", "gone", "dispatch", "finish", "tick",
-                                              "load", "unload")),
+events = st.lists(st.tuples(st.sampled_from(("submit", "ready", "stopping", "gone", "dispatch", "finish",
+                                              "tick", "load", "unload")),
                             st.sampled_from(NAMES)), max_size=80)
 policies = st.lists(st.tuples(st.sampled_from((NEVER, 0.0, 60.0, 300.0)), st.booleans()),
                     min_size=3, max_size=3)
@@ -167,3 +167,16 @@ def test_an_ordered_load_loads_without_a_request_and_an_ordered_unload_waits_for
     assert world.observe() == []  # a runs a request
     world.step(("finish", "a"))
     assert world.r.state("a") is ModelState.UNLOADING and world.r.state("b") is ModelState.LOADED
+
+
+def test_on_cpu_a_load_starts_beside_the_exit_of_the_model_it_replaces_on_a_gpu_after_it():
+    for device, overlaps in (("CPU", True), ("GPU.0", False)):
+        world = World([ModelPolicy(n, devices=(device,)) for n in ("a", "b")], max_loaded=1)
+        for kind in ("submit", "ready", "dispatch", "finish"):
+            world.step((kind, "a"))
+        world.step(("submit", "b"))
+        assert world.r.state("a") is ModelState.UNLOADING and world.loads == ["a"]
+        world.step(("stopping", "a"))  # idle, drained, told to exit
+        assert world.loads == (["a", "b"] if overlaps else ["a"])
+        world.step(("gone", "a"))
+        assert world.loads == ["a", "b"]

@@ -10,8 +10,8 @@ from residency_world import NAMES, World
 from ovpool.broker.residency import MIB, NEVER, Load, ModelPolicy, ModelState, Unload
 from ovpool.serve.memory import MemoryReader, pss_bytes
 
-events = st.lists(st.tuples(st.sampled_from(("submit", "ready", "gone", "dispatch", "finish", "tick",
-                                              "load", "unload")),
+events = st.lists(st.tuples(st.sampled_from(("submit", "ready", "stopping", "gone", "dispatch", "finish",
+                                              "tick", "load", "unload")),
                             st.sampled_from(NAMES)), max_size=80)
 devices = st.sampled_from((("CPU",), ("GPU.0",), ("CPU", "GPU.0")))
 models = st.lists(st.tuples(st.sampled_from((NEVER, 0.0, 60.0)), st.booleans(), devices,

@@ -7,7 +7,8 @@ models of one ``ovpool serve`` (one host's devices), which to load and which to 
   requests wait: concurrent first requests for a cold model cause one load);
 - at most ``max_loaded`` models are resident (loading, loaded or unloading) at any moment; when a
   load would pass it, the least recently used loaded model that is neither pinned nor busy
-  (requests in flight or queued) is unloaded first, and the load follows once it has gone;
+  (requests in flight or queued) is unloaded first, and the load follows once it has gone, or on
+  CPU once its workers are idle and told to exit (``stopping``: their exit overlaps the load);
 - with ``max_bytes`` (a byte budget per device, the workers' PSS as serve measures it), the models
   resident on a device take at most that much once settled: over it, the least recently used idle
   unpinned model there unloads, never a busy one; a load waits for room when its model's size is
@@ -98,6 +99,7 @@ class _Model:
     memory: dict[str, int] = field(default_factory=dict)  # device -> bytes its workers hold now
     known: dict[str, int] = field(default_factory=dict)  # device -> bytes it held when last loaded
     noticed: bool = False  # its Notice went out for this load
+    leaving: bool = False  # unloading, its workers told to exit: out of the count budget (on CPU)
 
     @property
     def keep(self) -> float:
@@ -170,22 +172,30 @@ class Residency:
         if m.state is ModelState.LOADED:
             m.state = ModelState.LOADING
 
+    def stopping(self, model: str) -> None:
+        """The workers of an unloading ``model`` are idle, out of placement and told to exit. On
+        CPU the next load need not wait for their exit; the byte budget counts their memory until
+        they have gone (on a GPU both wait: device memory comes back only at the exit)."""
+        m = self._models[model]
+        if m.state is ModelState.UNLOADING and all(d.startswith("CPU") for d in m.policy.devices):
+            m.leaving = True
+
     def unloaded(self, model: str) -> None:
         """The workers of ``model`` that an Unload stopped have exited."""
         m = self._models[model]
         if m.state is ModelState.UNLOADING:
-            m.state = ModelState.UNLOADED
+            m.state, m.leaving = ModelState.UNLOADED, False
 
     def gone(self, model: str) -> None:
         """The workers of ``model`` were stopped by someone else (a drain): it is not loaded."""
         m = self._models[model]
         if m.state in RESIDENT:
-            m.state, m.reason = ModelState.UNLOADED, "its workers were drained"
+            m.state, m.reason, m.leaving = ModelState.UNLOADED, "its workers were drained", False
 
     def failed(self, model: str, reason: str) -> None:
         """``model`` cannot load (a bad file, a worker the supervisor gave up on): for good."""
         m = self._models[model]
-        m.state, m.reason, m.wanted_since = ModelState.FAILED, reason, None
+        m.state, m.reason, m.wanted_since, m.leaving = ModelState.FAILED, reason, None, False
 
     # -- views ----------------------------------------------------------------------------------
 
@@ -193,7 +203,8 @@ class Residency:
         return self._models[model].state
 
     def resident(self) -> int:
-        return sum(m.state in RESIDENT for m in self._models.values())
+        """Models within the count budget: loading, loaded, or unloading and not yet leaving."""
+        return sum(m.state in RESIDENT and not m.leaving for m in self._models.values())
 
     def describe(self, model: str, now: float) -> dict:
         """One model as serve reports it (flat: the broker keeps maps of text and numbers)."""
@@ -296,7 +307,7 @@ class Residency:
         wanted = sorted((m for m in self._models.values() if m.state is ModelState.UNLOADED
                          and (m.policy.pinned or m.wanted_since is not None)),
                         key=lambda m: (not m.policy.pinned, m.wanted_since or now, m.policy.name))
-        making_room = sum(m.state is ModelState.UNLOADING for m in self._models.values())
+        making_room = sum(m.state is ModelState.UNLOADING and not m.leaving for m in self._models.values())
         for m in wanted:
             if self.max_loaded is not None and self.resident() >= self.max_loaded:
                 if making_room:

@@ -69,8 +69,7 @@ class ModelLoads:
                     self._supervisor.load(name, now)
             else:
                 log.info("unloading model %s: %s", action.model, action.reason)
-                for name in self.names(action.model):
-                    self._unload(name, action.reason, registered)
+                idle += [n for n in self.names(action.model) if self._unload(n, action.reason, registered)]
         return idle
 
     def _by_model(self, memory: dict[str, int] | None) -> dict[str, dict[str, int]] | None:
@@ -93,25 +92,35 @@ class ModelLoads:
         self._orders_seen = {o.get("id") for o in orders}  # the broker keeps them a while only
 
     def stopped(self, name: str) -> None:
-        """The Pool signalled ``name`` to stop (it is drained and idle)."""
+        """The Pool signalled ``name`` to stop (it is drained and idle); once all of its model's
+        are, the next load may start beside their exit (Residency.stopping)."""
         self._draining.discard(name)
+        model = self._workers[name]
+        if not any(n in self._draining for n in self.names(model)):
+            self.residency.stopping(model)
 
     def describe(self, worker: str, now: float) -> dict:
         model = self._workers[worker]
         chat = {"chat": self._chat[model]} if model in self._chat else {}
         return {**self.residency.describe(model, now), **chat}
 
-    def _unload(self, name: str, reason: str, registered: dict[str, dict]) -> None:
+    def _unload(self, name: str, reason: str, registered: dict[str, dict]) -> bool:
+        """Drain ``name`` at the broker; True if the drain's reply shows it idle there, so it may
+        stop now (else it stops in a later round, once a STATUS shows it idle)."""
         if self._supervisor.unload(name, reason):
-            return  # not running: nothing to stop
+            return False  # not running: nothing to stop
+        self._draining.add(name)
         # By its registered id (``name@host:pid``): the broker matches a bare name on every host.
         worker_id = registered.get(name, {}).get("id")
-        if self._drain is not None and worker_id:
-            try:
-                self._drain(worker_id)
-            except Exception as exc:  # a broker that does not answer: the worker hands back instead
-                log.warning("could not drain worker %s before unloading it: %s", name, exc)
-        self._draining.add(name)
+        if self._drain is None or not worker_id:
+            return False
+        try:
+            reply = self._drain(worker_id)
+        except Exception as exc:  # a broker that does not answer: the worker hands back instead
+            log.warning("could not drain worker %s before unloading it: %s", name, exc)
+            return False
+        entry = next((w for w in (reply or {}).get("workers", []) if w.get("id") == worker_id), None)
+        return entry is not None and bool(entry.get("draining")) and not entry.get("active", 0)
 
     def _follow_supervisor(self, now: float, registered: dict[str, dict]) -> None:
         """Each model's state from its workers': registered, restarting, gone, or failing."""
