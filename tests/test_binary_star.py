@@ -66,6 +66,18 @@ def test_a_restarted_primary_goes_passive_beside_an_active_backup():
     assert backup.active
 
 
+def test_a_restarted_primary_beside_a_passive_backup_leaves_the_backup_active():
+    """Both rules must not fire at once: the passive backup takes over on hearing the restarted
+    primary, and the primary waits for that instead of taking the backup's PASSIVE as its cue."""
+    _, backup = pair()
+    backup.peer(State.ACTIVE, 0.1)
+    primary, _ = pair(now=0.5)
+    assert primary.peer(State.PASSIVE, 0.6) == []
+    assert backup.peer(State.PRIMARY, 0.6) == [Action.ACTIVATED]
+    assert primary.peer(State.ACTIVE, 0.7) == []
+    assert primary.state is State.PASSIVE and backup.active
+
+
 def test_two_actives_meeting_leave_the_backup_active():
     primary, backup = pair()
     primary.peer(State.BACKUP, 0.1)
@@ -212,6 +224,7 @@ CUT_THEN_HEAL = [Segment(20, False, False, 0, 0, 0), Segment(60, True, False, 0,
 @settings(max_examples=300, deadline=None)
 @given(segments)
 @example(CUT_THEN_HEAL)
+@example([Segment(30, False, False, 0, 0, 0), Segment(1, False, False, 0, 0, 1)])  # primary restart
 def test_a_simulated_pair_never_has_two_actives_that_hear_each_other(schedule):
     sim = Pair()
     for seg in schedule:

@@ -69,13 +69,13 @@ class BinaryStar:
             return woke + self._become(State.PASSIVE)
         if now < self.hold_until:
             return woke
-        if s in (State.PRIMARY, State.PASSIVE) and peer_state in (State.BACKUP, State.PASSIVE):
-            # Both waiting: the primary takes it. A passive backup meeting a passive (or restarted
-            # backup) peer stays passive and lets the primary decide.
-            if self.primary or peer_state is State.BACKUP:
-                return woke + self._become(State.ACTIVE)
-        if s is State.PASSIVE and peer_state is State.PRIMARY:
-            return woke + self._become(State.ACTIVE)  # the primary restarts: we serve, it goes passive
+        if peer_state is State.BACKUP and s in (State.PRIMARY, State.PASSIVE):
+            return woke + self._become(State.ACTIVE)  # the backup (re)starts: we serve
+        two_passive = peer_state is State.PASSIVE and self.primary
+        if s is State.PASSIVE and (peer_state is State.PRIMARY or two_passive):
+            # The primary restarts: we serve, it goes passive; two passives: the primary serves. A
+            # restarting primary that hears a passive peer waits: that peer takes over on hearing it.
+            return woke + self._become(State.ACTIVE)
         return woke
 
     def client(self, now: float) -> list[Action]:
