@@ -15,13 +15,15 @@ import sys
 import threading
 from pathlib import Path
 
+import httpx
+import openai
 import pytest
 from serve_helpers import wait_for
 
 from ovpool import errors
 from ovpool.async_client import AsyncClient
 from ovpool.client import Client
-from ovpool.testing.pool import broker, fast_heartbeats, free_endpoint, null_worker
+from ovpool.testing.pool import PoolProcess, broker, fast_heartbeats, free_endpoint, null_worker
 
 pytestmark = pytest.mark.slow  # processes
 
@@ -154,6 +156,38 @@ def test_an_async_client_fails_over_mid_stream_too(tmp_path):
                 return await asyncio.gather(*tasks, return_exceptions=True)
 
         _each_once(asyncio.run(run()), references)
+
+
+def _health(base: str) -> int:
+    try:
+        return httpx.get(f"{base}/health", timeout=30).status_code
+    except httpx.TransportError:  # not listening yet
+        return 0
+
+
+def test_the_http_api_streams_through_a_failover(tmp_path):
+    """``ovpool api --broker A,B``: an OpenAI stream goes on, token for token, past a kill -9."""
+    port = int(free_endpoint().rsplit(":", 1)[1])
+    with fast_heartbeats(0.2):
+        pair = Pair(tmp_path)
+        api = PoolProcess("api", "--broker", pair.both, "--bind", f"127.0.0.1:{port}",
+                          log=tmp_path / "api.log")
+    with fast_heartbeats(0.2), pair.primary, pair.backup, \
+            null_worker(pair.both, slots=STREAMS, token_delay=0.03, log=tmp_path / "worker.log"), \
+            Client(pair.both) as client, api:
+        _ready(pair, client)
+        (reference,) = [client.complete("stream 0", max_tokens=TOKENS, seed=0).text]
+        base = f"http://127.0.0.1:{port}"
+        wait_for(lambda: _health(base) == 200, 60, "the HTTP API")
+        sdk = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=120)
+        text, chunks = "", 0
+        for chunk in sdk.completions.create(model="null", prompt="stream 0", max_tokens=TOKENS, seed=0,
+                                            stream=True):
+            text += chunk.choices[0].text if chunk.choices else ""
+            chunks += 1
+            if chunks == 3:
+                pair.primary.kill()
+    assert text == reference
 
 
 def test_a_paused_active_broker_never_serves_beside_its_peer(tmp_path):
