@@ -199,3 +199,18 @@ def test_verified_positions_are_not_shared_as_a_decode_would_have_computed_them(
     # Three full blocks: the first (prompt) is shared, the others hold verified positions.
     s.finish("a")
     assert s.pool.cached == 1
+
+
+def test_pass_cost_is_timed_and_a_stale_size_falls_back_to_the_model():
+    cost = PassCost(base=1.5, per_token=0.25, weight=0.5, forget=4)
+    assert cost(1) == 1.0 and cost(3) == 2.0  # nothing timed yet
+    cost.observe(1, 0.010)
+    cost.observe(3, 0.030)
+    assert cost(3) == 3.0 and cost(5) == 2.5
+    cost.observe(3, 0.020)
+    assert cost(3) == 0.025 / 0.010
+    for _ in range(4):
+        cost.observe(1, 0.010)
+    assert cost(3) == 2.0  # not timed for 4 one-position passes: the model again
+    cost.observe(3, 0.015)
+    assert cost(3) == 1.5

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -32,7 +33,7 @@ from ovpool.worker.generate.constraint import Constraint, masks_for
 from ovpool.worker.generate.generation import Generation
 from ovpool.worker.generate.intake import Admitted, Intake, format_param
 from ovpool.worker.generate.kv_tier import BlockTier, TierLink
-from ovpool.worker.generate.lookup import Speculation
+from ovpool.worker.generate.lookup import PassCost, Speculation
 from ovpool.worker.generate.scheduler import Scheduler
 from ovpool.worker.generate.session import warm_up
 
@@ -62,6 +63,7 @@ class Batcher:
         self.intake, self.runner = intake, runner
         self.prompt_lookup, self.lookup_tokens = prompt_lookup, lookup_tokens
         self._speculation: dict[str, Speculation] = {}
+        self._pass_cost = PassCost()  # timed on this host: what a verifying pass costs
         self.lookup = {"passes": 0, "proposed": 0, "accepted": 0}  # of finished requests' drafts
         # The lower tier holds exact blocks only (ovpool.worker.generate.kv_tier): with prefix_cache=on.
         self.tier = TierLink(tier, runner) if tier is not None and prefix_cache == "on" else None
@@ -166,7 +168,8 @@ class Batcher:
         self.scheduler.add(request_id, ids, route_keys)
         self._generations[request_id] = gen
         if self.prompt_lookup != "off" and constraint is None:
-            self._speculation[request_id] = Speculation(ids, k=self.lookup_tokens, mode=self.prompt_lookup)
+            self._speculation[request_id] = Speculation(ids, k=self.lookup_tokens, mode=self.prompt_lookup,
+                                                        cost=self._pass_cost)
         self._uncounted.add(request_id)
         return gen
 
@@ -210,7 +213,7 @@ class Batcher:
                            for _ in range(1 + c.draft)])
         try:
             # The constrained rows' masks are computed while the pass runs (both drop the GIL).
-            logits = self.runner.forward(plan.chunks, rows=_rows(plan.chunks), during=masks and masks.compute)
+            logits = self._forward(plan.chunks, during=masks and masks.compute)
             if masks is not None:
                 logits = masks.apply(logits)
         except InferenceError as exc:  # the pass is shared: every request in it fails
@@ -221,6 +224,14 @@ class Batcher:
             events += self._accept(chunk, logits[row:row + 1 + chunk.draft], masked=masks is not None)
             row += 1 + chunk.draft
         return events
+
+    def _forward(self, chunks, during):
+        """The pass's logits rows; a pass of one sequence that may speculate is timed (PassCost)."""
+        start = time.perf_counter()
+        logits = self.runner.forward(chunks, rows=_rows(chunks), during=during)
+        if len(chunks) == 1 and chunks[0].seq_id in self._speculation:
+            self._pass_cost.observe(len(chunks[0].tokens), time.perf_counter() - start)
+        return logits
 
     def _propose(self) -> None:
         """Give each decoding request's proposed tokens (prompt lookup) to the scheduler: within

@@ -10,13 +10,12 @@ index is updated incrementally: a proposal costs ``max_n`` dictionary look-ups, 
 estimates the chance that a proposed token is the one the model picks, from every proposal, also
 those it did not verify (the next token shows whether the proposal's first token was right, at no
 cost), and verifies ``k`` tokens only where ``(1 + expected accepted tokens) / cost(k + 1
-positions)`` beats a one-position pass; ``PassCost`` is that cost, measured (docs/performance.md).
+positions)`` beats a one-position pass; ``PassCost`` is that cost, timed as the passes run.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 
 class NgramIndex:
@@ -64,16 +63,33 @@ def propose(tokens: Sequence[int], k: int, min_n: int = 1, max_n: int = 3) -> li
     return []
 
 
-@dataclass(frozen=True)
 class PassCost:
-    """The time of a pass over ``n`` positions of one sequence, in one-position passes:
-    ``1`` for n == 1 (the decode graph's step), ``base + per_token * (n - 1)`` beyond."""
+    """The time of a pass over ``n`` positions of one sequence, in one-position passes (the decode
+    graph's step): the ratio of their moving averages (~1/``weight`` passes each) as ``observe``
+    times them, so what a pass costs on this host's class and load; ``base + per_token * (n - 1)``
+    for a size not timed within the last ``forget`` one-position passes (a slow spell's figure
+    would otherwise stop the speculation that could time it again)."""
 
-    base: float = 1.3
-    per_token: float = 0.08
+    def __init__(self, base: float = 1.5, per_token: float = 0.15, weight: float = 0.1, forget: int = 256):
+        self.base, self.per_token, self.weight, self.forget = base, per_token, weight, forget
+        self._seconds: dict[int, float] = {}  # positions -> moving average of a pass's seconds
+        self._seen: dict[int, int] = {}  # positions -> one-position passes timed before its last
+        self._ones = 0
 
     def __call__(self, n: int) -> float:
-        return 1.0 if n <= 1 else self.base + self.per_token * (n - 1)
+        if n <= 1:
+            return 1.0
+        if 1 not in self._seconds or self._ones - self._seen.get(n, -self.forget) >= self.forget:
+            return self.base + self.per_token * (n - 1)
+        return self._seconds[n] / self._seconds[1]
+
+    def observe(self, n: int, seconds: float) -> None:
+        """A pass over ``n`` positions of one sequence took ``seconds``."""
+        mean = self._seconds.get(n)
+        fresh = mean is None or (n > 1 and self._ones - self._seen[n] >= self.forget)
+        self._seconds[n] = seconds if fresh else mean + self.weight * (seconds - mean)
+        self._ones += n == 1
+        self._seen[n] = self._ones
 
 
 class Speculation:
@@ -81,10 +97,11 @@ class Speculation:
     tokens) or auto (only as many as pay, by ``cost``); ``rate``: the prior chance that a
     proposed token is right, then its moving average over the last ~1/``weight`` proposals."""
 
-    def __init__(self, tokens: Sequence[int], *, k: int, mode: str = "auto", cost: PassCost = PassCost(),
+    def __init__(self, tokens: Sequence[int], *, k: int, mode: str = "auto", cost: PassCost | None = None,
                  rate: float = 0.5, weight: float = 0.15, min_n: int = 1, max_n: int = 3):
         self.index = NgramIndex(tokens, min_n=min_n, max_n=max_n)
-        self.k, self.mode, self.cost, self.rate, self.weight = k, mode, cost, rate, weight
+        self.k, self.mode, self.rate, self.weight = k, mode, rate, weight
+        self.cost = PassCost() if cost is None else cost
         self._guess: int | None = None  # the first token of the last unverified proposal
         self.proposed = self.accepted = self.passes = 0  # verified draft tokens, accepted ones, passes
 

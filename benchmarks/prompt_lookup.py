@@ -1,0 +1,129 @@
+"""Prompt-lookup decoding against none, in one process: decode tokens/s on tasks that copy their
+input and on open-ended ones, the tokens compared, and how many drafted tokens held.
+
+    .venv/bin/python benchmarks/prompt_lookup.py --model smollm2 [--modes off,auto,on] \
+        [--rounds 3] [--max-tokens 96] [--tokens 4]
+
+Each mode is an Engine on the paged graph with ``prompt_lookup=<mode>`` (warmed up: the decode
+graph serves its one-token steps, as in a worker). A round runs every prompt greedily on every
+mode, the modes' order rotating from round to round, so a slow spell of a shared host hits the
+sides of a pair alike; a figure is the median over rounds of decode tok/s (first token to last)
+and of the per-round ratio to ``off``. The output names the CPU class and the host's load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections import defaultdict
+from pathlib import Path
+
+from ovpool import Engine
+from ovpool.worker.graph.cpu_class import CpuInfo
+
+FRUIT = "apples, bananas, cherries, dates, elderberries, figs, grapes, honeydew, kiwis, lemons, mangoes"
+TEXT = ("The quick brown fox jumps over the lazy dog. The dog sleeps in the sun all afternoon, and the "
+        "fox runs back to the forest. In the evening the farmer calls the dog home, feeds it, and locks "
+        "the gate before the fox can come back.")
+CODE = ("def total_price(items, discount):\n    result = 0\n    for item in items:\n"
+        "        result += item.price * item.quantity\n    if discount:\n"
+        "        result = result * (1 - discount)\n    return round(result, 2)\n")
+COPYING = {
+    "repeat list": f"Repeat this list exactly, once: {FRUIT}.",
+    "edit text": f"Rewrite this text exactly, but change 'dog' to 'cat': {TEXT}",
+    "edit code": f"Add a docstring to this Python function and return the whole function:\n\n{CODE}",
+    "summarise": f"Summarise this text in two sentences, quoting it where you can: {TEXT}",
+}
+FREE = {
+    "poem": "Write a short poem about the sea.",
+    "explain": "Explain why the sky is blue to a child.",
+    "story": "Tell me a short story about a robot who learns to paint.",
+}
+
+
+def load(path: str) -> str:
+    return open(path).read().split()[0] if Path(path).exists() else "?"
+
+
+def run(engines: dict[str, Engine], prompt: str, max_tokens: int) -> dict[str, tuple]:
+    """Per mode: (decode tok/s, token ids, drafted tokens, accepted ones)."""
+    out = {}
+    for mode, engine in engines.items():
+        counts = dict(engine._streams().batcher.lookup)
+        c = engine.chat([{"role": "user", "content": prompt}], max_tokens=max_tokens)
+        after = engine._streams().batcher.lookup
+        out[mode] = (c.timings.get("decode_tps", 0.0), c.token_ids,
+                     after["proposed"] - counts["proposed"], after["accepted"] - counts["accepted"])
+    return out
+
+
+def timed_passes(engine: Engine) -> dict[int, list[float]]:
+    """Records the seconds of each one-sequence pass of ``engine``'s single streams, by positions."""
+    runner, seconds = engine._streams().batcher.runner, defaultdict(list)
+    forward = runner.forward
+
+    def timed(chunks, *args, **kwargs):
+        start = time.perf_counter()
+        out = forward(chunks, *args, **kwargs)
+        if len(chunks) == 1 and chunks[0].start > 0:
+            seconds[len(chunks[0].tokens)].append(time.perf_counter() - start)
+        return out
+
+    runner.forward = timed
+    return seconds
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="smollm2")
+    p.add_argument("--modes", default="off,auto,on")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--max-tokens", type=int, default=96)
+    p.add_argument("--tokens", type=int, default=4, help="prompt_lookup_tokens")
+    p.add_argument("--set", nargs="*", default=[], metavar="NAME=VALUE", help="settings of every mode")
+    args = p.parse_args()
+    extra = dict(kv.split("=", 1) for kv in args.set)
+    modes = args.modes.split(",")
+    print(f"CPU class: {CpuInfo.read().class_name}; load at start: {load('/proc/loadavg')}; "
+          f"model {args.model}")
+    engines = {m: Engine(args.model, settings={"attention": "paged", "prompt_lookup": m,
+                                               "prompt_lookup_tokens": args.tokens, **extra}) for m in modes}
+    try:
+        for e in engines.values():
+            e.warm_up()
+        passes = timed_passes(engines[modes[-1]])
+        report(engines, modes, args)
+        one = statistics.median(passes[1])
+        print(f"{modes[-1]}: one-position pass {1000 * one:.1f} ms; n positions, in those: " + ", ".join(
+            f"{n}: {statistics.median(t) / one:.2f} ({len(t)})" for n, t in sorted(passes.items()) if n > 1))
+    finally:
+        for e in engines.values():
+            e.close()
+    print(f"load at end: {load('/proc/loadavg')}")
+
+
+def report(engines: dict[str, Engine], modes: list[str], args) -> None:
+    prompts = {**{f"copy: {k}": v for k, v in COPYING.items()}, **{f"free: {k}": v for k, v in FREE.items()}}
+    results: dict[str, list[dict]] = {name: [] for name in prompts}
+    for r in range(args.rounds):
+        order = modes[r % len(modes):] + modes[:r % len(modes)]
+        for name, prompt in prompts.items():
+            results[name].append(run({m: engines[m] for m in order}, prompt, args.max_tokens))
+    header = " | ".join(f"{m} tok/s" + ("" if m == "off" else f" | {m}/off | {m} accepted") for m in modes)
+    print(f"| prompt | tokens | {header} | same tokens |")
+    print("|---" * (3 + 3 * (len(modes) - 1)) + "|---|")
+    for name, rounds in results.items():
+        cells = []
+        for m in modes:
+            cells.append(f"{statistics.median(x[m][0] for x in rounds):.1f}")
+            if m != "off":
+                cells.append(f"{statistics.median(x[m][0] / x['off'][0] for x in rounds):.2f}x")
+                drafted, held = sum(x[m][2] for x in rounds), sum(x[m][3] for x in rounds)
+                cells.append(f"{held}/{drafted}" if drafted else "-")
+        same = all(len({tuple(x[m][1]) for m in modes}) == 1 for x in rounds)
+        print(f"| {name} | {len(rounds[0]['off'][1])} | {' | '.join(cells)} | {same} |")
+
+
+if __name__ == "__main__":
+    main()
