@@ -27,7 +27,7 @@ from ovpool.serve.conductor import BrokerDrainFn, Conductor, Orders
 from ovpool.serve.loads import DrainFn, ModelLoads
 from ovpool.serve.memory import MemoryReader
 from ovpool.serve.service import Service
-from ovpool.serve.spare import SpareWorker
+from ovpool.serve.spare import SPARE_AFTER_S, SpareWorker
 from ovpool.serve.spec import PoolSpec
 from ovpool.serve.supervisor import RestartPolicy, Supervisor, WorkerPhase
 
@@ -56,6 +56,7 @@ class Pool:
         self.loads = ModelLoads(spec, self.supervisor, drain)
         self._memory = MemoryReader()
         self._spare = SpareWorker(spec.python, env) if spec.on_demand and spec.spare_worker else None
+        self._spawned_at = float("-inf")  # the latest worker start
         self._stop_by: dict[str, float] = {}  # unloading workers signalled: SIGKILL after this
         # The services' environments may carry keys (kept off command lines). A crashed broker
         # restarts at once: clients wait only connect_timeout_s (2 s) for a dropped connection.
@@ -103,9 +104,6 @@ class Pool:
                 service.poll(now)
             self._reap(now)
             self._check_failed()
-            for name in self.supervisor.due(now):
-                self._spawn(name, now)
-            self._keep_spare()
             # Several models: the broker's queues are read every round, so a request for an
             # unloaded model waits one poll interval at most before its load starts; a signal's
             # order is followed in the round it arrives (readiness turns 503 within ~0.1 s).
@@ -115,6 +113,10 @@ class Pool:
                 self._broker_status = self.conductor.follow(orders, now, self._broker_status)
                 if self.conductor.drained(now):
                     break
+            # After placement: a load it decided starts in this round, not the next.
+            for name in self.supervisor.due(now):
+                self._spawn(name, now)
+            self._keep_spare(now)
             if now >= next_check:
                 self._publish_view()
                 next_check = now + timing.HEARTBEAT_INTERVAL_S / 2
@@ -156,14 +158,15 @@ class Pool:
         child = self._spare.take(name, argv) if self._spare is not None else None
         self._children[name] = child or ChildProcess(name, argv, env=self._env).__enter__()
         self.supervisor.started(name, self._children[name].pid, now)
+        self._spawned_at = now
         log.info("worker %s started (pid %d%s)", name, self._children[name].pid,
                  ", the spare process" if child else "")
 
-    def _keep_spare(self) -> None:
-        """A spare worker process for the next load, started while no worker starts (both would
-        share the cores) and the pool is not stopping."""
-        starting = any(e["state"] == WorkerPhase.STARTING.value for e in self.supervisor.view())
-        if self._spare is not None and not starting and self.conductor.draining_until is None:
+    def _keep_spare(self, now: float) -> None:
+        """A spare worker process for the next load, started while no worker has started lately
+        (both would share the cores) and the pool is not stopping."""
+        if self._spare is not None and now - self._spawned_at >= SPARE_AFTER_S \
+                and self.conductor.draining_until is None:
             self._spare.keep_one()
 
     def _reap(self, now: float) -> None:

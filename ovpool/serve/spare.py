@@ -21,6 +21,9 @@ PRELOAD = ("openvino", "ovpool.cli", "ovpool.cache.prefetch", "ovpool.worker.pro
            "ovpool.worker.backend", "ovpool.worker.engine")
 # A spare that keeps exiting on its own (a broken environment) is given up: workers start plainly.
 _MAX_FAILURES = 3
+# A spare starts this long after the latest worker start: a new worker's first requests and its
+# kernel set-up take the cores for seconds, and the spare's imports (~1 s of CPU) would slow them.
+SPARE_AFTER_S = 10.0
 
 
 class SpareWorker:
