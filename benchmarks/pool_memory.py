@@ -26,6 +26,7 @@ from model_swap import first_token_s, wait_for_broker
 
 from ovpool.client import Client
 from ovpool.demo import free_port
+from ovpool.testing.pool import wait_for_workers
 from ovpool.testing.tiny import write_tiny_model
 
 MODELS = ("smollm2", "gemma3-270m", "tiny")
@@ -89,6 +90,8 @@ def _run_pool(models: dict[str, str], workdir: Path, settle_s: float, log_name: 
     try:
         with Client(f"tcp://127.0.0.1:{port}") as client:
             wait_for_broker(client)
+            if len(models) == 1:  # past the broker's start-up grace a request needs its worker
+                wait_for_workers(client, 1, timeout=900)
             for name in models:
                 first_token_s(client, name)
                 time.sleep(settle_s)
