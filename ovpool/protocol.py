@@ -414,15 +414,16 @@ def load_to_wire(report: dict | None) -> dict[str, Any]:
     and how it gets that graph, in words; None if it does not say), chat (whether the model has a
     chat template: false for a completion-only base model; None if the worker does not say, which
     the HTTP API takes as chat), graph (the graph settings as the worker resolved them, every
-    ``auto`` replaced: ``ovpool status`` shows them; None if it does not say)}; {} for a backend
-    without a model."""
+    ``auto`` replaced: ``ovpool status`` shows them; None if it does not say), kv_tier (true, or
+    absent: whether it reads and writes its host's KV tier, broker/host_tiers.py)}; {} for a
+    backend without a model."""
     if not report:
         return {}
     phases = report.get("seconds") or {}
     seconds = sum(phases.values()) if isinstance(phases, dict) else float(phases)
     return {"outcome": report["outcome"], "seconds": round(seconds, 3), "entry": report.get("entry"),
             "batching": report.get("batching"), "chat": report.get("chat"),
-            "graph": report.get("graph_settings")}
+            "graph": report.get("graph_settings"), **({"kv_tier": True} if report.get("kv_tier") else {})}
 
 
 def sampling_to_wire(params: SamplingParams) -> dict[str, Any]:

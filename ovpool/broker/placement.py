@@ -8,8 +8,9 @@ Placement holds every invariant about it:
   (RegisteredWorker.cap); a request goes to a worker with a free slot whenever there is one;
 - which one: with ``prefix_routing``, of the free workers whose busy fraction is within
   ``AFFINITY_SLACK`` of the least busy, the one believed to hold the longest prefix of the
-  request's prompt (broker/prefixes.py; ties to the least busy); otherwise, or when none holds
-  any, the least busy (first registered among equals);
+  request's prompt (broker/prefixes.py), or whose host's KV tier does, worth a little less
+  (broker/host_tiers.py; ties to the least busy); otherwise, or when none holds any, the least
+  busy (first registered among equals);
 - a lost worker's requests, and one that stalled (``stall``), go back to the head of their queue,
   at most ``max_attempts`` dispatches per request, then WorkerLost; a draining worker
   (``drain_worker``) gets none, and what it hands back when it leaves costs no attempt.
@@ -26,6 +27,7 @@ from collections import deque
 from types import MappingProxyType
 
 from ovpool import errors
+from ovpool.broker.host_tiers import HostTiers
 from ovpool.broker.state import Counters, Job, Output, RegisteredWorker
 from ovpool.prefix_key import after_answer, route_keys
 from ovpool.protocol import Cancel, Error, Heartbeat
@@ -57,6 +59,7 @@ class Placement:
         self.max_attempts = max_attempts
         self.counters = counters
         self.prefix_routing = prefix_routing
+        self.host_tiers = HostTiers()
         self._workers: dict[bytes, RegisteredWorker] = {}
         self._jobs: dict[str, Job] = {}
         self._queues: dict[str, deque[str]] = {}
@@ -231,8 +234,8 @@ class Placement:
         if not (self.prefix_routing and job.route.keys):
             return least
         near = [w for w in free if _busy(w) <= _busy(least) + AFFINITY_SLACK]
-        best = max(near, key=lambda w: (w.prefixes.depth(job.route), -_busy(w)))
-        if best.prefixes.depth(job.route) == 0:
+        best = max(near, key=lambda w: (self.host_tiers.score(w, job.route), -_busy(w)))
+        if self.host_tiers.score(best, job.route) == 0:
             self.counters.prefix_misses += 1
             return least
         self.counters.prefix_hits += 1
@@ -247,6 +250,7 @@ class Placement:
             job = self._jobs[queue.popleft()]
             if self.prefix_routing:
                 worker.prefixes.remember(job.route.keys)
+                self.host_tiers.dispatched(worker, job.route.keys)
             job.worker = worker.identity
             job.progress_at = None
             job.attempts += 1

@@ -88,6 +88,9 @@ class Engine:
         self._single: Streams | None = None  # the single streams on the paged graph, see _streams
         self._prefix_auto: str | None = None  # what prefix_cache=auto means here, once known
         self._tiers: list[kv.DiskTier | kv.RamTier] = []  # the KV tiers of its Batchers (see _kv_tier)
+        # Whether its Batchers read and write the host's KV tier (the broker routes by it).
+        self.load_report["kv_tier"] = bool(self.config.kv_tier and self.cache_dir
+                                           and self.prefix_cache == "on")
         self.warmed = False
         if self.config.warm_up == "load":
             self.warm_up()
