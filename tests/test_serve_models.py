@@ -106,12 +106,13 @@ def test_status_lists_each_on_demand_model_with_its_state_and_loads(capsys):
     from ovpool.cli.pool import print_status
 
     entry = {"host": "h", "name": "b:CPU", "state": "unloaded", "model": "b", "residency": "unloaded",
-             "pinned": 0, "loads": 2, "unloads": 2, "waiting_s": 0.0,
-             "residency_reason": "idle for its keep-alive of 300 s"}
+             "pinned": 0, "loads": 2, "unloads": 2, "waiting_s": 0.0, "keep_alive_s": 0.0,
+             "keep_alive_from": "request", "memory_mib": 0.0,
+             "residency_reason": "idle for its keep-alive of 0 s (its latest request's keep_alive)"}
     print_status({"uptime_s": 3, "in_flight": 0, "queues": {}, "workers": [], "counters": {},
                   "supervised": [entry]})
     out = capsys.readouterr().out
-    assert "models" in out and "idle for its keep-alive" in out
+    assert "models" in out and "idle for its keep-alive" in out and "0s (request)" in out
     assert "b:CPU: unloaded" not in out  # an unloaded model is no worker failing to start
 
 

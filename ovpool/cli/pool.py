@@ -282,10 +282,19 @@ def _print_models(status: dict) -> None:
 
     rows = {e["model"]: e for e in status.get("supervised", []) if isinstance(e.get("residency"), str)}
     if rows:
-        print_table("models", ("model", "state", "loads", "unloads", "waiting", "why"),
+        columns = ("model", "state", "loads", "unloads", "waiting", "memory", "keep-alive", "why")
+        print_table("models", columns,
                     [(m, e["residency"] + (" (pinned)" if e.get("pinned") else ""), str(e.get("loads", 0)),
                       str(e.get("unloads", 0)), f"{e.get('waiting_s', 0):.1f}s",
+                      f"{e.get('memory_mib', 0):,.0f} MiB", _keep_alive(e),
                       e.get("residency_reason") or "") for m, e in sorted(rows.items())], whole=("model",))
+
+
+def _keep_alive(entry: dict) -> str:
+    """A model's keep-alive for a person: "300s", "never", "0s (request)" (its latest request's)."""
+    keep = entry.get("keep_alive_s", 0)
+    text = "never" if keep < 0 else f"{keep:g}s"
+    return text + (" (request)" if entry.get("keep_alive_from") == "request" else "")
 
 
 def _wrapped(text: str) -> str:
