@@ -99,10 +99,6 @@ class RamTier:
                 "ram_bytes": held * (self.block_bytes or 0),
                 "ram_evicted": self._lru.evicted if self._lru else 0}
 
-    @property
-    def writable(self) -> bool:
-        return bool(getattr(self.lower, "writable", False))
-
     def get(self, address: bytes, size: int) -> memoryview | bytes | None:
         start = time.perf_counter()
         slot = self._lru.get(address) if self._lru and size == self.block_bytes else None
