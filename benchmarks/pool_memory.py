@@ -76,6 +76,21 @@ def pool_memory(serve_pid: int, state_file: Path) -> dict:
             "spare_pss_mib": round(spare[0] / 1024), "processes": len(rows), "workers": len(workers)}
 
 
+def settled(serve_pid: int, state_file: Path, settle_s: float, limit_s: float = 240.0) -> dict:
+    """``pool_memory`` once the workers' PSS has settled: ``settle_s`` idle seconds, then readings
+    5 s apart until two agree within 1% (a new worker's warm-up and batching graph compile take
+    20 s or more on a loaded host), or ``limit_s`` has passed (then ``settled`` is false)."""
+    time.sleep(settle_s)
+    last, deadline = pool_memory(serve_pid, state_file), time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        time.sleep(5.0)
+        now = pool_memory(serve_pid, state_file)
+        if abs(now["workers_pss_mib"] - last["workers_pss_mib"]) <= 0.01 * max(1, last["workers_pss_mib"]):
+            return {**now, "settled": True}
+        last = now
+    return {**last, "settled": False}
+
+
 def _run_pool(models: dict[str, str], workdir: Path, settle_s: float, log_name: str) -> list[dict]:
     """One pool serving ``models`` (name -> path or alias): its memory after each first request."""
     port, http = free_port(), free_port()
@@ -94,9 +109,8 @@ def _run_pool(models: dict[str, str], workdir: Path, settle_s: float, log_name: 
                 wait_for_workers(client, 1, timeout=900)
             for name in models:
                 first_token_s(client, name)
-                time.sleep(settle_s)
                 rows.append({"loaded": len(rows) + 1, "model": name,
-                             **pool_memory(proc.pid, workdir / f"{log_name}.state.json")})
+                             **settled(proc.pid, workdir / f"{log_name}.state.json", settle_s)})
     finally:
         proc.terminate()
         proc.wait(60)
@@ -105,7 +119,8 @@ def _run_pool(models: dict[str, str], workdir: Path, settle_s: float, log_name: 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--settle", type=float, default=25.0, help="idle seconds before each reading")
+    parser.add_argument("--settle", type=float, default=25.0,
+                        help="idle seconds before the readings (then until the PSS settles)")
     parser.add_argument("--workdir", default=None)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
