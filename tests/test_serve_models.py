@@ -168,3 +168,28 @@ def test_a_pool_whose_every_model_is_bad_is_refused_before_it_starts(tmp_path):
         preflight.check(spec)
     good = PoolSpec(models=(*spec.models, ModelEntry("c", "smollm2")), bind=None)
     assert sorted(preflight.check(good)) == ["a", "b"]  # the others serve; these are failed
+
+
+def test_serve_follows_a_served_names_keep_alive_and_sums_its_workers_memory():
+    from ovpool.broker.residency import ModelState
+    from ovpool.serve.loads import ModelLoads
+
+    spec = PoolSpec(models=(ModelEntry("a", "a", served_names=("gpt",)), ModelEntry("b", "b")),
+                    backend="null", devices=("CPU", "CPU"))
+    sup = Supervisor({n: d for n, (_, d) in spec.workers().items()}, unloaded=frozenset(spec.workers()))
+    idle_reply = {"workers": [{"id": "a:CPU#0@h:10", "active": 0, "draining": True}]}
+    loads = ModelLoads(spec, sup, lambda worker_id: idle_reply)
+    loads.step(0.0, {"queues": {"a": 1}}, {})
+    for pid, name in enumerate(("a:CPU#0", "a:CPU#1"), 10):
+        sup.started(name, pid, 0.0)
+        sup.ready(name)
+    mine = {"a:CPU#0": {"active": 0, "id": "a:CPU#0@h:10"}, "a:CPU#1": {"active": 0, "id": "a:CPU#1@h:11"}}
+    memory = {"a:CPU#0": 100 << 20, "a:CPU#1": 50 << 20}
+    # Loaded and idle, its latest request (by a served name) asked for 0: it unloads; the drain's
+    # reply shows #0 idle, so #0 stops in this round, #1 once a STATUS shows it idle.
+    assert loads.step(1.0, {"queues": {}, "keep_alive": {"gpt": 0.0}}, mine, memory) == ["a:CPU#0"]
+    entry = loads.describe("a:CPU#0", 1.0)
+    assert (entry["keep_alive_s"], entry["keep_alive_from"], entry["memory_mib"]) == (0.0, "request", 150.0)
+    assert loads.residency.state("a") is ModelState.UNLOADING
+    loads.stopped("a:CPU#0")
+    assert loads.step(2.0, {"queues": {}}, mine) == ["a:CPU#1"]
