@@ -12,7 +12,9 @@ seconds pass before each request, so the model being unloaded has finished setti
 unloaded within seconds of its load exits only once its kernel set-up and batching graph are done).
 
     .venv/bin/python benchmarks/model_swap.py [--models smollm2,gemma3-270m] [--rounds 3] [--gap 12]
-        [--workdir DIR] [--rss] [--json]
+        [--workdir DIR] [--set KEY=VALUE] [--json]
+
+The memory of pools with 1, 2 and 3 models loaded: benchmarks/pool_memory.py.
 """
 
 from __future__ import annotations
@@ -76,10 +78,12 @@ def _serve_argv(port: int, workdir: Path, models: list[str], *extra: str) -> lis
     return argv
 
 
-def swaps(models: list[str], rounds: int, workdir: Path, gap_s: float) -> dict[str, dict[str, list]]:
+def swaps(models: list[str], rounds: int, workdir: Path, gap_s: float,
+          assignments: tuple[str, ...] = ()) -> dict[str, dict[str, list]]:
     """Per model: cold and warm swap times (s), and each warm swap's phases from serve's log."""
     port = free_port()
-    argv = _serve_argv(port, workdir, models, "--max-loaded", "1")
+    argv = _serve_argv(port, workdir, models, "--max-loaded", "1", *(a for item in assignments
+                                                                       for a in ("--set", item)))
     times: dict[str, dict[str, list]] = {model_name(m)[0]: {"cold": [], "warm": [], "marks": []}
                                          for m in models}
     with open(workdir / "serve.log", "wb") as log:
@@ -144,57 +148,14 @@ def swap_phases(events: list[tuple[float, int, str]], model: str, start: float, 
     return {name: round(b - a, 3) for name, a, b in zip(names, points[:-1], points[1:], strict=True)}
 
 
-def pss_mib(pid: int) -> float:
-    """A process's proportional set size (its share of shared pages), MiB."""
-    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-        if line.startswith("Pss:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
-
-
-def workers_of(serve_pid: int) -> dict[int, str]:
-    """serve's worker processes: pid -> its --name."""
-    found = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                argv = (entry / "cmdline").read_bytes().split(b"\0")
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[-1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            if ppid == serve_pid and b"worker" in argv:
-                found[int(entry.name)] = argv[argv.index(b"--name") + 1].decode()
-    return found
-
-
-def rss(models: list[str], workdir: Path, settle_s: float) -> list[dict]:
-    """PSS of the pool's workers with 1, 2, ... models loaded (no budget; the cache warm)."""
-    port = free_port()
-    argv = _serve_argv(port, workdir, models)
-    rows = []
-    with open(workdir / "rss.log", "wb") as log:
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        with Client(f"tcp://127.0.0.1:{port}") as client:
-            for model in models:
-                first_token_s(client, model_name(model)[0])
-                time.sleep(settle_s)  # its warm-up and batching graph
-                workers = {name: round(pss_mib(pid)) for pid, name in workers_of(proc.pid).items()}
-                rows.append({"loaded": len(workers), "workers_pss_mib": workers,
-                             "total_mib": sum(workers.values())})
-    finally:
-        proc.terminate()
-        proc.wait(60)
-    return rows
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", default="smollm2,gemma3-270m")
     parser.add_argument("--rounds", type=int, default=3, help="warm swaps per model")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--workdir", default=None, help="keep the cache and serve's log here")
-    parser.add_argument("--rss", action="store_true", help="also: PSS with 1, 2, ... models loaded")
+    parser.add_argument("--set", dest="assignments", action="append", default=[], metavar="KEY=VALUE",
+                        help="a setting for serve (e.g. spare_worker=false), repeatable")
     parser.add_argument("--gap", type=float, default=12.0,
                         help="seconds before each request: 0 swaps back to back, so an unload may wait "
                              "for the set-up the model it unloads still runs")
@@ -203,10 +164,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(args.workdir or tmp)
         workdir.mkdir(parents=True, exist_ok=True)
-        times = swaps(models, args.rounds, workdir, args.gap)
-        rows = rss(models, workdir, args.gap) if args.rss else []
+        times = swaps(models, args.rounds, workdir, args.gap, tuple(args.assignments))
     start = import_s()
-    result = {"cpu_count": os.cpu_count(), "process_start_s": round(start, 3), "models": {}, "rss": rows}
+    result = {"cpu_count": os.cpu_count(), "process_start_s": round(start, 3), "models": {}}
     for model, t in times.items():
         cold, warm = t["cold"][0], statistics.median(t["warm"])
         result["models"][model] = {"cold_s": round(cold, 3), "warm_s": round(warm, 3),
@@ -221,9 +181,8 @@ def main() -> None:
     for model, r in result["models"].items():
         print(f"| {model} | {r['cold_s']:.2f} s | {r['warm_s']:.2f} s (runs {r['warm_runs_s']}) | "
               f"{r['warm_over_cold']:.2f}× |")
-    for row in rows:
-        print(f"{row['loaded']} loaded: workers' PSS {row['workers_pss_mib']} MiB, "
-              f"{row['total_mib']} MiB in all")
+        for phases in r["warm_phases"]:
+            print("  warm swap: " + ", ".join(f"{k[:-2]} {v:.2f} s" for k, v in phases.items()))
 
 
 if __name__ == "__main__":
