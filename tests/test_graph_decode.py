@@ -69,14 +69,23 @@ def test_it_is_made_on_demand_and_passes_run_on_the_dynamic_graph_until_then(tin
         assert eng.load_result.decode.ready() is not None
 
 
-def test_auto_wants_a_decode_graph_on_the_cpu_when_the_weights_fit_twice(tmp_path, monkeypatch):
-    model = tmp_path / "m.gguf"
-    model.write_bytes(b"\0" * 4096)
-    assert decode_graph.wanted("auto", "CPU", model)
-    assert not decode_graph.wanted("auto", "GPU.1", model)
-    assert decode_graph.wanted("on", "GPU.1", model) and not decode_graph.wanted("off", "CPU", model)
-    monkeypatch.setattr(decode_graph, "MEMORY_SHARE", 1e-12)  # as if the model were huge
-    assert not decode_graph.wanted("auto", "CPU", model)
+def test_auto_makes_a_decode_graph_on_the_cpu_for_small_models_only():
+    mib, gib = 2**20, 2**30
+    smollm2, llama_1b, llama_3b = 100 * mib, 600 * mib, 1700 * mib  # Q4 weights at 135M, 1.1B, 3B
+    resolve = decode_graph.resolve
+    assert resolve("auto", "CPU", smollm2, 24 * gib)
+    assert not resolve("auto", "CPU", llama_1b, 24 * gib) and not resolve("auto", "CPU", llama_3b, 512 * gib)
+    assert not resolve("auto", "CPU", smollm2, gib)  # twice the weights past an eighth of memory
+    assert not resolve("auto", "GPU.1", smollm2, 24 * gib)
+    assert resolve("on", "GPU.1", llama_3b, gib) and not resolve("off", "CPU", smollm2, 24 * gib)
+
+
+def test_auto_resolves_by_the_models_weight_bytes(tiny_model):
+    with GGUFModel.open(tiny_model("llama", "Q8_0")) as model:
+        weights = decode_graph.weight_bytes(model)
+        assert weights == sum(int(model.raw(name).nbytes) for name in model.tensors)
+        assert decode_graph.wanted("auto", "CPU", model) == decode_graph.resolve(
+            "auto", "CPU", weights, decode_graph.physical_memory())
 
 
 def test_a_decode_graph_that_cannot_compile_is_left_out_with_a_warning(tiny_model, caplog):

@@ -36,7 +36,7 @@ def test_settings_show_what_each_auto_resolved_to_on_this_host():
     assert rows["inference_precision"]["resolved"] == "f32"  # on every CPU class
     assert (rows["zero_points"]["resolved"], rows["kquant_requant"]["resolved"]) == ("float", "none")
     assert rows["kv_cache_precision"]["resolved"] == "f32" and rows["prefix_cache"]["resolved"] == "on"
-    assert rows["decode_graph"]["resolved"].startswith("on for model files up to")
+    assert rows["decode_graph"]["resolved"].startswith("on for models of up to")
     assert "resolved" not in rows["slots"]  # not an auto
     table = CliRunner().invoke(main, ["settings", "--set", "inference_precision=bf16"]).output
     words = " ".join(table.split())  # where the terminal's width folds a line depends on the host

@@ -16,9 +16,10 @@ worker's, once idle; ``Engine.warm_up``), which waits for it, or once an engine 
 ``START_AFTER`` one-token passes without it, when it is likely to pay for itself. A process that
 generates a few tokens never compiles it (and never waits at exit for a compile it did not need).
 Until it is ready, one-token passes run on the dynamic graph. The ``decode_graph`` setting decides
-whether there is one; ``auto`` means on the CPU when twice the model's file fits in ``MEMORY_SHARE``
-of physical memory. It is compiled, never cached: like every paged graph on OpenVINO 2026.4's CPU
-plugin it could not be re-imported (ovpool.worker.graph.loading.reimport_problem).
+whether there is one; ``auto`` means on the CPU for models of up to ``MAX_WEIGHTS`` of weights, if
+twice those fit in ``MEMORY_SHARE`` of physical memory. It is compiled, never cached: like every
+paged graph on OpenVINO 2026.4's CPU plugin it could not be re-imported
+(ovpool.worker.graph.loading.reimport_problem).
 """
 
 from __future__ import annotations
@@ -28,13 +29,13 @@ import os
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from pathlib import Path
 
 import openvino as ov
 
 from ovpool.cache.loader import compile_model
 from ovpool.devices import device_type
 from ovpool.errors import OvpoolError
+from ovpool.worker.gguf.model import GGUFModel
 
 log = logging.getLogger("ovpool.worker")
 
@@ -42,28 +43,47 @@ log = logging.getLogger("ovpool.worker")
 ONE_TOKEN = {"input_ids": [1, 1], "position_ids": [1, 1], "past_lens": [1], "subsequence_begins": [2],
              "block_indices_begins": [2], "logits_indices": [1]}
 MEMORY_SHARE = 1 / 8
+# Past this many bytes of weights the decode graph's second layout of them costs more memory than
+# its faster step is worth (measured at 135M, 1.1B and 3B: docs/performance.md, decode.py).
+MAX_WEIGHTS = 512 << 20
 # A process that has run this many one-token passes is likely to run many more; one that generates
 # a few hundred tokens once gains little either way (docs/performance.md, decode.py).
 START_AFTER = 128
 
 
-def wanted(choice: str, device: str, model_path: Path) -> bool:
-    """Whether the ``decode_graph`` setting (auto, on, off) asks for a decode graph."""
+def wanted(choice: str, device: str, model: GGUFModel) -> bool:
+    """Whether the ``decode_graph`` setting (auto, on, off) asks for a decode graph for ``model``."""
+    return resolve(choice, device, weight_bytes(model), physical_memory())
+
+
+def resolve(choice: str, device: str, weights: int, memory: int) -> bool:
+    """``decode_graph=choice`` for a model of ``weights`` bytes on ``device``, on a host of
+    ``memory`` bytes: auto is on on the CPU up to ``largest_weights(memory)``."""
     if choice != "auto":
         return choice == "on"
-    return device_type(device) == "CPU" and model_path.stat().st_size <= largest_model()
+    return device_type(device) == "CPU" and weights <= largest_weights(memory)
 
 
-def largest_model() -> float:
-    """The largest model file (bytes) that ``decode_graph=auto`` makes a decode graph for."""
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * MEMORY_SHARE / 2
+def largest_weights(memory: int) -> float:
+    """The most weight bytes ``decode_graph=auto`` makes a decode graph for: ``MAX_WEIGHTS``, and
+    twice the weights within ``MEMORY_SHARE`` of the host's ``memory``."""
+    return min(MAX_WEIGHTS, memory * MEMORY_SHARE / 2)
+
+
+def weight_bytes(model: GGUFModel) -> int:
+    """Bytes of ``model``'s tensors, from its header (no weight read)."""
+    return sum(info.nbytes for info in model.tensors.values())
+
+
+def physical_memory() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def auto_text(device: str) -> str:
     """What ``decode_graph=auto`` means on ``device``, for ``ovpool settings``."""
     if device_type(device) != "CPU":
         return "off"
-    return f"on for model files up to {largest_model() / 2**20:,.0f} MiB"
+    return f"on for models of up to {largest_weights(physical_memory()) / 2**20:,.0f} MiB of weights"
 
 
 def one_token(model: ov.Model) -> ov.Model:

@@ -112,7 +112,7 @@ def load_paged(model: GGUFModel, config: WorkerConfig, device: str, core: ov.Cor
                                cache_dir=cache_dir, cache_only=cache_only, hint=hint, early=early,
                                lock_timeout_s=config.cache_lock_timeout_s)
     result = _with_arena(result, arena)
-    if not decode_graph.wanted(config.decode_graph, device, model.path):
+    if not decode_graph.wanted(config.decode_graph, device, model):
         return result
 
     def source() -> ov.Model:  # later, on the decode graph's thread
