@@ -36,3 +36,20 @@ def test_without_a_live_spare_a_worker_starts_plainly():
     assert spares.pid == pid
     spares.close()
     assert spares.pid is None
+
+
+def test_a_leaving_worker_yields_the_cpu_in_every_thread():
+    import os
+    import time
+
+    from ovpool.serve.child import ChildProcess
+
+    code = "import threading, time\nfor _ in range(3): threading.Thread(target=time.sleep, args=(9,)).start()"
+    with ChildProcess("leaving", [sys.executable, "-c", code]) as child:
+        tasks = f"/proc/{child.pid}/task"
+        deadline = time.monotonic() + 30
+        while len(os.listdir(tasks)) < 4 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        child.yield_cpu()
+        stats = [open(f"{tasks}/{t}/stat").read() for t in os.listdir(tasks)]
+        assert [int(s.rsplit(")", 1)[1].split()[16]) for s in stats] == [19] * 4  # field 19: nice

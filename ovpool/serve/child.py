@@ -106,6 +106,13 @@ class ChildProcess:
         except ProcessLookupError:
             pass
 
+    def yield_cpu(self) -> None:
+        """Lowest CPU priority (nice 19) for every thread of the child's group: it is leaving and
+        should not take the cores from the workers that stay or start (raising it back would
+        need privileges; nobody does)."""
+        with contextlib.suppress(OSError):
+            os.setpriority(os.PRIO_PGRP, self._proc.pid, 19)
+
     def stop(self, grace_s: float = timing.SHUTDOWN_GRACE_S) -> int:
         """SIGTERM, wait up to ``grace_s``, then SIGKILL; returns the exit status."""
         if self._proc.poll() is None:

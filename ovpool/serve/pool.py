@@ -215,6 +215,7 @@ class Pool:
             child = self._children.get(name)
             if child is not None and name not in self._stop_by:
                 child.signal(signal.SIGTERM)
+                child.yield_cpu()  # its exit may wait for set-up it still runs: off the new load's cores
                 self._stop_by[name] = now + timing.SHUTDOWN_GRACE_S
             self.loads.stopped(name)
         for name, deadline in list(self._stop_by.items()):
