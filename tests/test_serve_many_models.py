@@ -125,3 +125,22 @@ def test_a_bad_model_is_failed_and_its_requests_fail_at_once_while_the_others_se
         reply = client.complete("The capital of France is", model="smollm2", max_tokens=4, timeout=120)
         assert reply.usage.completion_tokens == 4
         assert _models(served.http_port)["smollm2"]["state"] == "loaded"
+
+
+def test_a_byte_budget_measured_from_pss_unloads_the_idle_model_and_says_when_one_alone_is_over(tmp_path):
+    with serve(tmp_path, "--backend", "null", "--model", "a", "--model", "b", "--max-loaded-mb", "1",
+               "--keep-alive", "-1") as served:
+        served.wait_service("broker")
+        with Client(served.endpoint) as client:
+            assert client.complete("hi", model="a", max_tokens=2, timeout=60).usage.completion_tokens == 2
+            a = wait_for(lambda: "alone" in (e := _entries(client)["a"])["residency_reason"] and e, 30,
+                         "a's PSS to be measured over the budget")
+            assert a["memory_mib"] > 1
+            assert "over max_loaded_mb=1: it stays loaded and serves" in a["residency_reason"]
+            assert a["residency"] == "loaded"
+            assert client.complete("hi", model="b", max_tokens=2, timeout=60).usage.completion_tokens == 2
+            entries = _entries(client)
+            assert entries["a"]["residency"] in ("unloading", "unloaded")
+            assert entries["a"]["residency_reason"] == \
+                "least recently used, making room for 'b' (max_loaded_mb=1 on CPU)"
+        assert "alone holds" in served.output()  # serve's log says it once
