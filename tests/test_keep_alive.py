@@ -17,6 +17,7 @@ from residency_world import World
 from serve_helpers import alive, serve, wait_for
 
 from ovpool import errors
+from ovpool.api import anthropic, openai_responses
 from ovpool.api.schema import parse_chat, parse_completion
 from ovpool.broker.residency import NEVER, ModelPolicy, ModelState, Unload
 from ovpool.broker.router import Router
@@ -58,6 +59,9 @@ def test_the_http_bodies_take_it_and_refuse_a_bad_one_with_its_name():
     with pytest.raises(errors.InvalidRequestError) as exc:
         parse_chat({**chat, "keep_alive": "soon"}, 16)
     assert exc.value.param == "keep_alive"
+    # The other dialects take it as one of ovpool's extension fields.
+    assert anthropic.parse({**chat, "max_tokens": 4, "keep_alive": "1m"}).keep_alive == 60.0
+    assert openai_responses.parse({"model": "m", "input": "hi", "keep_alive": -1}, 16).keep_alive == NEVER
 
 
 def test_the_client_sends_it_in_submit_and_refuses_a_bad_one_before_sending():
