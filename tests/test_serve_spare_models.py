@@ -53,3 +53,12 @@ def test_a_leaving_worker_yields_the_cpu_in_every_thread():
         child.yield_cpu()
         stats = [open(f"{tasks}/{t}/stat").read() for t in os.listdir(tasks)]
         assert [int(s.rsplit(")", 1)[1].split()[16]) for s in stats] == [19] * 4  # field 19: nice
+
+
+def test_a_spare_starts_after_a_load_once_nothing_runs_or_after_a_while_anyway():
+    from ovpool.serve.spare import spare_due
+
+    idle = {"queues": {"a": 0}, "workers": [{"active": 0}]}
+    busy = {"queues": {}, "workers": [{"active": 2}]}
+    assert not spare_due(5.0, idle) and spare_due(10.0, idle)
+    assert not spare_due(20.0, busy) and not spare_due(20.0, None) and spare_due(30.0, busy)

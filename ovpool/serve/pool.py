@@ -27,7 +27,7 @@ from ovpool.serve.conductor import BrokerDrainFn, Conductor, Orders
 from ovpool.serve.loads import DrainFn, ModelLoads
 from ovpool.serve.memory import MemoryReader
 from ovpool.serve.service import Service
-from ovpool.serve.spare import SPARE_AFTER_S, SpareWorker
+from ovpool.serve.spare import SpareWorker, spare_due
 from ovpool.serve.spec import PoolSpec
 from ovpool.serve.supervisor import RestartPolicy, Supervisor, WorkerPhase
 
@@ -163,9 +163,9 @@ class Pool:
                  ", the spare process" if child else "")
 
     def _keep_spare(self, now: float) -> None:
-        """A spare worker process for the next load, started while no worker has started lately
-        (both would share the cores) and the pool is not stopping."""
-        if self._spare is not None and now - self._spawned_at >= SPARE_AFTER_S \
+        """A spare worker process for the next load, started once no worker has started lately and
+        nothing runs (both would share the cores: spare_due), and the pool is not stopping."""
+        if self._spare is not None and spare_due(now - self._spawned_at, self._broker_status) \
                 and self.conductor.draining_until is None:
             self._spare.keep_one()
 

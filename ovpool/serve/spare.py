@@ -21,9 +21,21 @@ PRELOAD = ("openvino", "ovpool.cli", "ovpool.cache.prefetch", "ovpool.worker.pro
            "ovpool.worker.backend", "ovpool.worker.engine")
 # A spare that keeps exiting on its own (a broken environment) is given up: workers start plainly.
 _MAX_FAILURES = 3
-# A spare starts this long after the latest worker start: a new worker's first requests and its
-# kernel set-up take the cores for seconds, and the spare's imports (~1 s of CPU) would slow them.
+# A spare starts this long after the latest worker start, once the pool has no request queued or
+# running (a new worker's first requests and set-up take the cores for seconds, and the spare's
+# imports, ~1-2 s of CPU, would slow them), or after SPARE_LATEST_S however busy it is.
 SPARE_AFTER_S = 10.0
+SPARE_LATEST_S = 30.0
+
+
+def spare_due(since_start_s: float, status: dict | None) -> bool:
+    """Whether to start a spare ``since_start_s`` after the latest worker start, given the
+    broker's ``status`` (None: not known)."""
+    if since_start_s >= SPARE_LATEST_S:
+        return True
+    busy = status is None or any((status.get("queues") or {}).values()) \
+        or any(w.get("active") for w in status.get("workers", []))
+    return since_start_s >= SPARE_AFTER_S and not busy
 
 
 class SpareWorker:
