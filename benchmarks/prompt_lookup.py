@@ -20,6 +20,8 @@ from collections import defaultdict
 from pathlib import Path
 
 from ovpool import Engine
+from ovpool.sampling_params import SamplingParams
+from ovpool.worker.backend import EngineBackend, Finished
 from ovpool.worker.graph.cpu_class import CpuInfo
 
 FRUIT = "apples, bananas, cherries, dates, elderberries, figs, grapes, honeydew, kiwis, lemons, mangoes"
@@ -46,16 +48,51 @@ def load(path: str) -> str:
     return open(path).read().split()[0] if Path(path).exists() else "?"
 
 
+def as_prompt(engine: Engine, text: str):
+    """A chat of one user message, or for a model without a chat template the text and a blank line."""
+    return [{"role": "user", "content": text}] if engine.load_report["chat"] else f"{text}\n\n"
+
+
 def run(engines: dict[str, Engine], prompt: str, max_tokens: int) -> dict[str, tuple]:
     """Per mode: (decode tok/s, token ids, drafted tokens, accepted ones)."""
     out = {}
     for mode, engine in engines.items():
         counts = dict(engine._streams().batcher.lookup)
-        c = engine.chat([{"role": "user", "content": prompt}], max_tokens=max_tokens)
+        c = engine.complete(as_prompt(engine, prompt), max_tokens=max_tokens)
         after = engine._streams().batcher.lookup
         out[mode] = (c.timings.get("decode_tps", 0.0), c.token_ids,
                      after["proposed"] - counts["proposed"], after["accepted"] - counts["accepted"])
     return out
+
+
+def batched(backends: dict[str, EngineBackend], prompts: list[str], max_tokens: int) -> dict[str, float]:
+    """Per mode: generated tokens/s of ``prompts`` run at once (one Batcher, greedy)."""
+    out = {}
+    for mode, backend in backends.items():
+        start, tokens = time.perf_counter(), 0
+        params = SamplingParams(max_tokens=max_tokens)
+        for i, prompt in enumerate(prompts):
+            backend.add(f"{mode}-{i}", as_prompt(backend.engine, prompt), params)
+        while backend.active:
+            tokens += sum(len(e.completion.token_ids) for e in backend.step() if isinstance(e, Finished))
+        out[mode] = tokens / (time.perf_counter() - start)
+    return out
+
+
+def report_batched(engines: dict[str, Engine], modes: list[str], args) -> None:
+    backends = {m: EngineBackend(engines[m], slots=args.concurrent) for m in modes}
+    for b in backends.values():
+        b.wait_batching()
+    for kind, prompts in (("copy", list(COPYING.values())), ("free", list(FREE.values()))):
+        batch = [prompts[i % len(prompts)] for i in range(args.concurrent)]
+        rounds = []
+        for r in range(args.rounds):
+            order = modes[r % len(modes):] + modes[:r % len(modes)]
+            rounds.append(batched({m: backends[m] for m in order}, batch, args.max_tokens))
+        cells = [f"{m} {statistics.median(x[m] for x in rounds):.1f} tok/s"
+                 + ("" if m == "off" else f" ({statistics.median(x[m] / x['off'] for x in rounds):.2f}x)")
+                 for m in modes]
+        print(f"{args.concurrent} concurrent {kind}: " + ", ".join(cells))
 
 
 def timed_passes(engine: Engine) -> dict[int, list[float]]:
@@ -81,6 +118,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--max-tokens", type=int, default=96)
     p.add_argument("--tokens", type=int, default=4, help="prompt_lookup_tokens")
+    p.add_argument("--concurrent", type=int, default=0, help="also N requests at once through a Batcher")
     p.add_argument("--set", nargs="*", default=[], metavar="NAME=VALUE", help="settings of every mode")
     args = p.parse_args()
     extra = dict(kv.split("=", 1) for kv in args.set)
@@ -94,6 +132,8 @@ def main() -> None:
             e.warm_up()
         passes = timed_passes(engines[modes[-1]])
         report(engines, modes, args)
+        if args.concurrent:
+            report_batched(engines, modes, args)
         one = statistics.median(passes[1])
         print(f"{modes[-1]}: one-position pass {1000 * one:.1f} ms; n positions, in those: " + ", ".join(
             f"{n}: {statistics.median(t) / one:.2f} ({len(t)})" for n, t in sorted(passes.items()) if n > 1))

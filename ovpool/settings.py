@@ -199,11 +199,12 @@ _SETTINGS = [
             "auto: on where measured exact (CPU at f32; bf16 on AVX-512 VNNI/BF16; not a u8 KV "
             "cache), else off (docs/prefix-caching.md)",
             choices=("auto", "on", "all", "off"), scopes=(WORKER,)),
-    Setting("prompt_lookup", str, "off", "prompt-lookup speculative decoding: a decode step also "
-            "verifies the tokens that followed the latest earlier occurrence of the text's last words "
-            "(its prompt or its output so far), in one pass; the tokens are those without it: on, off, "
-            "or auto (per sequence, only as many as its measured acceptance pays for; "
-            "docs/configuration.md)", choices=("auto", "on", "off"), scopes=(WORKER,)),
+    Setting("prompt_lookup", str, "auto", "prompt-lookup speculative decoding: a decode step also "
+            "verifies the tokens that followed the latest earlier occurrence of the text's last tokens "
+            "(in its prompt or its answer so far), in the same pass; the tokens are those without it: "
+            "on, off, or auto (at f32 only, per sequence as many as its measured acceptance pays for, "
+            "while it decodes alone; docs/prompt-lookup.md)", choices=("auto", "on", "off"),
+            scopes=(WORKER,)),
     Setting("prompt_lookup_tokens", int, 4, "prompt lookup: the most proposed tokens one decode step "
             "verifies", minimum=1, scopes=(WORKER,)),
     Setting("kv_tier", bool, True, "keep full prompt KV blocks on disk under the cache directory "

@@ -133,7 +133,7 @@ class Engine:
         ``kv_cache_mb`` of blocks); unset values come from the engine's config."""
         options = {"max_running": max_running, "prefix_cache": prefix_cache or self.prefix_cache,
                    "prefill_chunk": prefill_chunk or self.config.prefill_chunk,
-                   "warm_up": self._warm_up_paged, "prompt_lookup": self.config.prompt_lookup,
+                   "warm_up": self._warm_up_paged, "prompt_lookup": self.prompt_lookup,
                    "lookup_tokens": self.config.prompt_lookup_tokens}
         if runner is not None:
             return Batcher(self.intake, runner, identity=self.graphs.paged_identity,
@@ -206,6 +206,13 @@ class Engine:
         if self._prefix_auto is None:
             self._prefix_auto = exact_prefix_cache(self.device, self.graph_settings)
         return self._prefix_auto
+
+    @property
+    def prompt_lookup(self) -> str:
+        """Setting ``prompt_lookup``; ``auto`` is off but at f32, where a pass over several
+        positions computes each row as a one-position pass does (docs/prompt-lookup.md)."""
+        mode = self.config.prompt_lookup
+        return "off" if mode == "auto" and self.graph_settings["inference_precision"] != "f32" else mode
 
     @property
     def name(self) -> str:
