@@ -64,6 +64,8 @@ class PagedRunner:
 
     def grow(self, num_blocks: int) -> None:
         """Hold ``num_blocks`` blocks; those already there keep their contents."""
+        if num_blocks <= self.num_blocks:
+            return  # a copy would write every page of the blocks held (SmolLM2's 256 MiB of zeros)
         # Zeroed, as GenAI does: vector kernels multiply the unused tail of a block by zero, and
         # NaN garbage in fresh memory would survive that (NaN * 0 = NaN). See zero_pages: they
         # take no memory until a block is written.
