@@ -33,6 +33,15 @@ def test_a_backup_alone_never_serves():
         assert backup.client(float(t)) == [Action.REFUSE]
 
 
+def test_a_backup_that_saw_only_a_starting_primary_takes_over_once_it_is_silent():
+    _, backup = pair()
+    backup.peer(State.PRIMARY, 0.1)  # the primary died before its ACTIVE reached us
+    for t in (1.0, 2.0, 3.0):
+        backup.tick(t)
+        assert backup.client(t) == [Action.REFUSE]
+    assert backup.client(3.2) == [Action.ACTIVATED, Action.SERVE]
+
+
 def test_primary_and_backup_meet_primary_active():
     primary, backup = pair()
     assert primary.peer(State.BACKUP, 0.1) == [Action.ACTIVATED]

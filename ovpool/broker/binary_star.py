@@ -4,7 +4,8 @@ Two brokers, a primary and a backup, tell each other their state every heartbeat
 socket of their own. Exactly one is *active* (takes clients and workers); the other is *passive*
 and refuses them, so they try the other endpoint. The rules that keep a split brain out:
 
-- the primary starts first: a backup alone never takes clients until it has seen the primary;
+- the primary starts first: a backup alone never takes clients until it has seen the primary
+  (in any state: one killed within an interval of its start is still failed over);
 - a passive broker becomes active only when it has lost its peer (no state message for
   ``expiry_s``) AND a client asks it to serve (the "client vote"): a cut between the brokers
   alone, with clients still served by the other side, never makes a second active;
@@ -53,6 +54,7 @@ class BinaryStar:
         self.next_send = self.now
         self.last_seen = self.now
         self.hold_until = self.now  # woken from a freeze: peer messages until then may be stale
+        self.seen_peer = False
 
     @property
     def active(self) -> bool:
@@ -61,7 +63,7 @@ class BinaryStar:
     def peer(self, peer_state: State, now: float) -> list[Action]:
         """A state message from the peer."""
         woke = self._woke(now)
-        self.peer_expiry = now + self.expiry_s
+        self.peer_expiry, self.seen_peer = now + self.expiry_s, True
         s = self.state
         if peer_state is State.ACTIVE:
             if s is State.ACTIVE and not self.primary:
@@ -84,7 +86,8 @@ class BinaryStar:
         s = self.state
         if s is State.ACTIVE:
             return [Action.SERVE]
-        if s in (State.PRIMARY, State.PASSIVE) and now >= self.peer_expiry:
+        may_vote = s in (State.PRIMARY, State.PASSIVE) or (s is State.BACKUP and self.seen_peer)
+        if may_vote and now >= self.peer_expiry:
             return [*self._become(State.ACTIVE), Action.SERVE]
         return [*woke, Action.REFUSE]
 
