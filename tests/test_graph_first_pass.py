@@ -45,5 +45,6 @@ def test_the_first_pass_leaves_a_graph_with_other_ports_alone():
     past_lens = ops.parameter([-1], ov.Type.i32, name="past_lens")  # a paged graph's port
     paged_like = ov.Model([ops.result(ops.convert(past_lens, ov.Type.f32))], [past_lens])
     assert first_pass.one_token_pass(ov.Core().compile_model(paged_like, "CPU")) is False
-    assert first_pass.for_warm_up("off") is None
-    assert first_pass.for_warm_up("idle") is first_pass.one_token_pass
+    assert first_pass.for_warm_up("off", cores=16) is None
+    assert first_pass.for_warm_up("idle", cores=4) is first_pass.one_token_pass
+    assert first_pass.for_warm_up("idle", cores=2) is None  # no idle core to run it on
