@@ -125,8 +125,11 @@ def main() -> None:
     modes = args.modes.split(",")
     print(f"CPU class: {CpuInfo.read().class_name}; load at start: {load('/proc/loadavg')}; "
           f"model {args.model}")
-    engines = {m: Engine(args.model, settings={"attention": "paged", "prompt_lookup": m,
+    engines = {m: Engine(args.model, settings={"attention": "paged", "prompt_lookup": m.split(":")[0],
                                                "prompt_lookup_tokens": args.tokens, **extra}) for m in modes}
+    for m, engine in engines.items():  # a mode "auto:2": auto, proposing from n-grams of 2 or more
+        if ":" in m:
+            engine._streams().batcher.drafts.min_n = int(m.split(":")[1])
     try:
         for e in engines.values():
             e.warm_up()

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from ovpool.sampling_params import SamplingParams
 from ovpool.worker.generate.generation import Generation
-from ovpool.worker.generate.lookup import NgramIndex, PassCost, Speculation, propose
+from ovpool.worker.generate.lookup import Drafts, NgramIndex, PassCost, Speculation, propose
 from ovpool.worker.generate.scheduler import Scheduler
 
 histories = st.lists(st.integers(0, 3), max_size=40)  # a small alphabet: many repeats
@@ -214,3 +214,21 @@ def test_pass_cost_is_timed_and_a_stale_size_falls_back_to_the_model():
     assert cost(3) == 2.0  # not timed for 4 one-position passes: the model again
     cost.observe(3, 0.015)
     assert cost(3) == 1.5
+
+
+def test_drafts_of_a_batcher_auto_only_alone_never_constrained():
+    drafts = Drafts("auto", k=3)
+    drafts.open("a", [1, 2, 3, 1, 2], constrained=False)
+    drafts.open("c", [1, 2, 3, 1, 2], constrained=True)
+    drafts._seqs["a"].rate = 0.99
+    room = {"a": 10, "c": 10}.get
+    assert list(drafts.drafts(running=2, room=room)) == []  # batched: no drafts in auto
+    assert list(drafts.drafts(running=1, room=room)) == [("a", [3, 1, 2])]
+    assert list(drafts.drafts(running=1, room={"a": 2}.get)) == [("a", [3])]  # room for 2 tokens
+    drafts.accept("a", [3], [3, 9])
+    drafts.close("a")
+    drafts.close("c")
+    assert drafts.counts == {"passes": 1, "proposed": 1, "accepted": 1}
+    on = Drafts("on", k=3)
+    on.open("a", [1, 2, 1], constrained=False)
+    assert list(on.drafts(running=4, room={"a": 9}.get)) == [("a", [2, 1])]

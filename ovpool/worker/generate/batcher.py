@@ -33,7 +33,7 @@ from ovpool.worker.generate.constraint import Constraint, masks_for
 from ovpool.worker.generate.generation import Generation
 from ovpool.worker.generate.intake import Admitted, Intake, format_param
 from ovpool.worker.generate.kv_tier import BlockTier, TierLink
-from ovpool.worker.generate.lookup import PassCost, Speculation
+from ovpool.worker.generate.lookup import Drafts
 from ovpool.worker.generate.scheduler import Scheduler
 from ovpool.worker.generate.session import warm_up
 
@@ -61,10 +61,7 @@ class Batcher:
                  warm_up: Callable[[], None] | None = None, tier: BlockTier | None = None,
                  prompt_lookup: str = "off", lookup_tokens: int = 4):
         self.intake, self.runner = intake, runner
-        self.prompt_lookup, self.lookup_tokens = prompt_lookup, lookup_tokens
-        self._speculation: dict[str, Speculation] = {}
-        self._pass_cost = PassCost()  # timed on this host: what a verifying pass costs
-        self.lookup = {"passes": 0, "proposed": 0, "accepted": 0}  # of finished requests' drafts
+        self.drafts = Drafts(prompt_lookup, lookup_tokens)
         # The lower tier holds exact blocks only (ovpool.worker.generate.kv_tier): with prefix_cache=on.
         self.tier = TierLink(tier, runner) if tier is not None and prefix_cache == "on" else None
         self.scheduler = Scheduler(num_blocks=runner.num_blocks, block_size=runner.block_size,
@@ -167,9 +164,7 @@ class Batcher:
                          tools=self.intake.tool_reader(params))
         self.scheduler.add(request_id, ids, route_keys)
         self._generations[request_id] = gen
-        if self.prompt_lookup != "off" and constraint is None:
-            self._speculation[request_id] = Speculation(ids, k=self.lookup_tokens, mode=self.prompt_lookup,
-                                                        cost=self._pass_cost)
+        self.drafts.open(request_id, ids, constrained=constraint is not None)
         self._uncounted.add(request_id)
         return gen
 
@@ -189,10 +184,7 @@ class Batcher:
             self._preparer.cancel(request_id)
         self.scheduler.finish(request_id)
         self._uncounted.discard(request_id)
-        speculation = self._speculation.pop(request_id, None)
-        if speculation is not None:
-            for key in self.lookup:
-                self.lookup[key] += getattr(speculation, key)
+        self.drafts.close(request_id)
         gen = self._generations.pop(request_id, None)
         if gen is not None:
             gen.close()
@@ -229,23 +221,28 @@ class Batcher:
         """The pass's logits rows; a pass of one sequence that may speculate is timed (PassCost)."""
         start = time.perf_counter()
         logits = self.runner.forward(chunks, rows=_rows(chunks), during=during)
-        if len(chunks) == 1 and chunks[0].seq_id in self._speculation:
-            self._pass_cost.observe(len(chunks[0].tokens), time.perf_counter() - start)
+        self.drafts.timed([c.seq_id for c in chunks], sum(len(c.tokens) for c in chunks),
+                          time.perf_counter() - start)
         return logits
 
     def _propose(self) -> None:
-        """Give each decoding request's proposed tokens (prompt lookup) to the scheduler: within
-        max_tokens and the context, the tokens its next pass may verify. ``auto`` proposes only
-        while one sequence runs: 4 batched copying requests ran at 0.70x with drafts
-        (docs/performance.md), their positions adding up in a pass already on the paged graph."""
-        if self.prompt_lookup == "auto" and len(self.scheduler.running) > 1:
-            return
-        for rid, speculation in self._speculation.items():
-            if self.scheduler.decoding(rid):
-                gen = self._generations[rid]
-                done = len(gen.prompt_ids) + len(gen.token_ids)
-                most = min(gen.params.max_tokens - len(gen.token_ids), self.intake.context_length - done)
-                self.scheduler.propose(rid, speculation.draft(most - 1))
+        """Give the scheduler each decoding request's draft (prompt lookup)."""
+        for rid, draft in self.drafts.drafts(len(self.scheduler.running), self._room):
+            self.scheduler.propose(rid, draft)
+
+    def _room(self, request_id: str) -> int | None:
+        """How many tokens a decoding request may still generate (max_tokens, the context); None
+        if its next chunk is no decode."""
+        if not self.scheduler.decoding(request_id):
+            return None
+        gen = self._generations[request_id]
+        done = len(gen.prompt_ids) + len(gen.token_ids)
+        return min(gen.params.max_tokens - len(gen.token_ids), self.intake.context_length - done)
+
+    @property
+    def lookup(self) -> dict[str, int]:
+        """Prompt lookup's counts (passes, proposed and accepted tokens) of finished requests."""
+        return self.drafts.counts
 
     def _count_cached(self, plan) -> None:
         """Tell each Generation the plan admitted how much of its prompt was cached."""
@@ -269,8 +266,7 @@ class Batcher:
             self.cancel(request_id)
             return events
         tokens = gen.token_ids[done:]
-        if request_id in self._speculation:
-            self._speculation[request_id].accept(draft, tokens)
+        self.drafts.accept(request_id, draft, tokens)
         if draft:
             self.scheduler.verified(request_id, tokens)
         else:

@@ -11,11 +11,12 @@ estimates the chance that a proposed token is the one the model picks, from ever
 those it did not verify (the next token shows whether the proposal's first token was right, at no
 cost), and verifies ``k`` tokens only where ``(1 + expected accepted tokens) / cost(k + 1
 positions)`` beats a one-position pass; ``PassCost`` is that cost, timed as the passes run.
+``Drafts`` holds a Batcher's Speculations.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 
 class NgramIndex:
@@ -148,3 +149,46 @@ def agreeing(draft: Sequence[int], tokens: Sequence[int]) -> int:
     while n < min(len(draft), len(tokens)) and draft[n] == tokens[n]:
         n += 1
     return n
+
+
+class Drafts:
+    """A Batcher's prompt lookup (``mode`` off, on or auto; up to ``k`` tokens a draft): a
+    Speculation per request that may speculate, one PassCost for them all, and ``counts``, of its
+    closed requests' drafts."""
+
+    def __init__(self, mode: str = "off", k: int = 4, min_n: int = 1):
+        self.mode, self.k, self.min_n, self.cost = mode, k, min_n, PassCost()
+        self._seqs: dict[str, Speculation] = {}
+        self.counts = {"passes": 0, "proposed": 0, "accepted": 0}
+
+    def open(self, seq_id: str, tokens: Sequence[int], constrained: bool) -> None:
+        if self.mode != "off" and not constrained:  # a constraint's mask is one row's: none here
+            self._seqs[seq_id] = Speculation(tokens, k=self.k, mode=self.mode, cost=self.cost,
+                                             min_n=self.min_n, max_n=max(self.min_n, 3))
+
+    def close(self, seq_id: str) -> None:
+        speculation = self._seqs.pop(seq_id, None)
+        if speculation is not None:
+            for key in self.counts:
+                self.counts[key] += getattr(speculation, key)
+
+    def drafts(self, running: int, room: Callable[[str], int | None]) -> Iterator[tuple[str, list[int]]]:
+        """(sequence, its draft) of each whose ``room`` (how many tokens it may still generate;
+        None: it does not decode next) is known. ``auto`` drafts only while one sequence runs
+        (``running``): 4 batched copying requests ran at 0.70x with drafts (docs/performance.md),
+        their positions adding up in a pass already on the paged graph."""
+        if self.mode == "auto" and running > 1:
+            return
+        for seq_id, speculation in self._seqs.items():
+            most = room(seq_id)
+            if most is not None:
+                yield seq_id, speculation.draft(most - 1)
+
+    def timed(self, seq_ids: Sequence[str], positions: int, seconds: float) -> None:
+        """A pass of the sequences ``seq_ids`` over ``positions`` took ``seconds``."""
+        if len(seq_ids) == 1 and seq_ids[0] in self._seqs:
+            self.cost.observe(positions, seconds)
+
+    def accept(self, seq_id: str, draft: Sequence[int], tokens: Sequence[int]) -> None:
+        if seq_id in self._seqs:
+            self._seqs[seq_id].accept(draft, tokens)
