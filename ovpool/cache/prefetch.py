@@ -63,7 +63,10 @@ class BlobImport:
         self._compiled = pool.submit(_import, core, self.blob, device, self.config, self.path.name)
         self._checksum = pool.submit(crc32_of, self.blob)
         # Queued behind the two: it starts once the checksum is done, and waits for the import.
-        self.set_up: Future[bool] = pool.submit(self._first_pass, self.blob, checksum, first_pass)
+        # Only with a pass to run: the task holds the mapping until it has run.
+        self.set_up: Future[bool] = _done(False)
+        if first_pass is not None and checksum is not None:
+            self.set_up = pool.submit(self._first_pass, self.blob, checksum, first_pass)
         pool.shutdown(wait=False)  # the threads end with their work
 
     @property
@@ -94,12 +97,12 @@ class BlobImport:
         return (Path(path) == self.path and current == self.identity and current[1] == size
                 and device == self.device and dict(config) == self.config)
 
-    def _first_pass(self, blob: np.memmap, checksum: str | None, first_pass: FirstPass | None) -> bool:
+    def _first_pass(self, blob: np.memmap, checksum: str, first_pass: FirstPass) -> bool:
         """Run ``first_pass`` on the compiled model if the blob is the one the hint checksummed;
         whether it ran. ``blob``: the mapping, an argument so that it stays mapped while the pass
         reads it even if the import is closed meanwhile."""
         compiled, found = self._compiled, self._checksum
-        if first_pass is None or checksum is None or compiled is None or found.result() != checksum:
+        if compiled is None or found.result() != checksum:
             return False
         try:
             first_pass(compiled.result())
@@ -117,6 +120,12 @@ class BlobImport:
 
 
 FirstPass = Callable[[ov.CompiledModel], object]
+
+
+def _done(value: bool) -> Future[bool]:
+    future: Future[bool] = Future()
+    future.set_result(value)
+    return future
 
 
 def _identity(st: os.stat_result) -> tuple[int, int, int, int]:
