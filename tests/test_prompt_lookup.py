@@ -232,3 +232,11 @@ def test_drafts_of_a_batcher_auto_only_alone_never_constrained():
     on = Drafts("on", k=3)
     on.open("a", [1, 2, 1], constrained=False)
     assert list(on.drafts(running=4, room={"a": 9}.get)) == [("a", [2, 1])]
+
+
+def test_auto_is_off_below_f32():
+    from ovpool.worker.engine import resolve_prompt_lookup
+
+    assert resolve_prompt_lookup("auto", {"inference_precision": "f32"}) == "auto"
+    assert resolve_prompt_lookup("auto", {"inference_precision": "bf16"}) == "off"
+    assert resolve_prompt_lookup("on", {"inference_precision": "bf16"}) == "on"

@@ -75,7 +75,7 @@ def resolved_autos(settings: Settings) -> tuple[dict[str, str], str]:
 
 
 def _resolve(config: WorkerConfig, core: ov.Core) -> tuple[dict[str, str], str]:
-    from ovpool.worker.engine import exact_prefix_cache
+    from ovpool.worker.engine import exact_prefix_cache, resolve_prompt_lookup
     from ovpool.worker.graph import builder, decode, loading
     from ovpool.worker.graph.cpu_class import CpuInfo
 
@@ -90,6 +90,9 @@ def _resolve(config: WorkerConfig, core: ov.Core) -> tuple[dict[str, str], str]:
         autos["decode_graph"] = decode.auto_text(config.device)
     if config.prefix_cache == "auto":
         autos["prefix_cache"] = exact_prefix_cache(config.device, graph)
+    if config.prompt_lookup == "auto":
+        on = resolve_prompt_lookup("auto", graph) == "auto"
+        autos["prompt_lookup"] = "on where its acceptance pays, one sequence at a time" if on else "off"
     group = builder.compile_config(graph, config.device, core).get("DYNAMIC_QUANTIZATION_GROUP_SIZE", 32)
     int8 = "int8 in groups of 32 (16 with Q6_K weights)" if group and cpu.vnni else "off (f32 activations)"
     return autos, f"{config.device}: {cpu.describe()}; compressed MatMuls' int8 activations: {int8}"

@@ -211,8 +211,7 @@ class Engine:
     def prompt_lookup(self) -> str:
         """Setting ``prompt_lookup``; ``auto`` is off but at f32, where a pass over several
         positions computes each row as a one-position pass does (docs/prompt-lookup.md)."""
-        mode = self.config.prompt_lookup
-        return "off" if mode == "auto" and self.graph_settings["inference_precision"] != "f32" else mode
+        return resolve_prompt_lookup(self.config.prompt_lookup, self.graph_settings)
 
     @property
     def name(self) -> str:
@@ -329,6 +328,13 @@ class Engine:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def resolve_prompt_lookup(mode: str, graph_settings: Mapping[str, Any]) -> str:
+    """Setting ``prompt_lookup``'s ``mode`` on a graph of ``graph_settings``: ``auto`` stays auto
+    (per sequence, where it pays) at f32, where a pass over several positions computes each row
+    as a one-position pass does, else it is off."""
+    return "off" if mode == "auto" and graph_settings["inference_precision"] != "f32" else mode
 
 
 def exact_prefix_cache(device: str, graph_settings: Mapping[str, Any]) -> str:
