@@ -13,6 +13,7 @@ fresh DEALER (``_switch``) and sends it what is unfinished.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from dataclasses import dataclass
@@ -20,11 +21,11 @@ from typing import Any
 
 import zmq
 
-from ovpool import endpoint, errors
+from ovpool import endpoint, errors, timing
 from ovpool.auth import HANDSHAKE_EVENTS, HandshakeWatch, secure_peer
 from ovpool.config import ClientConfig
 from ovpool.pending import PendingRequests, make_submit
-from ovpool.protocol import Message, Submit, decode, encode, request_id_of
+from ovpool.protocol import Message, Submit, decode, encode, request_id_of, send_frames
 from ovpool.settings import Settings
 
 _log = logging.getLogger("ovpool.client")
@@ -94,10 +95,17 @@ class ClientBase:
         self._monitor = self._socket.get_monitor_socket()  # the one attached before connecting
 
     def _switch(self, now: float) -> list[Message]:
-        """Move to the next endpoint of the pair: a new DEALER there; what to send it."""
+        """Move to the next endpoint of the pair: a new DEALER there; what to send it. A broker
+        left while connected (it refused) is told to cancel what it may have taken meanwhile (it
+        turned active mid-batch): else that request id stays its under this departed socket."""
+        cancels = self._pending.cancels() if self._pending.connected else []
+        raw = zmq.Socket.shadow(self._socket.underlying)  # a plain send, for AsyncClient's socket too
+        for msg in cancels:
+            with contextlib.suppress(zmq.ZMQError):
+                send_frames(raw, encode(msg), zmq.NOBLOCK)
         self._socket.disable_monitor()
         self._monitor.close()
-        self._socket.close(linger=0)
+        self._socket.close(linger=int(timing.POLL_INTERVAL_S * 1000) if cancels else 0)
         old = self.broker
         self.broker = self.brokers[(self.brokers.index(old) + 1) % len(self.brokers)]
         self._handshake = HandshakeWatch(self.broker)

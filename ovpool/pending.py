@@ -239,6 +239,10 @@ class PendingRequests:
         self.fail_all(exc or errors.BrokerUnavailableError("the client was closed"))
         return cancels
 
+    def cancels(self) -> list[Message]:
+        """A CANCEL for every outstanding request (for a broker this client leaves)."""
+        return [Cancel(rid) for rid in self._pending]
+
     def abandon(self, request_id: str) -> list[Message]:
         """Its reader left a stream before the end: forget it; the CANCEL to send."""
         self._pending.pop(request_id, None)
