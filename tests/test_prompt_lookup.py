@@ -216,10 +216,10 @@ def test_pass_cost_is_timed_and_a_stale_size_falls_back_to_the_model():
     assert cost(3) == 1.5
 
 
-def test_drafts_of_a_batcher_auto_only_alone_never_constrained():
+def test_drafts_of_a_batcher_auto_only_alone_and_where_asked():
     drafts = Drafts("auto", k=3)
-    drafts.open("a", [1, 2, 3, 1, 2], constrained=False)
-    drafts.open("c", [1, 2, 3, 1, 2], constrained=True)
+    drafts.open("a", [1, 2, 3, 1, 2])
+    drafts.open("c", [1, 2, 3, 1, 2], speculate=False)
     drafts._seqs["a"].rate = 0.99
     room = {"a": 10, "c": 10}.get
     assert list(drafts.drafts(running=2, room=room)) == []  # batched: no drafts in auto
@@ -230,7 +230,7 @@ def test_drafts_of_a_batcher_auto_only_alone_never_constrained():
     drafts.close("c")
     assert drafts.counts == {"passes": 1, "proposed": 1, "accepted": 1}
     on = Drafts("on", k=3)
-    on.open("a", [1, 2, 1], constrained=False)
+    on.open("a", [1, 2, 1])
     assert list(on.drafts(running=4, room={"a": 9}.get)) == [("a", [2, 1])]
 
 

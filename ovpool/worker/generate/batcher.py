@@ -54,7 +54,8 @@ class Batcher:
     of the Batcher's own); ``tier``: a lower KV tier under the pool (ovpool.worker.generate.kv_tier:
     the host's disk tier, which the engine opens), used with prefix_cache=on only;
     ``prompt_lookup``: off, on or auto, with up to ``lookup_tokens`` proposed tokens verified per
-    decode (ovpool.worker.generate.lookup; not for a constrained request)."""
+    decode (ovpool.worker.generate.lookup; not for a constrained request nor one that asks for
+    log-probabilities)."""
 
     def __init__(self, intake: Intake, runner: PagedRunner, *, max_running: int, prefill_chunk: int,
                  prefix_cache: str = "off", identity: bytes = b"",
@@ -164,7 +165,9 @@ class Batcher:
                          tools=self.intake.tool_reader(params))
         self.scheduler.add(request_id, ids, route_keys)
         self._generations[request_id] = gen
-        self.drafts.open(request_id, ids, constrained=constraint is not None)
+        # Not with a constraint (its mask is one row's) nor log-probabilities (a verified row's
+        # differ from a one-position pass's in the last bits: they would depend on the drafts).
+        self.drafts.open(request_id, ids, speculate=constraint is None and params.logprobs is None)
         self._uncounted.add(request_id)
         return gen
 

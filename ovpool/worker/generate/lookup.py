@@ -161,8 +161,9 @@ class Drafts:
         self._seqs: dict[str, Speculation] = {}
         self.counts = {"passes": 0, "proposed": 0, "accepted": 0}
 
-    def open(self, seq_id: str, tokens: Sequence[int], constrained: bool) -> None:
-        if self.mode != "off" and not constrained:  # a constraint's mask is one row's: none here
+    def open(self, seq_id: str, tokens: Sequence[int], speculate: bool = True) -> None:
+        """A sequence of ``tokens``; ``speculate`` False: never drafts for it."""
+        if self.mode != "off" and speculate:
             self._seqs[seq_id] = Speculation(tokens, k=self.k, mode=self.mode, cost=self.cost,
                                              min_n=self.min_n, max_n=max(self.min_n, 3))
 
