@@ -53,7 +53,8 @@ _chat = st.lists(st.dictionaries(st.sampled_from(["role", "content"]) | _names, 
 _BY_TYPE = {"str": _ids | _names, "int": _ints, "float": st.floats() | _ints,
             "dict": st.dictionaries(_names, _values, max_size=4),
             "list": st.lists(_ids | _names | _values, max_size=6),
-            "str | None": st.none() | _names, "list | None": st.none() | _chat}
+            "str | None": st.none() | _names, "list | None": st.none() | _chat,
+            "float | None": st.none() | st.floats() | _ints}
 _formats = st.fixed_dictionaries({"type": st.sampled_from(["json_schema", "regex", "grammar", "text"])},
                                  optional={"schema": _values, "pattern": _values, "lark": _values})
 _sampling = st.fixed_dictionaries({"max_tokens": st.integers(1, 80)}, optional={
