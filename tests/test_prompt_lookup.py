@@ -61,11 +61,11 @@ def test_acceptance_is_learned_from_verified_and_unverified_proposals():
     assert spec.draft(10) == [3, 4, 1, 2]
     spec.accept([3, 4, 1, 2], [3, 7])  # one right, then the model's own token
     assert (spec.passes, spec.proposed, spec.accepted) == (1, 4, 1)
-    assert spec.rate == 0.9 + 0.5 * (1 - 0.9) - 0.5 * (0.9 + 0.5 * (1 - 0.9))
+    assert spec.rates == [0.9 + 0.5 * (1 - 0.9), 0.9 - 0.5 * 0.9, 0.9, 0.9]
     low = Speculation([1, 2, 1], k=4, mode="auto", rate=0.01, weight=0.5)
     assert low.draft(10) == []  # [2, 1] proposed but not verified: its first token is checked
     low.accept([], [2])
-    assert low.rate == 0.01 + 0.5 * 0.99 and low.index.tokens == [1, 2, 1, 2]
+    assert low.rates == [0.01 + 0.5 * 0.99, 0.01, 0.01, 0.01] and low.index.tokens == [1, 2, 1, 2]
 
 
 class _Tokenizer:
@@ -220,7 +220,7 @@ def test_drafts_of_a_batcher_auto_only_alone_and_where_asked():
     drafts = Drafts("auto", k=3)
     drafts.open("a", [1, 2, 3, 1, 2])
     drafts.open("c", [1, 2, 3, 1, 2], speculate=False)
-    drafts._seqs["a"].rate = 0.99
+    drafts._seqs["a"].rates = [0.99] * 3
     room = {"a": 10, "c": 10}.get
     assert list(drafts.drafts(running=2, room=room)) == []  # batched: no drafts in auto
     assert list(drafts.drafts(running=1, room=room)) == [("a", [3, 1, 2])]

@@ -95,13 +95,16 @@ class PassCost:
 
 class Speculation:
     """One sequence's speculation: ``mode`` on (always verify what is proposed, up to ``k``
-    tokens) or auto (only as many as pay, by ``cost``); ``rate``: the prior chance that a
-    proposed token is right, then its moving average over the last ~1/``weight`` proposals."""
+    tokens) or auto (only as many as pay, by ``cost``); ``rates[i]``: the chance that a proposal's
+    token i is right once those before it were, a prior ``rate``, then a moving average over its
+    last ~1/``weight`` outcomes (the first token's is seen on every proposal, verified or not:
+    later ones hold less often, so one rate for all had verified too far)."""
 
     def __init__(self, tokens: Sequence[int], *, k: int, mode: str = "auto", cost: PassCost | None = None,
                  rate: float = 0.5, weight: float = 0.15, min_n: int = 1, max_n: int = 3):
         self.index = NgramIndex(tokens, min_n=min_n, max_n=max_n)
-        self.k, self.mode, self.rate, self.weight = k, mode, rate, weight
+        self.k, self.mode, self.weight = k, mode, weight
+        self.rates = [rate] * k
         self.cost = PassCost() if cost is None else cost
         self._guess: int | None = None  # the first token of the last unverified proposal
         self.proposed = self.accepted = self.passes = 0  # verified draft tokens, accepted ones, passes
@@ -117,7 +120,7 @@ class Speculation:
         """How many proposed tokens (of ``most``) a pass best verifies; 0: one position is best."""
         best, gain, expected, p = 0, 1.0, 1.0, 1.0
         for n in range(1, most + 1):
-            p *= self.rate
+            p *= self.rates[n - 1]
             expected += p  # the tokens a pass verifying n proposed tokens gives, on average
             if expected / self.cost(n + 1) > gain:
                 best, gain = n, expected / self.cost(n + 1)
@@ -130,17 +133,17 @@ class Speculation:
             right = agreeing(draft, tokens)
             self.passes, self.proposed, self.accepted = (self.passes + 1, self.proposed + len(draft),
                                                          self.accepted + right)
-            for _ in range(right):
-                self._learn(1.0)
+            for i in range(right):
+                self._learn(i, 1.0)
             if right < len(draft) and right < len(tokens):
-                self._learn(0.0)
+                self._learn(right, 0.0)
         elif self._guess is not None and tokens:
-            self._learn(1.0 if tokens[0] == self._guess else 0.0)
+            self._learn(0, 1.0 if tokens[0] == self._guess else 0.0)
         self._guess = None
         self.index.extend(tokens)
 
-    def _learn(self, outcome: float) -> None:
-        self.rate += self.weight * (outcome - self.rate)
+    def _learn(self, i: int, outcome: float) -> None:
+        self.rates[i] += self.weight * (outcome - self.rates[i])
 
 
 def agreeing(draft: Sequence[int], tokens: Sequence[int]) -> int:
