@@ -114,13 +114,13 @@ class ScriptedClient:
         return params
 
     def submit(self, prompt: Any, *, model: str | None = None, timeout: float | None = None,
-               **sampling: Any) -> asyncio.Future:
+               keep_alive: float | None = None, **sampling: Any) -> asyncio.Future:
         future = asyncio.get_running_loop().create_future()
         future.set_result(completion(prompt, self._params(prompt, sampling)))
         return future
 
     def stream(self, prompt: Any, *, model: str | None = None, timeout: float | None = None,
-               **sampling: Any) -> _Stream:
+               keep_alive: float | None = None, **sampling: Any) -> _Stream:
         params = self._params(prompt, sampling)
         return _Stream(deltas(prompt, params), completion(prompt, params))
 
