@@ -56,6 +56,7 @@ class PagedRunner:
         self.block_bytes = sum(int(np.prod(dims)) * kind.size for kind, dims in self._layout.values())
         self._caches: dict[str, ov.Tensor] = {}
         self.num_blocks = 0
+        self._written = 0  # blocks [0, this) may hold data: a grow copies only those (see grow)
         self.grow(num_blocks or max(1, kv_cache_mb * _MIB // self.block_bytes))
 
     @property
@@ -78,8 +79,8 @@ class PagedRunner:
             self._block_views[name] = memory[start:start + sizes[name]].reshape(num_blocks, -1)
             tensor = ov.Tensor(memory[start:start + sizes[name]], ov.Shape([num_blocks, *dims]), kind)
             start += -(-sizes[name] // 64) * 64  # 64-byte aligned, as OpenVINO allocates
-            if name in self._caches:
-                tensor.data[:self.num_blocks] = self._caches[name].data
+            if name in self._caches:  # the rest are zero pages: copying them would write them all
+                tensor.data[:self._written] = self._caches[name].data[:self._written]
             self._caches[name] = tensor
             for request in self.requests:
                 request.set_tensor(name, tensor)
@@ -92,6 +93,7 @@ class PagedRunner:
     def write_block(self, block: int, data: bytes) -> None:
         """Set block ``block`` of every cache from ``read_block``'s bytes (``block_bytes`` of them)."""
         source, start = np.frombuffer(data, np.uint8), 0
+        self._written = max(self._written, block + 1)
         for view in self._block_views.values():
             view[block] = source[start:start + view.shape[1]]
             start += view.shape[1]
@@ -105,6 +107,7 @@ class PagedRunner:
         The array is the request's output buffer: valid until the next forward pass.
         """
         inputs = feeds(chunks, rows)
+        self._written = max([self._written, *(max(c.blocks, default=-1) + 1 for c in chunks)])
         one_token = inputs["input_ids"].size == 1 and inputs["logits_indices"].size == 1
         request = (one_token and self._decode_request()) or self.requests[0]
         try:
