@@ -2,28 +2,14 @@
 
 from __future__ import annotations
 
+from test_client_pending import Recorder
+
 from ovpool import errors, timing
 from ovpool.pending import PendingRequests, make_submit
 from ovpool.protocol import Error, Partial, Status, StatusReply
 
 NOT_ACTIVE = errors.NotActiveError.code
 LATER = timing.HEARTBEAT_INTERVAL_S  # past the least time between two failovers
-
-
-class Recorder:
-    streams = True
-
-    def __init__(self):
-        self.deltas, self.result, self.error = [], None, None
-
-    def delta(self, d):
-        self.deltas.append(d)
-
-    def done(self, c):
-        self.result = c
-
-    def fail(self, e):
-        self.error = e
 
 
 def pair(now: float = 0.0) -> PendingRequests:
