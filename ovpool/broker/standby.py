@@ -23,6 +23,9 @@ from ovpool.protocol import PeerState, decode, encode, recv_frames, send_frames
 log = logging.getLogger(__name__)
 
 ROLES = ("primary", "backup")
+# Whoever holds the peer's state endpoint can send anything: one turn reads a bounded number of
+# messages, so a flood delays the peer's state a few turns but never holds the broker loop.
+_STATES_PER_TURN = 64
 
 
 @dataclass(frozen=True)
@@ -103,7 +106,7 @@ class StandbyLink:
     def _latest(self) -> PeerState | None:
         """The newest state waiting (older ones are stale: only the last counts)."""
         latest = None
-        while True:
+        for _ in range(_STATES_PER_TURN):
             try:
                 frames = recv_frames(self._sub)
             except zmq.Again:
@@ -115,6 +118,7 @@ class StandbyLink:
                 continue
             if isinstance(msg, PeerState) and msg.state in State._value2member_map_:
                 latest = msg
+        return latest
 
     def _logged(self, actions: list[Action]) -> list[Action]:
         if Action.ACTIVATED in actions or Action.DEACTIVATED in actions:
