@@ -286,6 +286,27 @@ def test_requests_started_before_the_paged_graph_is_ready_finish_unbatched(tiny_
         assert not any(isinstance(e, Finished) for e in events)
 
 
+@pytest.mark.parametrize("first", ["step", "idle"])
+def test_the_paged_graph_loads_after_the_first_step_or_when_idle(tiny_model, monkeypatch, first):
+    import threading
+
+    # Its compile would take the cores from the first requests of a model loaded on demand.
+    stateful = {**F32, "attention": "sdpa"}
+    with Engine(tiny_model(arch="llama", weight_type="Q4_1"), settings=stateful) as engine:
+        begun, load = threading.Event(), engine.paged_graph
+        monkeypatch.setattr(engine, "paged_graph", lambda: begun.set() or load())
+        backend = EngineBackend(engine, slots=2)
+        params = SamplingParams(max_tokens=4, ignore_eos=True)
+        if first == "step":
+            backend.add("first", PROMPTS[2], params)  # one prefill chunk: a token at the first step
+        assert not begun.wait(0.2)  # not begun beside the request's start (nor before it)
+        events = backend.step() if first == "step" else backend.idle()
+        assert begun.wait(60)
+        assert backend.wait_batching(timeout=60)
+        if first == "step":
+            assert [e.request_id for e in events] == ["first"]  # its first token came first
+
+
 def test_idle_warm_up_covers_the_engine_and_a_separate_batching_graph(tiny_model, tmp_path):
     model = tiny_model(arch="llama", weight_type="Q4_1")
     with Engine(model, settings=F32, cache_dir=tmp_path) as eng:

@@ -92,7 +92,10 @@ class EngineBackend:
     graph loads in a background thread (it is compiled from the cache's IR, see ovpool.cache.ir),
     so the worker serves from its first second: until it is ready, and when it cannot load
     (cache-only mode without that IR), each generation runs its own pass on its own InferRequest;
-    requests started that way finish that way. ``batching=interleaved`` runs each request as an
+    requests started that way finish that way. That load begins after the first step or at the
+    first idle moment, whichever comes first: begun at once, its compile took the cores from the
+    first requests of a model loaded on demand (their first token ~0.4 s later on 2 cores,
+    docs/performance.md, Model swaps). ``batching=interleaved`` runs each request as an
     engine generation. ``engine.load_report["batching"]`` says which, in words.
     """
 
@@ -106,7 +109,16 @@ class EngineBackend:
         self._batcher: Batcher | None = None
         self._record_kv_events = False  # the worker publishes them: the batcher records them
         engine.load_report["batching"] = engine.batching_plan()  # what READY tells `ovpool status`
-        self._loading = _load_batcher(engine, slots)
+        self._loading: concurrent.futures.Future | None = None
+        self._load_due = engine.config.batching == "paged"
+        if engine.attention == "paged":  # the engine's own graph: batching from the start
+            self._begin_batching()
+
+    def _begin_batching(self) -> None:
+        """Begin loading the paged graph for the Batcher, once."""
+        if self._load_due:
+            self._load_due = False
+            self._loading = _load_batcher(self.engine, self.slots)
 
     @property
     def runs(self) -> Runtime:
@@ -131,6 +143,7 @@ class EngineBackend:
 
     def wait_batching(self, timeout: float | None = None) -> bool:
         """Wait for the paged graph; whether new requests are now batched."""
+        self._begin_batching()
         if self._loading is not None:
             concurrent.futures.wait([self._loading], timeout)
         self._take_batcher()
@@ -179,6 +192,7 @@ class EngineBackend:
 
     def step(self) -> list[Event]:
         events = self._interleaved.step() if self._interleaved.active else []
+        self._begin_batching()  # after the first requests' first pass, not beside it
         self._take_batcher()
         if self._batcher is not None:
             events += self._batcher.step()
@@ -186,6 +200,7 @@ class EngineBackend:
 
     def idle(self) -> bool:
         """True while the paged graph still loads: it is taken, and set up, once it has."""
+        self._begin_batching()
         if self.engine.config.warm_up != "idle":
             return False
         self._take_batcher()  # first: a graph the batcher replaces is not worth setting up
