@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+from collections.abc import Container
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -80,6 +81,10 @@ class ServerSecurity:
             self._auth = ThreadAuthenticator(self._context)
             self._auth.start()
             self._auth.configure_curve_callback(domain="*", credentials_provider=_AllowedKeys(self.roles))
+            # Only the pair's own key may read a standby broker's states (broker/standby.py).
+            public = load_key(self._settings.curve_secret_key, need_secret=True)[0].decode("ascii")
+            self._auth.configure_curve_callback(domain=PAIR_DOMAIN,
+                                                credentials_provider=_AllowedKeys({public}))
         return self
 
     def mode(self) -> str:
@@ -99,12 +104,28 @@ class ServerSecurity:
             log.warning("binding %s without CURVE: anyone who can reach it can submit requests, and"
                         " register as a worker to read every prompt; see `ovpool keys generate`", endpoint)
 
+    def secure_pair(self, publisher: zmq.Socket, subscriber: zmq.Socket) -> None:
+        """A standby pair's state link (before bind and connect). Both brokers hold the one key
+        pair their clients know: ``publisher`` is a CURVE server only that key may read, and
+        ``subscriber`` takes states only from a server proving it holds that key, so no process
+        without the secret can get a state to the FSM. Without CURVE both stay in the clear."""
+        if not self.enabled:
+            return
+        public, secret = load_key(self._settings.curve_secret_key, need_secret=True)
+        for socket in (publisher, subscriber):
+            socket.curve_publickey, socket.curve_secretkey = public, secret
+        publisher.curve_server = True
+        publisher.zap_domain = PAIR_DOMAIN.encode()
+        subscriber.curve_serverkey = public
+
     def __exit__(self, *exc: object) -> None:
         if self._auth is not None:
             self._auth.stop()
             self._auth = None
 
 
+# The ZAP domain of a standby pair's state socket: its own allowed keys, apart from the router's.
+PAIR_DOMAIN = "ovpool-standby"
 # The broker's allowed-key directories, in the order roles.by_key takes them.
 _ALLOWED = {"curve_allowed_keys": "clients' (the HTTP API is a client)", "curve_worker_keys": "workers'"}
 
@@ -122,9 +143,9 @@ def _public_keys(settings: Settings, name: str) -> list[str]:
 
 
 class _AllowedKeys:
-    """zmq.auth's credentials provider: a key the broker gave any role may connect."""
+    """zmq.auth's credentials provider: a z85 public key in ``allowed`` may connect."""
 
-    def __init__(self, allowed: dict[str, int]):
+    def __init__(self, allowed: Container[str]):
         self._allowed = allowed
 
     def callback(self, domain: str, key: bytes) -> bool:

@@ -1,5 +1,5 @@
-"""A standby broker pair as real processes: kill -9 of the active broker under load, and a paused
-(SIGSTOP) active broker whose peer takes over, a split-brain attempt.
+"""A standby broker pair as real processes: kill -9 of the active broker under load, a paused
+(SIGSTOP) active broker whose peer takes over (a split-brain attempt), and a forger of peer states.
 
 Clients and the worker know both endpoints (``--broker A,B``). Every stream is compared, token by
 token, with the same request (same seed) completed before the fault: exactly once, nothing lost,
@@ -9,43 +9,78 @@ nothing repeated. Deadlines are generous; nothing is timed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import openai
 import pytest
+import zmq
 from serve_helpers import wait_for
+from zmq.utils.monitor import recv_monitor_message
 
 from ovpool import errors
 from ovpool.async_client import AsyncClient
+from ovpool.broker.binary_star import State
 from ovpool.client import Client
+from ovpool.pool_keys import PoolKeys
+from ovpool.protocol import PeerState, encode, send_frames
+from ovpool.serve.keys import ChildKeys
+from ovpool.settings import child_environment
 from ovpool.testing.pool import PoolProcess, broker, fast_heartbeats, free_endpoint, null_worker
 
 pytestmark = pytest.mark.slow  # processes
 
 STREAMS, TOKENS = 8, 60
+FORGED = "tcp://forged:1"
 
 
 class Pair:
-    """Two brokers, primary first, and their endpoints; ``both`` is what clients are given."""
+    """Two brokers, primary first, and their endpoints; ``both`` is what clients are given, and
+    ``keys`` each role's CURVE settings (ChildKeys(): open)."""
 
-    def __init__(self, tmp_path: Path):
+    def __init__(self, tmp_path: Path, keys: ChildKeys):
+        self.keys = keys
         self.primary_ep, self.backup_ep = free_endpoint(), free_endpoint()
         state_p, state_b = free_endpoint(), free_endpoint()
+        env = keys.env("broker")
         self.primary = broker(self.primary_ep, "--role", "primary", "--peer", state_b, "--peer-bind", state_p,
-                              log=tmp_path / "primary.log")
+                              env=env, log=tmp_path / "primary.log")
         self.backup = broker(self.backup_ep, "--role", "backup", "--peer", state_p, "--peer-bind", state_b,
-                             log=tmp_path / "backup.log")
+                             env=env, log=tmp_path / "backup.log")
         self.both = f"{self.primary_ep},{self.backup_ep}"
+
+
+@contextlib.contextmanager
+def _pool_keys(tmp_path: Path) -> Iterator[ChildKeys]:
+    """The pool's own CURVE keys for each role, as ``ovpool serve`` makes them (closed)."""
+    with PoolKeys(tmp_path) as keys:
+        yield ChildKeys(keys.broker_settings(), keys.worker_settings(), keys.client_settings())
+
+
+@contextlib.contextmanager
+def _serving(tmp_path: Path, keys: ChildKeys = ChildKeys()) -> Iterator[tuple[Pair, Client]]:
+    """A pair under short heartbeats (the children read them when made), a null worker of
+    STREAMS slots registered with its active broker, and a Client of both endpoints."""
+    with fast_heartbeats(0.2):
+        pair = Pair(tmp_path, keys)
+        with pair.primary, pair.backup, \
+                null_worker(pair.both, slots=STREAMS, token_delay=0.03, env=keys.env("worker"),
+                            log=tmp_path / "worker.log"), \
+                Client(pair.both, settings=keys.client) as client:
+            _ready(client)
+            yield pair, client
 
 
 def _status_text(pair: Pair) -> str:
     out = subprocess.run([sys.executable, "-m", "ovpool", "status", "--broker", pair.both],
-                         capture_output=True, text=True, timeout=60)
+                         capture_output=True, text=True, timeout=60,
+                         env=child_environment(pair.keys.env("client")))
     return out.stdout + out.stderr
 
 
@@ -56,7 +91,7 @@ def _active(pair: Pair) -> str:
                     timeout=60, what="an active broker")
 
 
-def _ready(pair: Pair, client: Client) -> None:
+def _ready(client: Client) -> None:
     """The pair has an active broker with the worker registered."""
 
     def registered() -> bool:
@@ -104,13 +139,9 @@ def _each_once(results: list, references: list[str]) -> None:
 
 @pytest.mark.parametrize("stop", ["kill", "stop"])
 def test_kill_9_of_the_active_broker_loses_no_stream_and_status_names_the_backup(tmp_path, stop):
-    """``kill``: SIGKILL; ``stop``: SIGTERM, whose broker hands its requests and worker over."""
-    with fast_heartbeats(0.2):  # the children read it when they are made
-        pair = Pair(tmp_path)
-    with fast_heartbeats(0.2), pair.primary, pair.backup, \
-            null_worker(pair.both, slots=STREAMS, token_delay=0.03, log=tmp_path / "worker.log"), \
-            Client(pair.both) as client:
-        _ready(pair, client)
+    """``kill``: SIGKILL; ``stop``: SIGTERM, whose broker hands its requests and worker over. The
+    pair runs under the pool's CURVE keys, its state link too."""
+    with _pool_keys(tmp_path) as keys, _serving(tmp_path, keys) as (pair, client):
         assert _active(pair) == f"active broker: {pair.primary_ep} (primary)"
         references = _references(client)
         started = threading.Barrier(STREAMS + 1)
@@ -126,12 +157,7 @@ def test_kill_9_of_the_active_broker_loses_no_stream_and_status_names_the_backup
 
 def test_an_async_client_fails_over_mid_stream_too(tmp_path):
     """AsyncClient (the HTTP API's client) moves its socket to the backup without a lost token."""
-    with fast_heartbeats(0.2):
-        pair = Pair(tmp_path)
-    with fast_heartbeats(0.2), pair.primary, pair.backup, \
-            null_worker(pair.both, slots=STREAMS, token_delay=0.03, log=tmp_path / "worker.log"), \
-            Client(pair.both) as client:
-        _ready(pair, client)
+    with _serving(tmp_path) as (pair, client):
         references = _references(client)
 
         async def run() -> list:
@@ -168,14 +194,9 @@ def _health(base: str) -> int:
 def test_the_http_api_streams_through_a_failover(tmp_path):
     """``ovpool api --broker A,B``: an OpenAI stream goes on, token for token, past a kill -9."""
     port = int(free_endpoint().rsplit(":", 1)[1])
-    with fast_heartbeats(0.2):
-        pair = Pair(tmp_path)
-        api = PoolProcess("api", "--broker", pair.both, "--bind", f"127.0.0.1:{port}",
-                          log=tmp_path / "api.log")
-    with fast_heartbeats(0.2), pair.primary, pair.backup, \
-            null_worker(pair.both, slots=STREAMS, token_delay=0.03, log=tmp_path / "worker.log"), \
-            Client(pair.both) as client, api:
-        _ready(pair, client)
+    with _serving(tmp_path) as (pair, client), \
+            PoolProcess("api", "--broker", pair.both, "--bind", f"127.0.0.1:{port}",
+                        log=tmp_path / "api.log"):
         (reference,) = [client.complete("stream 0", max_tokens=TOKENS, seed=0).text]
         base = f"http://127.0.0.1:{port}"
         wait_for(lambda: _health(base) == 200, 60, "the HTTP API")
@@ -193,13 +214,9 @@ def test_the_http_api_streams_through_a_failover(tmp_path):
 def test_a_paused_active_broker_never_serves_beside_its_peer(tmp_path):
     """SIGSTOP the active primary mid-stream: its clients and worker move to the backup, which the
     clients' votes make active; woken (SIGCONT), the primary finds it froze, goes passive and stays
-    so: the backup remains the one active, and the primary refuses a client that asks it alone."""
-    with fast_heartbeats(0.2):  # the children read it when they are made
-        pair = Pair(tmp_path)
-    with fast_heartbeats(0.2), pair.primary, pair.backup, \
-            null_worker(pair.both, slots=STREAMS, token_delay=0.03, log=tmp_path / "worker.log"), \
-            Client(pair.both) as client:
-        _ready(pair, client)
+    so: the backup remains the one active, and the primary refuses a client that asks it alone.
+    Under the pool's CURVE keys, as a closed pool runs."""
+    with _pool_keys(tmp_path) as keys, _serving(tmp_path, keys) as (pair, client):
         references = _references(client)
         started = threading.Barrier(STREAMS + 1)
         results, threads = _streams(client, started)
@@ -214,11 +231,83 @@ def test_a_paused_active_broker_never_serves_beside_its_peer(tmp_path):
             pair.primary.proc.send_signal(signal.SIGCONT)
         wait_for(lambda: f"standby: {pair.primary_ep} (primary) passive" in _status_text(pair),
                  timeout=60, what="the woken primary passive")
-        with Client(pair.primary_ep) as alone, pytest.raises(errors.NotActiveError):
+        with Client(pair.primary_ep, settings=keys.client) as alone, pytest.raises(errors.NotActiveError):
             alone.complete("to the primary alone", max_tokens=5, timeout=30)
         assert _active(pair) == f"active broker: {pair.backup_ep} (backup)"
         assert client.complete("after", max_tokens=5).usage.completion_tokens == 5
     assert "is now passive" in (tmp_path / "primary.log").read_text()
+
+
+class Forger:
+    """Binds ``endpoint`` before the broker starts and publishes an active peer's state there every
+    50 ms, as a backup that took over would, without any key; ``dialled``: connections it accepted."""
+
+    def __init__(self, endpoint: str):
+        self._context = zmq.Context()
+        self._pub = self._context.socket(zmq.PUB)
+        self._pub.linger = 0
+        self._monitor = self._pub.get_monitor_socket(zmq.EVENT_ACCEPTED)
+        self._pub.bind(endpoint)
+        self.dialled = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run)  # the one user of the sockets from here
+
+    def __enter__(self) -> Forger:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._pub.disable_monitor()
+        self._monitor.close(linger=0)
+        self._pub.close(linger=0)
+        self._context.term()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.05):
+            send_frames(self._pub, encode(PeerState(int(State.ACTIVE), FORGED)))
+            while self._monitor.poll(0):
+                recv_monitor_message(self._monitor)
+                self.dialled += 1
+
+
+@contextlib.contextmanager
+def _forged_primary(tmp_path: Path, keys: ChildKeys) -> Iterator[tuple[Forger, Client]]:
+    """A primary whose peer's state endpoint a forger holds, a null worker and a Client of it."""
+    primary, forged_at = free_endpoint(), free_endpoint()
+    with fast_heartbeats(0.2), Forger(forged_at) as forger, \
+            broker(primary, "--role", "primary", "--peer", forged_at, "--peer-bind", free_endpoint(),
+                   env=keys.env("broker"), log=tmp_path / "primary.log"), \
+            null_worker(primary, env=keys.env("worker"), log=tmp_path / "worker.log"), \
+            Client(primary, settings=keys.client) as client:
+        yield forger, client
+
+
+def _standby(client: Client) -> dict:
+    return client.status(timeout=30)["standby"]
+
+
+def test_an_open_primary_yields_to_a_forger_on_its_peers_state_endpoint(tmp_path):
+    """Without CURVE the state link believes whoever holds the peer's endpoint (docs/operations.md):
+    the attack the next test shows a closed pair refusing."""
+    with _forged_primary(tmp_path, ChildKeys()) as (_, client):
+        wait_for(lambda: _standby(client)["peer_endpoint"] == FORGED, timeout=60, what="the forged state")
+        assert _standby(client)["state"] == "passive"
+
+
+def test_a_primary_under_curve_never_hears_a_forger_and_serves(tmp_path):
+    """The forger, without the pool's keys, fails every handshake, the primary's redial after an
+    expiry of silence too: no state of its reaches the primary, which takes the client's vote and
+    serves."""
+    with _pool_keys(tmp_path) as keys, _forged_primary(tmp_path, keys) as (forger, client):
+        log = tmp_path / "primary.log"
+        wait_for(lambda: "reconnecting" in log.read_text(), timeout=60, what="an expiry without a state")
+        dialled = forger.dialled
+        wait_for(lambda: forger.dialled > dialled, timeout=60, what="the primary to dial the forger again")
+        assert client.complete("after the forgery", max_tokens=5, timeout=60).usage.completion_tokens == 5
+        standby = _standby(client)
+        assert (standby["state"], standby["peer_state"], standby["peer_endpoint"]) == ("active", None, "")
 
 
 def test_a_standby_broker_needs_its_role_peer_and_peer_bind():

@@ -65,7 +65,8 @@ class Broker:
         self._socket: zmq.Socket | None = None
         self._refusals_logged: set[tuple[int, type]] = set()
         self.router = self._new_router(time.monotonic())
-        self._standby = StandbyLink(self._context, standby, bind, time.monotonic()) if standby else None
+        self._standby = (StandbyLink(self._context, self._security, standby, bind, time.monotonic())
+                         if standby else None)
         # Off unless a port is set: observing every message costs ~15% of the routing rate.
         self.metrics = BrokerObserver(BrokerMetrics()) if s.metrics_port else None
         self._metrics_server = (MetricsServer(self.metrics.metrics.registry, s.metrics_port)

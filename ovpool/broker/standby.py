@@ -6,6 +6,12 @@ bstar does. What the broker loop asks: ``turn(now)`` each loop turn (the timer, 
 out, the peer's latest state in), ``vote(now)`` for a client's SUBMIT or PING (serve it, or refuse
 it and maybe take over), ``active`` for everything else. The actions that change who serves
 (ACTIVATED, DEACTIVATED) go back to the broker, which owns the router.
+
+Under CURVE the link holds the broker's key pair (auth.ServerSecurity.secure_pair): a process
+without the secret can neither read our states nor get one of its own to the FSM, wherever it
+binds. A failed handshake or an oversized frame makes libzmq drop that connection for good, with
+no reconnect, so a link silent for an expiry dials its peer again: whoever held the peer's
+endpoint for a while (or one bad frame) costs the pair an expiry, never its hearing.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from dataclasses import dataclass
 import zmq
 
 from ovpool import endpoint, timing
+from ovpool.auth import ServerSecurity
 from ovpool.broker.binary_star import Action, BinaryStar, State
 from ovpool.errors import ConfigError, ProtocolError
 from ovpool.protocol import PeerState, decode, encode, recv_frames, send_frames
@@ -26,6 +33,8 @@ ROLES = ("primary", "backup")
 # Whoever holds the peer's state endpoint can send anything: one turn reads a bounded number of
 # messages, so a flood delays the peer's state a few turns but never holds the broker loop.
 _STATES_PER_TURN = 64
+# A state is a few dozen bytes; a frame past this ends the connection (redialled on silence).
+_MAX_FRAME_BYTES = 64 * 1024
 
 
 @dataclass(frozen=True)
@@ -47,24 +56,28 @@ class Standby:
 class StandbyLink:
     """``with StandbyLink(context, standby, clients_endpoint, now) as link: link.turn(now)``."""
 
-    def __init__(self, context: zmq.Context, standby: Standby, served: str, now: float):
+    def __init__(self, context: zmq.Context, security: ServerSecurity, standby: Standby, served: str,
+                 now: float):
         self.standby, self.served = standby, served
         self.star = BinaryStar(primary=standby.role == "primary", now=now,
                                expiry_s=timing.HEARTBEAT_EXPIRY_S, interval_s=timing.HEARTBEAT_INTERVAL_S)
         self.peer_state: State | None = None
         self.peer_served = ""  # the endpoint the peer's clients use, from its PeerState
-        self._context = context
+        self._context, self._security = context, security
+        self._heard = self._dialed = now  # the last peer state; the last (re)connect
         self._pub: zmq.Socket | None = None
         self._sub: zmq.Socket | None = None
 
     def __enter__(self) -> StandbyLink:
         try:
             self._pub = self._context.socket(zmq.PUB)
-            self._pub.linger = 0
-            self._pub.bind(self.standby.bind)
             self._sub = self._context.socket(zmq.SUB)
-            self._sub.linger = 0
+            for sock in (self._pub, self._sub):
+                sock.linger = 0
+            self._sub.maxmsgsize = _MAX_FRAME_BYTES
             self._sub.setsockopt(zmq.SUBSCRIBE, b"")
+            self._security.secure_pair(self._pub, self._sub)
+            self._pub.bind(self.standby.bind)
             self._sub.connect(self.standby.peer)
         except zmq.ZMQError as exc:
             self.__exit__()
@@ -90,8 +103,11 @@ class StandbyLink:
             send_frames(self._pub, encode(PeerState(int(self.star.state), self.served)), zmq.NOBLOCK)
         latest = self._latest()
         if latest is not None:
+            self._heard = now
             self.peer_state, self.peer_served = State(latest.state), latest.endpoint
             actions += self.star.peer(self.peer_state, now)
+        elif now - max(self._heard, self._dialed) >= self.star.expiry_s:
+            self._redial(now)
         return self._logged(actions)
 
     def vote(self, now: float) -> list[Action]:
@@ -119,6 +135,17 @@ class StandbyLink:
             if isinstance(msg, PeerState) and msg.state in State._value2member_map_:
                 latest = msg
         return latest
+
+    def _redial(self, now: float) -> None:
+        """Connect to the peer afresh: libzmq never retries a connection it dropped for a failed
+        handshake or an oversized frame, and a dead peer's would retry anyway."""
+        if self._dialed <= self._heard:  # the first redial since the peer was last heard
+            log.warning("standby broker (%s): no state from the peer at %s for %.1f s; reconnecting (under"
+                        " CURVE the peer must hold this broker's key pair)", self.standby.role,
+                        self.standby.peer, now - self._heard)
+        self._sub.disconnect(self.standby.peer)
+        self._sub.connect(self.standby.peer)
+        self._dialed = now
 
     def _logged(self, actions: list[Action]) -> list[Action]:
         if Action.ACTIVATED in actions or Action.DEACTIVATED in actions:
