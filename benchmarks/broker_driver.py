@@ -13,7 +13,7 @@ import zmq
 
 from ovpool.client import dealer
 from ovpool.errors import BrokerUnavailableError
-from ovpool.pending import STREAM_WINDOW, make_submit
+from ovpool.pending import STREAM_WINDOW
 from ovpool.protocol import (
     Credit,
     Final,
@@ -26,6 +26,7 @@ from ovpool.protocol import (
     send_frames,
 )
 from ovpool.settings import Settings
+from ovpool.submit import make_submit
 
 _STALL_S = 10.0  # no reply for this long means the pool is stuck: fail instead of hanging
 

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import zmq
 
-from ovpool.pending import make_submit
 from ovpool.protocol import Credit, Ping, encode
+from ovpool.submit import make_submit
 from ovpool.testing.pool import broker, free_endpoint, null_worker
 
 _HUGE = 10**9

@@ -1,6 +1,6 @@
 """What a request's values may be: the one definition of each bound, shared by the HTTP schema
 (ovpool.api.schema), SamplingParams (and so every wire decoder of sampling parameters), the client's
-SUBMIT (ovpool.pending.make_submit) and the broker's admission.
+SUBMIT (ovpool.submit.make_submit) and the broker's admission.
 
 A value inside these bounds is representable on the wire (msgpack: ints within 64 bits, strings
 UTF-8) and cheap enough to admit; anything else is an InvalidRequestError naming its field. The

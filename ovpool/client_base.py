@@ -24,9 +24,10 @@ import zmq
 from ovpool import endpoint, errors, timing
 from ovpool.auth import HANDSHAKE_EVENTS, HandshakeWatch, secure_peer
 from ovpool.config import ClientConfig
-from ovpool.pending import PendingRequests, make_submit
+from ovpool.pending import PendingRequests
 from ovpool.protocol import Message, Submit, decode, encode, request_id_of, send_frames
 from ovpool.settings import Settings
+from ovpool.submit import make_submit
 
 _log = logging.getLogger("ovpool.client")
 # Socket-monitor events a client follows: the handshake's outcome, and TCP connects and drops.

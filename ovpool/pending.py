@@ -1,20 +1,20 @@
 """The client side's bookkeeping, shared by Client and AsyncClient: no sockets, no threads.
 
-It builds SUBMITs (with a seed fixed here, so a resend after a broker restart replays the same
-tokens, and refused here if over the broker's message limit), routes each reply to its request's
-sink, forwards every PARTIAL once (by ``seq``) and treats a jump in ``seq``, or a FINAL that counts
-more PARTIALs than arrived, as StreamGapError (never as text: every stream ends with all its
-tokens and FINAL, or with an error), resends what a restarted broker has forgotten (PING lists
-outstanding ids, PONG names the unknown ones) and fails requests on their local deadline, when no
-connection to the broker comes within connect_timeout_s (none at all, or a dropped one that does
-not come back: a broker restarted within it gets them resent), when the broker says it shut down
-(SHUTDOWN), or when a connected broker stays silent.
+It tracks SUBMITs (ovpool.submit builds them, with a seed fixed so that a resend after a broker
+restart replays the same tokens), routes each reply to its request's sink, forwards every PARTIAL
+once (by ``seq``) and treats a jump in ``seq``, or a FINAL that counts more PARTIALs than arrived,
+as StreamGapError (never as text: every stream ends with all its tokens and FINAL, or with an
+error), resends what a restarted broker has forgotten (PING lists outstanding ids, PONG names the
+unknown ones) and fails requests on their local deadline, when no connection to the broker comes
+within connect_timeout_s (none at all, or a dropped one that does not come back: a broker
+restarted within it gets them resent), when the broker says it shut down (SHUTDOWN), or when a
+connected broker stays silent.
 
 With the endpoints of a standby pair (``endpoints`` > 1) the last two cases, and a passive
-broker's NotActiveError, are a failover instead: ``wants_failover`` says when, the client moves
-to the next endpoint and ``switched`` gives every unfinished request to send there (a stream's
-replay of what arrived is dropped by ``seq``, as after a restart). Only once no endpoint has served
-for ``failover_budget_s`` do the requests fail.
+broker's NotActiveError, are a failover instead (ovpool.failover): ``wants_failover`` says when,
+the client moves to the next endpoint and ``switched`` gives every unfinished request to send there
+(a stream's replay of what arrived is dropped by ``seq``, as after a restart). Only once no
+endpoint has served for ``failover_budget_s`` do the requests fail.
 
 Replies carry a worker's output unchanged, so none is trusted: one that cannot be read or used
 fails only the request it names (MalformedMessageError, and a CANCEL to the broker) and is counted
@@ -27,20 +27,15 @@ import asyncio
 import concurrent.futures
 import contextlib
 import dataclasses
-import itertools
 import logging
-import random
-import uuid
 from collections import deque
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import msgpack
-
-from ovpool import bounds, errors, keep_alive, timing, tools
+from ovpool import errors, timing
 from ovpool.completion import Completion, Delta
+from ovpool.failover import Failover, is_refusal
 from ovpool.protocol import (
-    MAX_MESSAGE_BYTES,
     Cancel,
     Error,
     Final,
@@ -53,10 +48,7 @@ from ovpool.protocol import (
     StatusReply,
     Submit,
     delta_of,
-    encode,
-    sampling_to_wire,
 )
-from ovpool.sampling_params import SamplingParams
 
 
 class Sink(Protocol):
@@ -72,7 +64,6 @@ class Sink(Protocol):
 
 
 _log = logging.getLogger("ovpool.client")
-_seeds = random.Random()  # sampling seeds need no cryptographic strength
 # A future its caller cancelled (from another thread, for concurrent.futures) takes no result.
 _SETTLED = (concurrent.futures.InvalidStateError, asyncio.InvalidStateError)
 # Tokens of credit a stream starts with; its reader returns half of it at a time. 256 tokens are
@@ -100,67 +91,6 @@ class FutureSink:
                 self.future.set_exception(exc)
 
 
-def make_submit(prompt_or_messages: str | list, model: str, timeout: float | None,
-                sampling: dict[str, Any], window: int = 0) -> Submit:
-    """A validated SUBMIT (``window`` > 0: a stream with that much credit). Bad sampling parameters,
-    a prompt over ovpool.bounds, anything msgpack cannot encode, or a message over the broker's
-    limit raise InvalidRequestError naming the field here, before it is tracked or sent.
-    ``sampling`` may hold ``keep_alive`` (ovpool.keep_alive), which is the SUBMIT's, not sampling."""
-    sampling = dict(sampling)
-    keep_alive_s = keep_alive.parse(sampling.pop("keep_alive", None))
-    checked = SamplingParams(**sampling)
-    tools.check_chat(checked.calls_tools, not isinstance(prompt_or_messages, str))
-    params = sampling_to_wire(checked)
-    if params["seed"] is None:  # fixed here so that a resend replays the same tokens
-        params["seed"] = _seeds.getrandbits(63)
-    if isinstance(prompt_or_messages, str):
-        prompt, messages = bounds.prompt(prompt_or_messages), None
-    elif isinstance(prompt_or_messages, list):
-        prompt, messages = None, bounds.messages(prompt_or_messages)
-    else:
-        raise errors.InvalidRequestError(
-            f"prompt must be a str or a list of chat messages, not {type(prompt_or_messages).__name__}",
-            param="prompt")
-    if timeout is not None and not 0 < timeout:  # NaN too
-        raise errors.InvalidRequestError("timeout must be > 0 seconds (or None for no timeout)",
-                                         param="timeout")
-    model = bounds.text(model or "", "model", bounds.MAX_NAME_CHARS)
-    submit = Submit(_next_id(), model, params, prompt, messages, float(timeout or 0.0), window, keep_alive_s)
-    _check_size(submit)
-    return submit
-
-
-def _check_size(submit: Submit) -> None:
-    """InvalidRequestError if ``submit`` cannot be encoded, naming the field, or if it is over
-    protocol.MAX_MESSAGE_BYTES (the broker would refuse it)."""
-    try:
-        size = len(encode(submit)[2])
-    except (ValueError, TypeError, OverflowError) as exc:  # msgpack: surrogates, ints past 64 bits...
-        field = next((name for name, value in submit.__dict__.items() if not _encodes(value)), None)
-        raise errors.InvalidRequestError(f"{field}: cannot be sent ({exc})", param=field) from None
-    if size > MAX_MESSAGE_BYTES:
-        raise errors.InvalidRequestError(
-            f"the request is {size:,} bytes encoded, over the broker's limit of {MAX_MESSAGE_BYTES:,}"
-            f" bytes ({MAX_MESSAGE_BYTES >> 20} MiB) per message; send a shorter prompt")
-
-
-def _encodes(value: Any) -> bool:
-    try:
-        msgpack.packb(value, use_bin_type=True)
-    except (ValueError, TypeError, OverflowError):
-        return False
-    return True
-
-
-# A random per-process prefix and a counter: unique ids without os.urandom per request.
-_ID_PREFIX = uuid.uuid4().hex[:16]
-_ID_COUNTER = itertools.count()
-
-
-def _next_id() -> str:
-    return f"{_ID_PREFIX}-{next(_ID_COUNTER)}"
-
-
 @dataclass
 class _Pending:
     submit: Submit
@@ -177,10 +107,7 @@ class PendingRequests:
     def __init__(self, now: float, unavailable_s: float | None = None, *, broker: str = "",
                  connect_timeout_s: float = 2.0, curve: bool = False, endpoints: int = 1):
         self._unavailable_s = unavailable_s
-        self._endpoints = endpoints
-        self._failover_due = False
-        self._failing_since: float | None = None  # since when no endpoint of the pair served
-        self._switched_at = now
+        self._failover = Failover(endpoints, connect_timeout_s, now)
         self._broker = broker or "the configured endpoint"
         self._connect_timeout_s = connect_timeout_s
         self._curve = curve
@@ -251,10 +178,10 @@ class PendingRequests:
     def on_message(self, msg: Message, now: float) -> list[Message]:
         """Deliver ``msg`` to its sink; returns messages to send back to the broker."""
         self._last_heard = self.heard_at = now
-        if self._endpoints > 1:
-            if _refused(msg):  # its peer serves: what it refused goes there
+        if self._failover.pair:
+            if is_refusal(msg):  # its peer serves: what it refused goes there
                 return self._refusal(now)
-            self._failing_since = None
+            self._failover.served()
         handle = _HANDLERS.get(type(msg))
         try:
             return handle(self, msg) if handle is not None else []
@@ -354,20 +281,18 @@ class PendingRequests:
         """Local deadlines, the connection, broker silence, and the periodic PING while anything is
         outstanding."""
         if not self._pending and not self._status_waiters:
-            if self._endpoints > 1 and not self._up and now - self._down_since >= self._connect_timeout_s:
-                self._failover_due = True  # idle (serve's reports), but what it sends next needs a broker
+            if not self._up and now - self._down_since >= self._connect_timeout_s:
+                self._failover.idle_lost()  # idle (serve's reports), but what it sends next needs a broker
             return []
-        unavailable_s = self._unavailable_s or timing.CLIENT_UNAVAILABLE_S
-        if self._endpoints > 1:  # a stopped broker of a pair: its peer takes over within expiries
-            unavailable_s = min(unavailable_s, timing.HEARTBEAT_EXPIRY_S * 3)
+        unavailable_s = self._failover.silence_s(self._unavailable_s or timing.CLIENT_UNAVAILABLE_S)
         if not self._up and now - max(self._down_since, self._waiting_since) >= self._connect_timeout_s:
-            if not self._fail_over(now):
+            if not self._failover.lost(now):
                 self.fail_all(self._unreachable())
             return []
         # Silence counts once a handshake completed: before that, connect_timeout_s decides (a CURVE
         # broker's refusal can take seconds beside busy processes, and is not silence).
         if self._up and now - self._last_heard >= unavailable_s:
-            if not self._fail_over(now):
+            if not self._failover.lost(now):
                 self.fail_all(errors.BrokerUnavailableError(
                     f"the broker at {self._broker} is connected but has not answered for"
                     f" {unavailable_s:.1f} s: it is stopped or far behind"))
@@ -384,42 +309,24 @@ class PendingRequests:
 
     @property
     def failover_budget_s(self) -> float:
-        """How long a pair may go without serving before requests fail: each endpoint's connect
-        timeout, and the expiry a passive broker waits out before a client's vote counts."""
-        return (self._connect_timeout_s + timing.HEARTBEAT_EXPIRY_S) * (self._endpoints + 1)
-
-    def _fail_over(self, now: float) -> bool:
-        """Ask for the next endpoint, unless there is none or the pair is out of time."""
-        if self._endpoints < 2:
-            return False
-        if self._failing_since is None:
-            self._failing_since = now
-        self._failover_due = now - self._failing_since < self.failover_budget_s
-        return self._failover_due
+        return self._failover.budget_s
 
     def _refusal(self, now: float) -> list[Message]:
         """A passive broker refused: fail over, unless no endpoint has served for the budget."""
-        if self._failing_since is None:
-            self._failing_since = now
-        if now - self._failing_since < self.failover_budget_s:
-            self._failover_due = True
-        else:
+        if not self._failover.refused(now):
             self.fail_all(errors.NotActiveError(
                 f"no broker of the standby pair took the request in {self.failover_budget_s:.1f} s"
                 f" (the last, {self._broker}, is passive): is its peer running?"))
         return []
 
     def wants_failover(self, now: float) -> bool:
-        """Whether to move to the next endpoint now; refusals move at most twice an interval, so
-        two refusing brokers (a backup that never saw its primary) are not asked in a tight loop."""
-        return self._failover_due and now - self._switched_at >= timing.HEARTBEAT_INTERVAL_S / 2
+        return self._failover.wants(now)
 
     def switched(self, broker: str, now: float) -> list[Message]:
         """The client now talks to ``broker``: every unfinished request and status ask to send
         there (each is answered once: the one left behind is no longer read)."""
-        self._broker, self._failover_due, self._switched_at = broker, False, now
-        if self._failing_since is None:
-            self._failing_since = now
+        self._broker = broker
+        self._failover.switched(now)
         self._up = self._was_up = self._tcp = False
         self._down_since = self._last_heard = self._next_ping = now
         return [*(self._resend(p) for p in self._pending.values()), *(ask for _, ask in self._status_waiters)]
@@ -446,14 +353,6 @@ class PendingRequests:
             p.sink.fail(exc)
         while self._status_waiters:
             self._status_waiters.popleft()[0].fail(exc)
-
-
-def _refused(msg: Message) -> bool:
-    """A passive standby broker's answer: NotActiveError, or a STATUS that is not the active one's."""
-    if type(msg) is Error:
-        return msg.code == errors.NotActiveError.code
-    standby = msg.status.get("standby") if type(msg) is StatusReply and type(msg.status) is dict else None
-    return type(standby) is dict and standby.get("state") != "active"
 
 
 # What each reply does; anything else a broker sends (a client's own commands) is ignored.

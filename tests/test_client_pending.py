@@ -6,7 +6,7 @@ import pytest
 
 from ovpool import errors, timing
 from ovpool.completion import Completion, Usage
-from ovpool.pending import PendingRequests, make_submit
+from ovpool.pending import PendingRequests
 from ovpool.protocol import (
     Cancel,
     Error,
@@ -18,6 +18,7 @@ from ovpool.protocol import (
     StatusReply,
     Submit,
 )
+from ovpool.submit import make_submit
 
 
 class Recorder:

@@ -23,8 +23,8 @@ from ovpool.broker.residency import NEVER, ModelPolicy, ModelState, Unload
 from ovpool.broker.router import Router
 from ovpool.client import Client
 from ovpool.keep_alive import MAX_KEEP_ALIVE_S, parse
-from ovpool.pending import make_submit
 from ovpool.protocol import Error, Submit, decode, encode
+from ovpool.submit import make_submit
 
 
 @pytest.mark.parametrize(("value", "seconds"), [

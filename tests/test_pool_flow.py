@@ -24,7 +24,6 @@ from ovpool import errors
 from ovpool.async_client import AsyncClient
 from ovpool.cache.store import PAUSE_ENV
 from ovpool.client import Client, dealer
-from ovpool.pending import make_submit
 from ovpool.protocol import (
     Error,
     Final,
@@ -40,6 +39,7 @@ from ovpool.protocol import (
 )
 from ovpool.sampling_params import SamplingParams
 from ovpool.settings import Settings
+from ovpool.submit import make_submit
 from ovpool.testing.pool import broker, fast_heartbeats, free_endpoint, null_worker, wait_for_workers
 from ovpool.worker.backend import Token
 from ovpool.worker.null_backend import NullBackend

@@ -7,7 +7,6 @@ import pytest
 
 from ovpool import errors
 from ovpool.broker.router import Router
-from ovpool.pending import make_submit
 from ovpool.protocol import (
     Error,
     Ready,
@@ -19,6 +18,7 @@ from ovpool.protocol import (
     sampling_to_wire,
 )
 from ovpool.sampling_params import SamplingParams
+from ovpool.submit import make_submit
 
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
 UNSATISFIABLE = {"type": "object", "required": ["a"],

@@ -5,8 +5,9 @@ from __future__ import annotations
 from test_client_pending import Recorder
 
 from ovpool import errors, timing
-from ovpool.pending import PendingRequests, make_submit
+from ovpool.pending import PendingRequests
 from ovpool.protocol import Error, Partial, Status, StatusReply
+from ovpool.submit import make_submit
 
 NOT_ACTIVE = errors.NotActiveError.code
 LATER = timing.HEARTBEAT_INTERVAL_S  # past the least time between two failovers

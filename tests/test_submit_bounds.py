@@ -8,8 +8,8 @@ import pytest
 
 from ovpool import errors
 from ovpool.bounds import MAX_PROMPT_CHARS
-from ovpool.pending import make_submit
 from ovpool.protocol import MAX_MESSAGE_BYTES, decode, encode
+from ovpool.submit import make_submit
 
 LONE = "\ud800"  # what json.loads makes of "\\ud800": UTF-8 (so msgpack) cannot encode it
 
