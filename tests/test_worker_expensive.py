@@ -1,8 +1,9 @@
-"""Expensive work does not take a worker out, with a real broker process: a step longer than the
-heartbeat expiry (the link thread heartbeats meanwhile), and on SmolLM2 a pathological regex and a
-grammar with no base case (issue 24: 90 s and 48.6 s of a worker's loop), each answered alone with
-an error naming response_format while other streams on the worker run to their end. Asserted on
-the broker's counters and worker list, never on wall-clock gaps."""
+"""Expensive work does not take a worker out, with a real broker process: a step or a request
+start longer than the heartbeat expiry (the link thread heartbeats meanwhile), and on SmolLM2 a
+pathological regex and a grammar with no base case (issue 24: 90 s and 48.6 s of a worker's
+loop), each answered alone with an error naming response_format while other streams on the
+worker run to their end. Asserted on the broker's counters and worker list, never on wall-clock
+gaps."""
 
 from __future__ import annotations
 
@@ -24,17 +25,26 @@ from ovpool.worker.process import Worker
 
 
 class BlockingBackend(NullBackend):
-    """The first step with a session in it holds the loop for twice the heartbeat expiry (a forward
-    pass or a llguidance call on a loaded host: one C call the loop cannot answer from)."""
+    """Its first request holds the loop for twice the heartbeat expiry, in the step (a forward pass
+    or a llguidance call on a loaded host: one C call the loop cannot answer from) or in its start
+    (between the loop's read of the broker's messages and its silence check)."""
 
-    def __init__(self, **kwargs):
+    def __init__(self, where: str, **kwargs):
         super().__init__(**kwargs)
-        self.blocked = 0
+        self.where, self.blocked = where, 0
 
-    def step(self):
-        if self.active and not self.blocked:
+    def _block(self, where: str) -> None:
+        if where == self.where and not self.blocked:
             self.blocked += 1
             time.sleep(2 * timing.HEARTBEAT_EXPIRY_S)
+
+    def add(self, *args, **kwargs):
+        self._block("add")
+        return super().add(*args, **kwargs)
+
+    def step(self):
+        if self.active:
+            self._block("step")
         return super().step()
 
 
@@ -55,9 +65,12 @@ def worker_thread(endpoint: str, backend: Backend) -> Iterator[None]:
         thread.join()
 
 
-def test_a_step_longer_than_the_heartbeat_expiry_does_not_get_the_worker_declared_dead():
+@pytest.mark.parametrize("where", ["step", "add"])
+def test_a_loop_held_longer_than_the_heartbeat_expiry_keeps_worker_and_broker_linked(where):
+    # Neither side may take the other for gone: the broker would requeue the request, the worker
+    # (reconnecting) drop it.
     endpoint = free_endpoint()
-    backend = BlockingBackend(models=["m"], slots=2)
+    backend = BlockingBackend(where, models=["m"], slots=2)
     with fast_heartbeats(0.2), broker(endpoint), worker_thread(endpoint, backend), Client(endpoint) as client:
         before = wait_for_workers(client, 1)["workers"]
         done = client.complete("hello there", model="m", max_tokens=3, seed=1)

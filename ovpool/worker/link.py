@@ -12,7 +12,10 @@ the memory barriers of a lock is (libzmq's rule for migrating a socket): every u
 message, which halved streamed tokens/s through the broker: docs/performance.md, link.py.)
 
 The broker is presumed gone after HEARTBEAT_EXPIRY_S without a message; the loop asks
-``broker_silent`` only after reading what waited, so a long step is not taken for silence. A loop
+``broker_silent`` only after reading what waited, so a long step is not taken for silence, and a
+message that waits unread is never silence (the loop may have been held after its read: a slow
+request start, or a thread holding the GIL; a new worker at load 12 reconnected ~4 s after READY
+for it, dropping its first request). A loop
 that made no heartbeat for ``STALL_EXPIRIES`` expiries (60 s; no legitimate step is that long) is
 presumed hung: the keeper stops for it, so the broker re-dispatches its requests as for a dead one.
 
@@ -99,7 +102,7 @@ class BrokerLink:
         self._send_heartbeat()
 
     def broker_silent(self, now: float) -> bool:
-        return now >= self._broker_expires
+        return now >= self._broker_expires and not self.poll(0)
 
     def refused(self) -> None:
         """The broker is the passive one of a pair: reconnect (to the next) soon, not at expiry."""
