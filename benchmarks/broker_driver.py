@@ -13,7 +13,6 @@ import zmq
 
 from ovpool.client import dealer
 from ovpool.errors import BrokerUnavailableError
-from ovpool.pending import STREAM_WINDOW
 from ovpool.protocol import (
     Credit,
     Final,
@@ -26,6 +25,7 @@ from ovpool.protocol import (
     send_frames,
 )
 from ovpool.settings import Settings
+from ovpool.stream_reader import STREAM_WINDOW
 from ovpool.submit import make_submit
 
 _STALL_S = 10.0  # no reply for this long means the pool is stuck: fail instead of hanging

@@ -23,10 +23,10 @@ from zmq.utils.monitor import recv_monitor_message
 from ovpool import errors, timing
 from ovpool.client_base import ClientBase
 from ovpool.completion import Completion, Delta
-from ovpool.pending import STREAM_WINDOW, FutureSink
 from ovpool.protocol import Cancel, Drain, Message, ModelOrder, Status, Submit, recv_frames, send_frames
 from ovpool.settings import Settings
-from ovpool.stream_reader import StreamBase, StreamReader, StreamSink, unwrap
+from ovpool.sinks import FutureSink
+from ovpool.stream_reader import STREAM_WINDOW, StreamBase, StreamReader, StreamSink, unwrap
 
 # Plain ints: pyzmq's flags and options are IntFlags, whose arithmetic costs more than the call.
 _NOBLOCK, _EVENTS, _POLLIN = int(zmq.NOBLOCK), int(zmq.EVENTS), int(zmq.POLLIN)

@@ -33,10 +33,10 @@ from zmq.utils.monitor import recv_monitor_message
 from ovpool import errors, timing
 from ovpool.client_base import ClientBase, LinkState, dealer
 from ovpool.completion import Completion, Delta
-from ovpool.pending import STREAM_WINDOW, FutureSink
 from ovpool.protocol import Cancel, Drain, Message, Status, Submit, Supervised, recv_frames, send_frames
 from ovpool.settings import Settings
-from ovpool.stream_reader import StreamBase, StreamReader, StreamSink, unwrap
+from ovpool.sinks import FutureSink
+from ovpool.stream_reader import STREAM_WINDOW, StreamBase, StreamReader, StreamSink, unwrap
 
 __all__ = ["Client", "LinkState", "Stream", "dealer"]  # dealer and LinkState: from client_base
 

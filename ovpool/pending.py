@@ -1,14 +1,14 @@
 """The client side's bookkeeping, shared by Client and AsyncClient: no sockets, no threads.
 
 It tracks SUBMITs (ovpool.submit builds them, with a seed fixed so that a resend after a broker
-restart replays the same tokens), routes each reply to its request's sink, forwards every PARTIAL
-once (by ``seq``) and treats a jump in ``seq``, or a FINAL that counts more PARTIALs than arrived,
-as StreamGapError (never as text: every stream ends with all its tokens and FINAL, or with an
-error), resends what a restarted broker has forgotten (PING lists outstanding ids, PONG names the
-unknown ones) and fails requests on their local deadline, when no connection to the broker comes
-within connect_timeout_s (none at all, or a dropped one that does not come back: a broker
-restarted within it gets them resent), when the broker says it shut down (SHUTDOWN), or when a
-connected broker stays silent.
+restart replays the same tokens), routes each reply to its request's sink (ovpool.sinks),
+forwards every PARTIAL once (by ``seq``) and treats a jump in ``seq``, or a FINAL that counts
+more PARTIALs than arrived, as StreamGapError (never as text: every stream ends with all its
+tokens and FINAL, or with an error), resends what a restarted broker has forgotten (PING lists
+outstanding ids, PONG names the unknown ones) and fails requests on their local deadline, when no
+connection to the broker comes within connect_timeout_s (none at all, or a dropped one that does
+not come back: a broker restarted within it gets them resent), when the broker says it shut down
+(SHUTDOWN), or when a connected broker stays silent.
 
 With the endpoints of a standby pair (``endpoints`` > 1) the last two cases, and a passive
 broker's NotActiveError, are a failover instead (ovpool.failover): ``wants_failover`` says when,
@@ -23,17 +23,14 @@ in ``malformed``; a SUBMIT that cannot be encoded fails alone and is forgotten, 
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
-import contextlib
 import dataclasses
 import logging
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from ovpool import errors, timing
-from ovpool.completion import Completion, Delta
+from ovpool.completion import Completion
 from ovpool.failover import Failover, is_refusal
 from ovpool.protocol import (
     Cancel,
@@ -49,46 +46,9 @@ from ovpool.protocol import (
     Submit,
     delta_of,
 )
-
-
-class Sink(Protocol):
-    """Where one request's results go (a future, a stream queue); ``delta`` only if ``streams``."""
-
-    streams: bool
-
-    def delta(self, delta: Delta) -> None: ...
-
-    def done(self, completion: Completion) -> None: ...
-
-    def fail(self, exc: errors.OvpoolError) -> None: ...
-
+from ovpool.sinks import Sink
 
 _log = logging.getLogger("ovpool.client")
-# A future its caller cancelled (from another thread, for concurrent.futures) takes no result.
-_SETTLED = (concurrent.futures.InvalidStateError, asyncio.InvalidStateError)
-# Tokens of credit a stream starts with; its reader returns half of it at a time. 256 tokens are
-# seconds of a real model's output and ~10 ms of a null worker's, so a reader that keeps up never
-# waits for credit, and one that stops holds at most this much in the sockets.
-STREAM_WINDOW = 256
-
-
-class FutureSink:
-    """Completes a concurrent.futures.Future or an asyncio.Future (called on its owner's thread)."""
-
-    streams = False  # deltas are not wanted: only the Completion
-
-    def __init__(self, future: Any):
-        self.future = future
-
-    def done(self, result: Any) -> None:
-        if not self.future.done():
-            with contextlib.suppress(*_SETTLED):
-                self.future.set_result(result)
-
-    def fail(self, exc: errors.OvpoolError) -> None:
-        if not self.future.done():
-            with contextlib.suppress(*_SETTLED):
-                self.future.set_exception(exc)
 
 
 @dataclass

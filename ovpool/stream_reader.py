@@ -13,6 +13,10 @@ from ovpool.completion import Completion, Delta
 from ovpool.protocol import Credit, Message
 
 END = object()  # a stream's end marker
+# Tokens of credit a stream starts with; its reader returns half of it at a time. 256 tokens are
+# seconds of a real model's output and ~10 ms of a null worker's, so a reader that keeps up never
+# waits for credit, and one that stops holds at most this much in the sockets.
+STREAM_WINDOW = 256
 
 
 class StreamSink:
