@@ -4,7 +4,8 @@ checks what must always hold (never unload a busy or pinned model, never over ma
 
 from __future__ import annotations
 
-from ovpool.broker.residency import RESIDENT, ModelPolicy, ModelState, Notice, Residency, Unload
+from ovpool.broker.residency import Residency
+from ovpool.broker.residents import RESIDENT, ModelPolicy, ModelState, Notice, Unload
 
 NAMES = ("a", "b", "c")
 

@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 from residency_world import NAMES, World
 
 from ovpool import errors, timing
-from ovpool.broker.residency import NEVER, Load, ModelPolicy, ModelState, Residency, Unload
+from ovpool.broker.residency import Residency
+from ovpool.broker.residents import NEVER, Load, ModelPolicy, ModelState, Unload
 from ovpool.broker.router import Router
 from ovpool.errors import ConfigError
 from ovpool.protocol import Error, Ping, Request, Supervised

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from residency_world import NAMES, World
 
-from ovpool.broker.residency import MIB, NEVER, Load, ModelPolicy, ModelState, Unload
+from ovpool.broker.residents import MIB, NEVER, Load, ModelPolicy, ModelState, Unload
 from ovpool.serve.memory import MemoryReader, pss_bytes
 
 events = st.lists(st.tuples(st.sampled_from(("submit", "ready", "stopping", "gone", "dispatch", "finish",

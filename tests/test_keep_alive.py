@@ -19,7 +19,7 @@ from serve_helpers import alive, serve, wait_for
 from ovpool import errors
 from ovpool.api import anthropic, openai_responses
 from ovpool.api.schema import parse_chat, parse_completion
-from ovpool.broker.residency import NEVER, ModelPolicy, ModelState, Unload
+from ovpool.broker.residents import NEVER, ModelPolicy, ModelState, Unload
 from ovpool.broker.router import Router
 from ovpool.client import Client
 from ovpool.keep_alive import MAX_KEEP_ALIVE_S, parse

@@ -117,7 +117,7 @@ def test_status_lists_each_on_demand_model_with_its_state_and_loads(capsys):
 
 
 def test_a_model_whose_worker_was_drained_by_hand_loads_again_on_demand():
-    from ovpool.broker.residency import ModelState
+    from ovpool.broker.residents import ModelState
     from ovpool.serve.loads import ModelLoads
 
     spec = PoolSpec(models=catalog(("a", "b"), None, None), backend="null")
@@ -138,7 +138,7 @@ def test_a_model_whose_worker_was_drained_by_hand_loads_again_on_demand():
 
 
 def test_unloading_a_model_drains_its_worker_by_its_exact_id_not_its_bare_name():
-    from ovpool.broker.residency import ModelState
+    from ovpool.broker.residents import ModelState
     from ovpool.serve.loads import ModelLoads
 
     spec = PoolSpec(models=catalog(("a", "b"), None, None), backend="null")
@@ -171,7 +171,7 @@ def test_a_pool_whose_every_model_is_bad_is_refused_before_it_starts(tmp_path):
 
 
 def test_serve_follows_a_served_names_keep_alive_and_sums_its_workers_memory():
-    from ovpool.broker.residency import ModelState
+    from ovpool.broker.residents import ModelState
     from ovpool.serve.loads import ModelLoads
 
     spec = PoolSpec(models=(ModelEntry("a", "a", served_names=("gpt",)), ModelEntry("b", "b")),

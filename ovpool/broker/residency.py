@@ -30,85 +30,20 @@ Why a process per model rather than a worker swapping its model: docs/operations
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from enum import Enum
 
+from ovpool.broker.residents import (
+    MIB,
+    RESIDENT,
+    Action,
+    Load,
+    ModelPolicy,
+    ModelState,
+    Notice,
+    Resident,
+    Unload,
+    Usage,
+)
 from ovpool.errors import ConfigError
-
-NEVER = -1.0  # a keep-alive that never expires
-MIB = 1 << 20
-
-Usage = Mapping[str, int]  # requests queued (or in flight) per model
-
-
-class ModelState(str, Enum):
-    UNLOADED = "unloaded"
-    LOADING = "loading"
-    LOADED = "loaded"
-    UNLOADING = "unloading"
-    FAILED = "failed"
-
-
-RESIDENT = (ModelState.LOADING, ModelState.LOADED, ModelState.UNLOADING)
-
-
-@dataclass(frozen=True)
-class ModelPolicy:
-    """One model of the catalog: ``keep_alive_s`` idle seconds before it unloads (NEVER: -1),
-    ``devices`` its workers run on (each device has its own byte budget)."""
-
-    name: str
-    keep_alive_s: float = 300.0
-    pinned: bool = False
-    devices: tuple[str, ...] = ("CPU",)
-
-
-@dataclass(frozen=True)
-class Load:
-    model: str
-
-
-@dataclass(frozen=True)
-class Unload:
-    model: str
-    reason: str
-
-
-@dataclass(frozen=True)
-class Notice:
-    """Once per load: ``model`` is over the byte budget on its own, which no unload can fix."""
-
-    model: str
-    text: str
-
-
-Action = Load | Unload | Notice
-
-
-@dataclass
-class _Model:
-    policy: ModelPolicy
-    state: ModelState = ModelState.UNLOADED
-    last_used: float = 0.0
-    wanted_since: float | None = None  # requests wait for it while it is not loaded
-    ordered: str = ""  # "load" or "unload", asked for (POST /v1/models/{id}/load|unload)
-    loads: int = 0
-    unloads: int = 0
-    reason: str = ""
-    keep_alive_s: float | None = None  # its latest request's keep-alive; None: the policy's
-    memory: dict[str, int] = field(default_factory=dict)  # device -> bytes its workers hold now
-    known: dict[str, int] = field(default_factory=dict)  # device -> bytes it held when last loaded
-    noticed: bool = False  # its Notice went out for this load
-    leaving: bool = False  # unloading, its workers told to exit: out of the count budget (on CPU)
-
-    @property
-    def keep(self) -> float:
-        return self.policy.keep_alive_s if self.keep_alive_s is None else self.keep_alive_s
-
-    def size(self, device: str) -> int:
-        """Its bytes on ``device``: measured, or for a load under way what it took last time."""
-        now = self.memory.get(device, 0)
-        return max(now, self.known.get(device, 0)) if self.state is ModelState.LOADING else now
 
 
 class Residency:
@@ -123,7 +58,7 @@ class Residency:
                               f"max_loaded={max_loaded}, so the others could never load; pin fewer "
                               "or raise --max-loaded")
         self.max_loaded, self.max_bytes = max_loaded, max_bytes
-        self._models = {m.name: _Model(m) for m in models}
+        self._models = {m.name: Resident(m) for m in models}
         self._devices = sorted({d for m in models for d in m.devices})
 
     # -- events ---------------------------------------------------------------------------------
@@ -222,7 +157,7 @@ class Residency:
         return (m.state is ModelState.LOADED and not m.policy.pinned
                 and not queued.get(name, 0) and not active.get(name, 0))
 
-    def _measured(self, m: _Model, memory: Mapping[str, int]) -> None:
+    def _measured(self, m: Resident, memory: Mapping[str, int]) -> None:
         """Its workers' bytes per device now; what a loaded model holds is its size next time."""
         m.memory = dict(memory) if m.state in RESIDENT else {}
         if m.state is ModelState.LOADED:
@@ -243,7 +178,7 @@ class Residency:
 
     # -- the byte budget ------------------------------------------------------------------------
 
-    def _on(self, device: str, *states: ModelState) -> list[_Model]:
+    def _on(self, device: str, *states: ModelState) -> list[Resident]:
         return [m for m in self._models.values() if m.state in states and device in m.policy.devices]
 
     def _used(self, device: str, *states: ModelState) -> int:
@@ -265,7 +200,7 @@ class Residency:
                 if not self._make_room(None, device, queued, active, out):
                     break  # the busy ones unload as they go idle
 
-    def _alone(self, staying: list[_Model], device: str, used: int, out: list[Action]) -> None:
+    def _alone(self, staying: list[Resident], device: str, used: int, out: list[Action]) -> None:
         if not staying or staying[0].noticed or staying[0].state is ModelState.LOADING:
             return
         m = staying[0]
@@ -275,7 +210,7 @@ class Residency:
                     "it stays loaded and serves; raise max_loaded_mb to load another model beside it")
         out.append(Notice(m.policy.name, m.reason))
 
-    def _no_room(self, m: _Model) -> str | None:
+    def _no_room(self, m: Resident) -> str | None:
         """A device of ``m`` where its size from its last load does not fit beside what is there
         (unloading models included: their memory is not back yet); None: it fits."""
         if self.max_bytes is None:
@@ -286,7 +221,7 @@ class Residency:
                 return device
         return None
 
-    def _make_room(self, m: _Model | None, device: str | None, queued: Usage, active: Usage,
+    def _make_room(self, m: Resident | None, device: str | None, queued: Usage, active: Usage,
                    out: list[Action]) -> bool:
         """Unload the least recently used idle model (on ``device`` if given) to make room for
         ``m`` (None: the budget alone); False if none is idle."""
@@ -317,19 +252,19 @@ class Residency:
             elif (device := self._no_room(m)) is None or not self._waits(m, device, queued, active, out):
                 self._load(m, out)
 
-    def _waits(self, m: _Model, device: str, queued: Usage, active: Usage, out: list[Action]) -> bool:
+    def _waits(self, m: Resident, device: str, queued: Usage, active: Usage, out: list[Action]) -> bool:
         """Whether ``m`` waits for bytes on ``device``: an unload under way there, one started now,
         or busy models there that will go idle; with only pins there it loads beside them."""
         if self._on(device, ModelState.UNLOADING) or self._make_room(m, device, queued, active, out):
             return True
         return any(not v.policy.pinned for v in self._on(device, *RESIDENT))
 
-    def _load(self, m: _Model, out: list[Action]) -> None:
+    def _load(self, m: Resident, out: list[Action]) -> None:
         m.state, m.reason, m.noticed = ModelState.LOADING, "", False
         m.loads += 1
         out.append(Load(m.policy.name))
 
-    def _unload(self, m: _Model, reason: str, out: list[Action]) -> None:
+    def _unload(self, m: Resident, reason: str, out: list[Action]) -> None:
         m.state, m.reason = ModelState.UNLOADING, reason
         m.unloads += 1
         out.append(Unload(m.policy.name, reason))

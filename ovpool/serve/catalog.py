@@ -22,7 +22,7 @@ from pathlib import Path
 
 from ovpool import bounds
 from ovpool.broker.bounds import MAX_SLOTS, is_name
-from ovpool.broker.residency import ModelPolicy
+from ovpool.broker.residents import ModelPolicy
 from ovpool.errors import ConfigError
 from ovpool.models import model_name, models_in
 

@@ -14,7 +14,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from ovpool.broker.residency import MIB, RESIDENT, Load, ModelState, Notice, Residency
+from ovpool.broker.residency import Residency
+from ovpool.broker.residents import MIB, RESIDENT, Load, ModelState, Notice
 from ovpool.serve.spec import PoolSpec
 from ovpool.serve.supervisor import Supervisor, WorkerPhase
 

@@ -9,7 +9,7 @@ import sys
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from ovpool.broker.residency import NEVER, ModelPolicy
+from ovpool.broker.residents import NEVER, ModelPolicy
 from ovpool.errors import ConfigError
 from ovpool.serve.catalog import ModelEntry
 from ovpool.settings import API, BROKER, CLIENT, GRAPH, WORKER, lookup
