@@ -30,8 +30,8 @@ from ovpool.protocol import PeerState, decode, encode, recv_frames, send_frames
 log = logging.getLogger(__name__)
 
 ROLES = ("primary", "backup")
-# Whoever holds the peer's state endpoint can send anything: one turn reads a bounded number of
-# messages, so a flood delays the peer's state a few turns but never holds the broker loop.
+# Without CURVE whoever holds the peer's state endpoint can send anything: one turn reads a bounded
+# number of messages, so a flood delays the peer's state a few turns but never holds the loop.
 _STATES_PER_TURN = 64
 # A state is a few dozen bytes; a frame past this ends the connection (redialled on silence).
 _MAX_FRAME_BYTES = 64 * 1024
@@ -72,9 +72,9 @@ class StandbyLink:
         try:
             self._pub = self._context.socket(zmq.PUB)
             self._sub = self._context.socket(zmq.SUB)
-            for sock in (self._pub, self._sub):
+            for sock in (self._pub, self._sub):  # the PUB reads its subscribers' subscriptions
                 sock.linger = 0
-            self._sub.maxmsgsize = _MAX_FRAME_BYTES
+                sock.maxmsgsize = _MAX_FRAME_BYTES
             self._sub.setsockopt(zmq.SUBSCRIBE, b"")
             self._security.secure_pair(self._pub, self._sub)
             self._pub.bind(self.standby.bind)
