@@ -3,7 +3,8 @@
 
 Clients and the worker know both endpoints (``--broker A,B``). Every stream is compared, token by
 token, with the same request (same seed) completed before the fault: exactly once, nothing lost,
-nothing repeated. Deadlines are generous; nothing is timed.
+nothing repeated. Deadlines are generous; nothing is timed. The kill and pause tests run the pair
+under the pool's CURVE keys (closed, as ``ovpool serve`` runs), the AsyncClient and HTTP ones open.
 """
 
 from __future__ import annotations
