@@ -31,6 +31,7 @@ from typing import Any
 
 from ovpool import errors, timing
 from ovpool.completion import Completion
+from ovpool.connection import Connection
 from ovpool.failover import Failover, is_refusal
 from ovpool.protocol import (
     Cancel,
@@ -60,24 +61,19 @@ class _Pending:
 
 
 class PendingRequests:
-    """``broker`` names the endpoint in errors; ``connect_timeout_s`` is how long a request waits
-    for a connection to it (setting connect_timeout_s); ``curve``: CURVE keys are in use, so a
-    handshake that never completes may be a key mismatch (said only then)."""
+    """``broker``, ``connect_timeout_s``, ``curve``: the connection's (ovpool.connection);
+    ``endpoints``: how many the client knows (ovpool.failover)."""
 
     def __init__(self, now: float, unavailable_s: float | None = None, *, broker: str = "",
                  connect_timeout_s: float = 2.0, curve: bool = False, endpoints: int = 1):
         self._unavailable_s = unavailable_s
         self._failover = Failover(endpoints, connect_timeout_s, now)
-        self._broker = broker or "the configured endpoint"
-        self._connect_timeout_s = connect_timeout_s
-        self._curve = curve
+        self._conn = Connection(now, broker or "the configured endpoint", connect_timeout_s, curve)
         self._pending: dict[str, _Pending] = {}
         self._status_waiters: deque[tuple[Any, Message]] = deque()  # (waiter, what it asked)
         self._last_heard = now
         self._next_ping = now
         self._waiting_since = now  # since when something is outstanding
-        # The connection, from the socket monitor: up once a handshake succeeded, down since when.
-        self._up, self._was_up, self._tcp, self._down_since = False, False, False, now
         self.heard_at: float | None = None  # when the broker last sent anything
         self.malformed = 0  # messages from the broker this client could not read or use
 
@@ -87,17 +83,11 @@ class PendingRequests:
     @property
     def connected(self) -> bool:
         """A handshake with the broker completed and the connection has not dropped since."""
-        return self._up
+        return self._conn.up
 
     def link(self, up: bool, now: float, tcp: bool = False) -> None:
-        """The socket monitor's news: the handshake succeeded (``up``), the connection dropped, or
-        (``tcp``) a TCP connection opened whose handshake has not completed yet."""
-        if up:
-            self._up = self._was_up = True
-        elif tcp:
-            self._tcp = True
-        elif self._up:  # only a drop restarts the clock: a peer that keeps closing on us must not
-            self._up, self._down_since = False, now
+        """The socket monitor's news (ovpool.connection.Connection.link)."""
+        self._conn.link(up, now, tcp)
 
     def add(self, submit: Submit, sink: Sink, now: float) -> None:
         self._start_waiting(now)
@@ -155,12 +145,12 @@ class PendingRequests:
         why = str(exc) if isinstance(exc, errors.OvpoolError) else f"{type(exc).__name__}: {exc}"
         if self.malformed & (self.malformed - 1) == 0:  # the 1st, 2nd, 4th, ...: a flood logs little
             _log.warning("dropped a malformed %s from the broker at %s (%s); %d so far",
-                         what, self._broker, why, self.malformed)
+                         what, self._conn.broker, why, self.malformed)
         p = self._pending.pop(request_id, None) if type(request_id) is str else None
         if p is None:
             return []
         p.sink.fail(errors.MalformedMessageError(
-            f"request {request_id} got a malformed {what} from the broker at {self._broker} ({why});"
+            f"request {request_id} got a malformed {what} from the broker at {self._conn.broker} ({why});"
             " is a worker of another ovpool version in the pool?"))
         return [Cancel(request_id)]
 
@@ -209,7 +199,7 @@ class PendingRequests:
 
     def _on_shutdown(self, msg: Shutdown) -> list[Message]:
         self.fail_all(errors.BrokerUnavailableError(
-            f"the broker at {self._broker} shut down before answering"
+            f"the broker at {self._conn.broker} shut down before answering"
             f"{f' ({msg.reason})' if msg.reason else ''}; start it again and resend"))
         return []
 
@@ -241,20 +231,20 @@ class PendingRequests:
         """Local deadlines, the connection, broker silence, and the periodic PING while anything is
         outstanding."""
         if not self._pending and not self._status_waiters:
-            if not self._up and now - self._down_since >= self._connect_timeout_s:
+            if self._conn.lost(now):
                 self._failover.idle_lost()  # idle (serve's reports), but what it sends next needs a broker
             return []
         unavailable_s = self._failover.silence_s(self._unavailable_s or timing.CLIENT_UNAVAILABLE_S)
-        if not self._up and now - max(self._down_since, self._waiting_since) >= self._connect_timeout_s:
+        if self._conn.lost(now, since=self._waiting_since):
             if not self._failover.lost(now):
-                self.fail_all(self._unreachable())
+                self.fail_all(self._conn.unreachable())
             return []
         # Silence counts once a handshake completed: before that, connect_timeout_s decides (a CURVE
         # broker's refusal can take seconds beside busy processes, and is not silence).
-        if self._up and now - self._last_heard >= unavailable_s:
+        if self._conn.up and now - self._last_heard >= unavailable_s:
             if not self._failover.lost(now):
                 self.fail_all(errors.BrokerUnavailableError(
-                    f"the broker at {self._broker} is connected but has not answered for"
+                    f"the broker at {self._conn.broker} is connected but has not answered for"
                     f" {unavailable_s:.1f} s: it is stopped or far behind"))
             return []
         out: list[Message] = []
@@ -276,7 +266,7 @@ class PendingRequests:
         if not self._failover.refused(now):
             self.fail_all(errors.NotActiveError(
                 f"no broker of the standby pair took the request in {self.failover_budget_s:.1f} s"
-                f" (the last, {self._broker}, is passive): is its peer running?"))
+                f" (the last, {self._conn.broker}, is passive): is its peer running?"))
         return []
 
     def wants_failover(self, now: float) -> bool:
@@ -285,26 +275,10 @@ class PendingRequests:
     def switched(self, broker: str, now: float) -> list[Message]:
         """The client now talks to ``broker``: every unfinished request and status ask to send
         there (each is answered once: the one left behind is no longer read)."""
-        self._broker = broker
+        self._conn.moved(broker, now)
         self._failover.switched(now)
-        self._up = self._was_up = self._tcp = False
-        self._down_since = self._last_heard = self._next_ping = now
+        self._last_heard = self._next_ping = now
         return [*(self._resend(p) for p in self._pending.values()), *(ask for _, ask in self._status_waiters)]
-
-    def _unreachable(self) -> errors.BrokerUnavailableError:
-        """Why no connection came within connect_timeout_s, as far as this side can tell."""
-        b, t = self._broker, self._connect_timeout_s
-        if self._was_up:
-            what = f"lost the connection to the broker at {b} and it did not come back in {t:g} s"
-        elif self._tcp:
-            what = f"{b} accepts connections but no ovpool handshake completed in {t:g} s"
-        else:
-            what = f"cannot reach the broker at {b}: no connection in {t:g} s"
-        hint = "; is `ovpool serve` (or `ovpool broker`) running there?"
-        if self._curve:
-            hint += (" With CURVE, curve_server_key must hold that broker's public key and its"
-                     " curve_allowed_keys this client's")
-        return errors.BrokerUnavailableError(f"{what}{hint} (setting connect_timeout_s)")
 
     def fail_all(self, exc: errors.OvpoolError) -> None:
         """Fail every pending request and status call with ``exc`` (the client is closing or refused)."""
