@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import openvino as ov
 import pytest
+from test_graph_cpu_class import AMX, AVX512_BF16
 
 from ovpool import Engine
 from ovpool.testing.tiny import ARCHITECTURES
@@ -13,6 +14,7 @@ from ovpool.worker.generate.batch import PagedRunner
 from ovpool.worker.generate.scheduler import Chunk
 from ovpool.worker.gguf.model import GGUFModel
 from ovpool.worker.graph import builder as graph
+from ovpool.worker.graph import cpu_class
 from ovpool.worker.graph import decode as decode_graph
 from ovpool.worker.graph.paged import PagedAttention
 
@@ -78,6 +80,29 @@ def test_auto_makes_a_decode_graph_on_the_cpu_for_small_models_only():
     assert not resolve("auto", "CPU", smollm2, gib)  # twice the weights past an eighth of memory
     assert not resolve("auto", "GPU.1", smollm2, 24 * gib)
     assert resolve("on", "GPU.1", llama_3b, gib) and not resolve("off", "CPU", smollm2, 24 * gib)
+
+
+def test_auto_makes_none_where_the_cpu_class_gains_too_little_for_it():
+    gib = 2**30
+    assert not decode_graph.resolve("auto", "CPU", 2**20, 24 * gib, paying=False)
+    assert decode_graph.resolve("on", "CPU", 2**20, 24 * gib, paying=False)  # asked for: kept
+    assert decode_graph.auto_text("CPU", paying=False).startswith("off on this CPU class")
+    assert decode_graph.auto_text("CPU").startswith("on for models of up to")
+
+
+@pytest.mark.parametrize(("precision", "made"), [("f32", False), ("bf16", True)])
+def test_an_amx_engine_at_f32_has_no_decode_graph_and_the_same_tokens(tiny_model, monkeypatch, precision,
+                                                                      made):
+    path, tokens = tiny_model("llama", "Q4_1"), {}
+    for cpu in (AMX, AVX512_BF16):
+        monkeypatch.setattr(cpu_class.CpuInfo, "read", classmethod(lambda cls, core=None, cpu=cpu: cpu))
+        with Engine(path, cache_dir="", settings={"inference_precision": precision}) as eng:
+            assert (eng.load_result.decode is not None) == (made or cpu is AVX512_BF16)
+            eng.warm_up()
+            done = eng.complete("the quick brown fox", max_tokens=16, ignore_eos=True)
+            tokens[cpu.class_name] = done.token_ids
+    if precision == "f32":  # exact: the same tokens with a decode graph and without
+        assert tokens["AMX"] == tokens["AVX-512 VNNI/BF16"]
 
 
 def test_auto_resolves_by_the_models_weight_bytes(tiny_model):

@@ -80,7 +80,7 @@ def test_a_cache_dir_keeps_the_paged_reimport_answer_per_openvino_version(tmp_pa
 def test_the_batcher_shares_the_engines_paged_graph(tiny_model):
     from ovpool.worker.backend import EngineBackend
 
-    with Engine(tiny_model("llama", "Q8_0")) as eng:
+    with Engine(tiny_model("llama", "Q8_0"), settings={"decode_graph": "on"}) as eng:  # auto: not on AMX
         backend = EngineBackend(eng, slots=2)
         assert backend.wait_batching()
         assert eng.load_report["paged"]["outcome"] == "shared"

@@ -27,6 +27,10 @@ ovpool asks for exactness, and only for integer zero points (``dnnl_fullyconnect
 * Every class: 4-bit codes stay 4-bit (``q4_storage=i4``): a byte per code reads twice the bytes
   per token for no faster decode.
 * AVX2 (and AVX-512 without VNNI) runs f32 with no int8 path, where the float zero point is exact.
+* AMX at f32: no decode graph (``decode_graph=auto``). Its static copy of the paged graph saved
+  ~8% of a decode step's CPU there, for a second layout of the weights (~+140 MiB for SmolLM2:
+  a peak RSS above GenAI's with it, below without); prompt lookup's passes of several tokens run
+  on the dynamic graph anyway. Not measured at f32 on the other classes, which keep it.
 
 The measurements behind each choice: docs/performance.md, "ovpool/worker/graph/cpu_class.py".
 """
@@ -97,6 +101,7 @@ class Defaults:
     int8_activations: bool  # the plugin's dynamic quantization stays on (off: exact f32)
     decode_snippets: bool   # the static decode graph may fuse element-wise chains
     kquant_requant: str = "none"  # "q6_k_q8_sym32": Q6_K as 8-bit codes in groups of 32
+    decode_graph: bool = True  # decode_graph=auto may make one (its faster step pays for its memory)
 
 
 def precision(plugin_default: str) -> str:
@@ -114,7 +119,8 @@ def choose(cpu: CpuInfo, precision: str) -> Defaults:
     # only at f32 do the decode graph and the dynamic graph compute the same numbers.
     return Defaults(zero_points="integer" if int8 else "float", q4_storage="i4",
                     int8_activations=not exact, decode_snippets=exact,
-                    kquant_requant="q6_k_q8_sym32" if int8 else "none")
+                    kquant_requant="q6_k_q8_sym32" if int8 else "none",
+                    decode_graph=not (exact and cpu.class_name == "AMX"))
 
 
 def activation_group(weight_groups: Iterable[int]) -> int:

@@ -17,8 +17,9 @@ worker's, once idle; ``Engine.warm_up``), which waits for it, or once an engine 
 generates a few tokens never compiles it (and never waits at exit for a compile it did not need).
 Until it is ready, one-token passes run on the dynamic graph. The ``decode_graph`` setting decides
 whether there is one; ``auto`` means on the CPU for models of up to ``MAX_WEIGHTS`` of weights, if
-twice those fit in ``MEMORY_SHARE`` of physical memory. It is compiled, never cached: like every
-paged graph on OpenVINO 2026.4's CPU plugin it could not be re-imported
+twice those fit in ``MEMORY_SHARE`` of physical memory, and where the CPU class's faster step pays
+for its memory (``pays``: not on AMX at f32, ovpool.worker.graph.cpu_class). It is compiled, never
+cached: like every paged graph on OpenVINO 2026.4's CPU plugin it could not be re-imported
 (ovpool.worker.graph.loading.reimport_problem).
 """
 
@@ -36,6 +37,7 @@ from ovpool.cache.loader import compile_model
 from ovpool.devices import device_type
 from ovpool.errors import OvpoolError
 from ovpool.worker.gguf.model import GGUFModel
+from ovpool.worker.graph import cpu_class
 
 log = logging.getLogger("ovpool.worker")
 
@@ -51,17 +53,27 @@ MAX_WEIGHTS = 512 << 20
 START_AFTER = 128
 
 
-def wanted(choice: str, device: str, model: GGUFModel) -> bool:
-    """Whether the ``decode_graph`` setting (auto, on, off) asks for a decode graph for ``model``."""
-    return resolve(choice, device, weight_bytes(model), physical_memory())
+def wanted(choice: str, device: str, model: GGUFModel, paying: bool = True) -> bool:
+    """Whether the ``decode_graph`` setting (auto, on, off) asks for a decode graph for ``model``
+    (``paying``: see ``pays``)."""
+    return resolve(choice, device, weight_bytes(model), physical_memory(), paying)
 
 
-def resolve(choice: str, device: str, weights: int, memory: int) -> bool:
+def resolve(choice: str, device: str, weights: int, memory: int, paying: bool = True) -> bool:
     """``decode_graph=choice`` for a model of ``weights`` bytes on ``device``, on a host of
-    ``memory`` bytes: auto is on on the CPU up to ``largest_weights(memory)``."""
+    ``memory`` bytes: auto is on on the CPU up to ``largest_weights(memory)``, where the CPU
+    class's faster step pays for it (``paying``, see ``pays``)."""
     if choice != "auto":
         return choice == "on"
-    return device_type(device) == "CPU" and weights <= largest_weights(memory)
+    return paying and device_type(device) == "CPU" and weights <= largest_weights(memory)
+
+
+def pays(device: str, precision: str, core: ov.Core) -> bool:
+    """Whether this host's CPU class gains enough from a decode graph at the resolved inference
+    ``precision`` to hold its memory (cpu_class.Defaults.decode_graph); True off the CPU."""
+    if device_type(device) != "CPU":
+        return True
+    return cpu_class.choose(cpu_class.CpuInfo.read(core), precision).decode_graph
 
 
 def largest_weights(memory: int) -> float:
@@ -79,10 +91,12 @@ def physical_memory() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
-def auto_text(device: str) -> str:
-    """What ``decode_graph=auto`` means on ``device``, for ``ovpool settings``."""
+def auto_text(device: str, paying: bool = True) -> str:
+    """What ``decode_graph=auto`` means on ``device`` (``paying``: see ``pays``), for ``ovpool settings``."""
     if device_type(device) != "CPU":
         return "off"
+    if not paying:
+        return "off on this CPU class at this precision (AMX at f32: its faster step is not worth its memory)"
     return f"on for models of up to {largest_weights(physical_memory()) / 2**20:,.0f} MiB of weights"
 
 

@@ -112,7 +112,8 @@ def load_paged(model: GGUFModel, config: WorkerConfig, device: str, core: ov.Cor
                                cache_dir=cache_dir, cache_only=cache_only, hint=hint, early=early,
                                lock_timeout_s=config.cache_lock_timeout_s)
     result = _with_arena(result, arena)
-    if not decode_graph.wanted(config.decode_graph, device, model):
+    paying = decode_graph.pays(device, values["inference_precision"], core)
+    if not decode_graph.wanted(config.decode_graph, device, model, paying):
         return result
 
     def source() -> ov.Model:  # later, on the decode graph's thread
