@@ -306,6 +306,8 @@ def test_a_primary_under_curve_never_hears_a_forger_and_serves(tmp_path):
         wait_for(lambda: "reconnecting" in log.read_text(), timeout=60, what="an expiry without a state")
         dialled = forger.dialled
         wait_for(lambda: forger.dialled > dialled, timeout=60, what="the primary to dial the forger again")
+        client.submit("a vote", max_tokens=1)  # the primary takes clients now; its worker registers
+        wait_for(lambda: len(client.status(timeout=30)["workers"]) == 1, timeout=60, what="the worker")
         assert client.complete("after the forgery", max_tokens=5, timeout=60).usage.completion_tokens == 5
         standby = _standby(client)
         assert (standby["state"], standby["peer_state"], standby["peer_endpoint"]) == ("active", None, "")
