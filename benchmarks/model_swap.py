@@ -11,8 +11,13 @@ ovpool.worker.engine"``), the part a worker swapping its model in place would sa
 seconds pass before each request, so the model being unloaded has finished setting up (a model
 unloaded within seconds of its load exits only once its kernel set-up and batching graph are done).
 
+``--llamacpp``: llama.cpp's swap in the same run, on the same GGUF files (benchmarks/llamacpp_server.py:
+llama-cpp-python's server holding one model, loading the one a request names). Its request follows
+each of ovpool's, after the same gap; from the second round on each is a swap, and each warm
+ovpool swap is paired with the llama.cpp swap of its round and model (median of the ratios).
+
     .venv/bin/python benchmarks/model_swap.py [--models smollm2,gemma3-270m] [--rounds 3] [--gap 12]
-        [--workdir DIR] [--set KEY=VALUE] [--json]
+        [--llamacpp] [--workdir DIR] [--set KEY=VALUE] [--json]
 
 The memory of pools with 1, 2 and 3 models loaded: benchmarks/pool_memory.py.
 """
@@ -20,6 +25,7 @@ The memory of pools with 1, 2 and 3 models loaded: benchmarks/pool_memory.py.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -31,10 +37,14 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from ovpool import errors
-from ovpool.client import Client
-from ovpool.demo import free_port
-from ovpool.models import model_name
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import llamacpp_server  # noqa: E402
+from llamacpp_server import LlamaCppServer  # noqa: E402
+
+from ovpool import errors  # noqa: E402
+from ovpool.client import Client  # noqa: E402
+from ovpool.demo import free_port  # noqa: E402
+from ovpool.models import model_name, resolve_model_path  # noqa: E402
 
 
 def first_token_s(client: Client, model: str) -> float:
@@ -78,13 +88,14 @@ def _serve_argv(port: int, workdir: Path, models: list[str], *extra: str) -> lis
     return argv
 
 
-def swaps(models: list[str], rounds: int, workdir: Path, gap_s: float,
-          assignments: tuple[str, ...] = ()) -> dict[str, dict[str, list]]:
-    """Per model: cold and warm swap times (s), and each warm swap's phases from serve's log."""
+def swaps(models: list[str], rounds: int, workdir: Path, gap_s: float, assignments: tuple[str, ...] = (),
+          peer: LlamaCppServer | None = None) -> dict[str, dict[str, list]]:
+    """Per model: cold and warm swap times (s), each warm swap's phases from serve's log, and with
+    ``peer`` its swaps (s) from the second round on."""
     port = free_port()
     argv = _serve_argv(port, workdir, models, "--max-loaded", "1", *(a for item in assignments
                                                                        for a in ("--set", item)))
-    times: dict[str, dict[str, list]] = {model_name(m)[0]: {"cold": [], "warm": [], "marks": []}
+    times: dict[str, dict[str, list]] = {model_name(m)[0]: {"cold": [], "warm": [], "marks": [], "peer": []}
                                          for m in models}
     with open(workdir / "serve.log", "wb") as log:
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
@@ -98,6 +109,11 @@ def swaps(models: list[str], rounds: int, workdir: Path, gap_s: float,
                     times[model]["cold" if i == 0 else "warm"].append(first_token_s(client, model))
                     if i:
                         times[model]["marks"].append((started, times[model]["warm"][-1]))
+                    if peer is not None:
+                        time.sleep(gap_s)  # ovpool's new worker sets its batching graph up meanwhile
+                        took = peer.first_token_s(model)
+                        if i:  # the first round: the peer's first model was loaded at its start
+                            times[model]["peer"].append(took)
     finally:
         proc.terminate()
         proc.wait(60)
@@ -148,6 +164,39 @@ def swap_phases(events: list[tuple[float, int, str]], model: str, start: float, 
     return {name: round(b - a, 3) for name, a, b in zip(names, points[:-1], points[1:], strict=True)}
 
 
+def summary(times: dict[str, dict[str, list]]) -> dict[str, dict]:
+    """Per model: the cold swap, the median warm one, their ratio, and with a peer its median swap
+    and the median of the paired ratios (ovpool warm / peer, same round)."""
+    out = {}
+    for model, t in times.items():
+        cold, warm = t["cold"][0], statistics.median(t["warm"])
+        r = {"cold_s": round(cold, 3), "warm_s": round(warm, 3),
+             "warm_runs_s": [round(x, 3) for x in t["warm"]], "warm_over_cold": round(warm / cold, 3),
+             "warm_phases": t["phases"]}
+        if t["peer"]:
+            r["llamacpp_runs_s"] = [round(x, 3) for x in t["peer"]]
+            r["llamacpp_s"] = round(statistics.median(t["peer"]), 3)
+            r["warm_over_llamacpp"] = round(statistics.median(
+                w / p for w, p in zip(t["warm"], t["peer"], strict=False)), 3)
+        out[model] = r
+    return out
+
+
+def print_table(result: dict) -> None:
+    print("process start alone (python + import openvino, ovpool.worker.engine): "
+          f"{result['process_start_s']:.2f} s; load {result['load'][0]:.1f} → {result['load'][1]:.1f}")
+    peer = any("llamacpp_s" in r for r in result["models"].values())
+    print("| model | cold swap → first token | warm swap (cache hit) | warm / cold |"
+          + (" llama.cpp swap | warm / llama.cpp |" if peer else ""))
+    print("|---|---|---|---|" + ("---|---|" if peer else ""))
+    for model, r in result["models"].items():
+        print(f"| {model} | {r['cold_s']:.2f} s | {r['warm_s']:.2f} s (runs {r['warm_runs_s']}) | "
+              f"{r['warm_over_cold']:.2f}× |" + (f" {r['llamacpp_s']:.2f} s (runs {r['llamacpp_runs_s']}) | "
+                                                  f"{r['warm_over_llamacpp']:.2f}× |" if peer else ""))
+        for phases in r["warm_phases"]:
+            print("  warm swap: " + ", ".join(f"{k[:-2]} {v:.2f} s" for k, v in phases.items()))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", default="smollm2,gemma3-270m")
@@ -159,30 +208,26 @@ def main() -> None:
     parser.add_argument("--gap", type=float, default=12.0,
                         help="seconds before each request: 0 swaps back to back, so an unload may wait "
                              "for the set-up the model it unloads still runs")
+    parser.add_argument("--llamacpp", action="store_true", help="llama.cpp's swap in the same run")
     args = parser.parse_args()
     models = args.models.split(",")
-    with tempfile.TemporaryDirectory() as tmp:
+    if args.llamacpp and not llamacpp_server.available():
+        sys.exit("error: --llamacpp needs llama-cpp-python[server] (pip install 'llama-cpp-python[server]')")
+    load_before = os.getloadavg()[0]
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         workdir = Path(args.workdir or tmp)
         workdir.mkdir(parents=True, exist_ok=True)
-        times = swaps(models, args.rounds, workdir, args.gap, tuple(args.assignments))
-    start = import_s()
-    result = {"cpu_count": os.cpu_count(), "process_start_s": round(start, 3), "models": {}}
-    for model, t in times.items():
-        cold, warm = t["cold"][0], statistics.median(t["warm"])
-        result["models"][model] = {"cold_s": round(cold, 3), "warm_s": round(warm, 3),
-                                   "warm_runs_s": [round(x, 3) for x in t["warm"]],
-                                   "warm_over_cold": round(warm / cold, 3), "warm_phases": t["phases"]}
+        peer = None
+        if args.llamacpp:
+            files = {model_name(m)[0]: str(resolve_model_path(model_name(m)[1])) for m in models}
+            peer = stack.enter_context(llamacpp_server.LlamaCppServer(files, workdir))
+        times = swaps(models, args.rounds, workdir, args.gap, tuple(args.assignments), peer)
+    result = {"cpu_count": os.cpu_count(), "load": [load_before, os.getloadavg()[0]],
+              "process_start_s": round(import_s(), 3), "models": summary(times)}
     if args.json:
         print(json.dumps(result, indent=1))
-        return
-    print(f"process start alone (python + import openvino, ovpool.worker.engine): {start:.2f} s")
-    print("| model | cold swap → first token | warm swap (cache hit) | warm / cold |")
-    print("|---|---|---|---|")
-    for model, r in result["models"].items():
-        print(f"| {model} | {r['cold_s']:.2f} s | {r['warm_s']:.2f} s (runs {r['warm_runs_s']}) | "
-              f"{r['warm_over_cold']:.2f}× |")
-        for phases in r["warm_phases"]:
-            print("  warm swap: " + ", ".join(f"{k[:-2]} {v:.2f} s" for k, v in phases.items()))
+    else:
+        print_table(result)
 
 
 if __name__ == "__main__":

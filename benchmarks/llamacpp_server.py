@@ -1,0 +1,120 @@
+"""llama.cpp's on-demand model swap, as a benchmark peer: llama-cpp-python's OpenAI server with
+several models in one config file (``python -m llama_cpp.server --config_file``), which holds one
+model at a time and, when a request names another, closes the loaded one and loads the requested
+GGUF in that request (its ``LlamaProxy``).
+
+    with LlamaCppServer({"smollm2": path1, "gemma3-270m": path2}, workdir) as server:
+        server.first_token_s("gemma3-270m")   # the swap: request -> first streamed token
+
+Settings chosen for a fair swap beside ovpool's: every core for prompt and decode (the server's
+default takes half for decode), ``logits_all`` off (ovpool computes the last position's logits
+only; the server's default keeps every position's), its default context of 2,048 tokens. On a CPU
+with AMX, llama.cpp's weight repacking ("extra buffer types") is turned off: its AMX matmul
+segfaults at the first pass there (llama-cpp-python 0.3.36, both models; ggml-org/llama.cpp#20824),
+so its load skips the repack, which if anything shortens its swap.
+"""
+
+from __future__ import annotations
+
+import http.client
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from ovpool.demo import free_port
+from ovpool.worker.graph.cpu_class import CpuInfo
+
+# Runs the server; with "no-extra-bufts" first, its models load without extra buffer types.
+_BOOT = """
+import runpy, sys
+if sys.argv[1] == "no-extra-bufts":
+    import llama_cpp.llama_cpp as raw
+    default = raw.llama_model_default_params
+    def params():
+        p = default()
+        p.use_extra_bufts = False
+        return p
+    raw.llama_model_default_params = params
+sys.argv = ["llama_cpp.server", *sys.argv[2:]]
+runpy.run_module("llama_cpp.server", run_name="__main__", alter_sys=True)
+"""
+
+
+def available() -> bool:
+    return importlib.util.find_spec("llama_cpp") is not None
+
+
+class LlamaCppServer:
+    """The server's process, started on a free port with ``models`` (alias -> GGUF path); its
+    first model is loaded at start. Output goes to ``workdir/llamacpp.log``."""
+
+    def __init__(self, models: dict[str, str], workdir: Path, threads: int | None = None):
+        threads = threads or os.cpu_count() or 1
+        self.port = free_port()
+        entries = [{"model": str(path), "model_alias": alias, "n_threads": threads,
+                    "n_threads_batch": threads, "logits_all": False, "verbose": False}
+                   for alias, path in models.items()]
+        self._config = workdir / "llamacpp.json"
+        self._config.write_text(json.dumps({"host": "127.0.0.1", "port": self.port, "models": entries}))
+        self._log_path = workdir / "llamacpp.log"
+        self.extra_bufts = "amx_tile" not in CpuInfo.read().flags
+        self._proc: subprocess.Popen | None = None
+
+    def __enter__(self) -> LlamaCppServer:
+        with open(self._log_path, "wb") as log:
+            argv = [sys.executable, "-c", _BOOT, "extra-bufts" if self.extra_bufts else "no-extra-bufts",
+                    "--config_file", str(self._config)]
+            self._proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+        self._wait_ready()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._proc is not None:
+            self._proc.terminate()
+            try:
+                self._proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+            self._proc = None
+
+    def _wait_ready(self, timeout_s: float = 300.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if self._proc.poll() is not None:
+                raise RuntimeError(f"llama_cpp.server exited ({self._proc.returncode}): see {self._log_path}")
+            try:
+                conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=5)
+                conn.request("GET", "/v1/models")
+                if conn.getresponse().status == 200:
+                    return
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"llama_cpp.server did not answer in {timeout_s:.0f} s: "
+                                   f"see {self._log_path}")
+            time.sleep(0.5)
+
+    def first_token_s(self, model: str, prompt: str = "The capital of France is",
+                      max_tokens: int = 4) -> float:
+        """Seconds from sending a streamed completion for ``model`` to its first token's event
+        (the stream is then read to its end)."""
+        body = json.dumps({"model": model, "prompt": prompt, "max_tokens": max_tokens, "stream": True})
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=600)
+        started = time.perf_counter()
+        conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+        response = conn.getresponse()
+        if response.status != 200:
+            raise RuntimeError(f"llama_cpp.server answered {response.status}: {response.read()[:300]!r}")
+        elapsed = None
+        for line in response:
+            if elapsed is None and line.startswith(b"data: {"):
+                elapsed = time.perf_counter() - started
+        conn.close()
+        if elapsed is None:
+            raise RuntimeError(f"llama_cpp.server streamed no token for {model}")
+        return elapsed
