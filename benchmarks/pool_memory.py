@@ -8,7 +8,7 @@ of every process of the pool (serve, broker, HTTP API, workers) from /proc/PID/s
 counts a page shared between processes once across them, so a pool's PSS is what it takes; RSS
 counts shared libraries again in each process.
 
-    .venv/bin/python benchmarks/pool_memory.py [--settle 25] [--workdir DIR] [--json]
+    .venv/bin/python benchmarks/pool_memory.py [--settle 25] [--workdir DIR] [--only MODEL] [--json]
 """
 
 from __future__ import annotations
@@ -123,15 +123,18 @@ def main() -> None:
                         help="idle seconds before the readings (then until the PSS settles)")
     parser.add_argument("--workdir", default=None)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--only", choices=MODELS, help="just this model's single-model pool")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(args.workdir or tmp)
         workdir.mkdir(parents=True, exist_ok=True)
         sources = {"smollm2": "smollm2", "gemma3-270m": "gemma3-270m",
                    "tiny": str(write_tiny_model(workdir / "tiny.gguf"))}
+        if args.only:
+            sources = {args.only: sources[args.only]}
         single = {name: _run_pool({name: src}, workdir, args.settle, f"single-{name}.log")[0]
                   for name, src in sources.items()}
-        pooled = _run_pool(sources, workdir, args.settle, "pool.log")
+        pooled = [] if args.only else _run_pool(sources, workdir, args.settle, "pool.log")
     result = {"cpu_count": os.cpu_count(), "loadavg": Path("/proc/loadavg").read_text().split()[:3],
               "single": single, "pool": pooled}
     if args.json:
