@@ -108,6 +108,7 @@ class WorkerConfig(_Config):
     decode_threads: int = _default("decode_threads")
     kv_cache_mb: int = _default("kv_cache_mb")
     prefix_cache: str = _default("prefix_cache")
+    answer_copies: bool = _default("answer_copies")
     prompt_lookup: str = _default("prompt_lookup")
     prompt_lookup_tokens: int = _default("prompt_lookup_tokens")
     kv_tier: bool = _default("kv_tier")

@@ -200,6 +200,10 @@ _SETTINGS = [
             "auto: on where measured exact (CPU at f32; bf16 on AVX-512 VNNI/BF16; not a u8 KV "
             "cache), else off (docs/prefix-caching.md)",
             choices=("auto", "on", "all", "off"), scopes=(WORKER,)),
+    Setting("answer_copies", bool, True, "with prefix_cache on: a batched pass that only decodes also "
+            "computes one full block of a running answer as a prompt pass would, cached for the chat's "
+            "next turn, which then reuses its last answer too, with the same tokens; the same work, "
+            "moved out of the next turn's time to first token (docs/prefix-caching.md)", scopes=(WORKER,)),
     Setting("prompt_lookup", str, "auto", "prompt-lookup speculative decoding: a decode step also "
             "verifies the tokens that followed the latest earlier occurrence of the text's last tokens "
             "(in its prompt or its answer so far), in the same pass; the tokens are those without it: "

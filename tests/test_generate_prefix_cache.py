@@ -31,16 +31,19 @@ def system(n: int, salt: int = 0) -> list[int]:
     return [10 + (7 * i + salt) % 90 for i in range(n)]
 
 
-def batcher(engine, caching: str, num_blocks: int = 0) -> Batcher:
+def batcher(engine, caching: str, num_blocks: int = 0, prefill_chunk: int = 16, copies=True) -> Batcher:
     runner = PagedRunner(engine.compiled, num_blocks=num_blocks) if num_blocks else \
         PagedRunner(engine.compiled, kv_cache_mb=16)
-    return engine.batcher(runner, max_running=4, prefill_chunk=16, prefix_cache=caching)
+    return engine.batcher(runner, max_running=4, prefill_chunk=prefill_chunk, prefix_cache=caching,
+                          answer_copies=copies)
 
 
-def conversations(engine, caching: str, turns: int, num_blocks: int = 0, params=GREEDY):
+def conversations(engine, caching: str, turns: int, num_blocks: int = 0, params=GREEDY, prefill_chunk=16,
+                  copies: bool = True):
     """Three chats sharing a 70-token system prompt, ``turns`` turns each, all chats' turns side by
-    side; each turn resends the history (prompt, answer, 3 new tokens). Returns (answers, batcher)."""
-    b = batcher(engine, caching, num_blocks)
+    side; each turn resends the history (prompt, answer, 3 new tokens). Returns (answers, batcher).
+    ``prefill_chunk`` 16 is under a block: no answer copies (test_answers_copied_...)."""
+    b = batcher(engine, caching, num_blocks, prefill_chunk, copies)
     history = {f"chat{c}": system(70) + system(5 + c, salt=c) for c in range(3)}
     answers = {}
     for turn in range(turns):
@@ -74,6 +77,19 @@ def test_multi_turn_chats_answer_exactly_as_without_the_cache(engine):
     block = on.runner.block_size
     assert on.cached_prompt_tokens >= 2 * 2 * block + 2 * 3 * 2 * block
     assert on.scheduler.free_blocks == on.runner.num_blocks  # every block is back (cached or empty)
+
+
+def test_answers_copied_beside_the_decodes_serve_the_next_turns_exactly(engine):
+    # Answers of 40 tokens after prompts of ~75 fill a block each turn (positions 64-95, then
+    # 96-127): with a block of prefill budget, a batched decode pass computes it again as a
+    # prompt chunk, and the chat's next turn starts on it instead of computing it.
+    cached, on = conversations(engine, caching="on", turns=3, params=LONG, prefill_chunk=32)
+    _, plain = conversations(engine, caching="on", turns=3, params=LONG, prefill_chunk=32, copies=False)
+    fresh, _ = conversations(engine, caching="off", turns=3, params=LONG, prefill_chunk=32)
+    same_answers(cached, fresh)
+    block = on.runner.block_size
+    assert on.cached_prompt_tokens == plain.cached_prompt_tokens + 2 * 3 * block  # a block a turn
+    assert on.scheduler.free_blocks == on.runner.num_blocks
 
 
 def test_preemption_and_eviction_under_pressure_keep_answers_exact(engine):

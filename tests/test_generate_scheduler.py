@@ -191,8 +191,10 @@ def test_prompts_behind_the_oldest_go_shortest_first():
 def test_budget_is_kept_and_no_prompt_starves(arrivals, chunk, caching):
     """Prompts arriving over time: a pass never holds more than the budget of prompt tokens (one
     over only where a prompt's last three tokens go together, see prompt_chunk) and every request
-    is done within a bound on the steps its own and the earlier requests' tokens need."""
-    s = Scheduler(num_blocks=400, block_size=4, prefill_chunk=chunk, max_running=4, caching=caching)
+    is done within a bound on the steps its own and the earlier requests' tokens need (with the
+    prefix cache, answer copies ride along: they never delay a prompt)."""
+    s = Scheduler(num_blocks=400, block_size=4, prefill_chunk=chunk, max_running=4, caching=caching,
+                  copy_answers=caching)
     budget, pending, done, steps = max(chunk, 2), sorted(arrivals), {}, 0
     bound = sum(p // 2 + n + 2 for _, p, n in arrivals) + max(a for a, _, _ in arrivals) + 1
     left = {}

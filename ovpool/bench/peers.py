@@ -107,9 +107,10 @@ class ChatPipeline:
 
     def _ask(self, chats: dict, c: int, messages: list, turn: int, question, config) -> None:
         messages.append({"role": "user", "content": question(c, turn)})
+        sent = time.perf_counter()  # rendering and tokenizing count, as in ovpool's worker
         prompt = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
         rid = c * 1000 + turn
-        chats[c] = (messages, turn, self.pipe.add_request(rid, prompt, config), time.perf_counter(), [])
+        chats[c] = (messages, turn, self.pipe.add_request(rid, prompt, config), sent, [])
 
 
 def _running():

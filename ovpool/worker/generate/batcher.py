@@ -55,12 +55,13 @@ class Batcher:
     the host's disk tier, which the engine opens), used with prefix_cache=on only;
     ``prompt_lookup``: off, on or auto, with up to ``lookup_tokens`` proposed tokens verified per
     decode (ovpool.worker.generate.lookup; not for a constrained request nor one that asks for
-    log-probabilities)."""
+    log-probabilities); ``answer_copies``: with prefix_cache=on, batched decode passes also
+    compute answers' blocks as prompt passes would (the Scheduler's ``copy_answers``)."""
 
     def __init__(self, intake: Intake, runner: PagedRunner, *, max_running: int, prefill_chunk: int,
                  prefix_cache: str = "off", identity: bytes = b"",
                  warm_up: Callable[[], None] | None = None, tier: BlockTier | None = None,
-                 prompt_lookup: str = "off", lookup_tokens: int = 4):
+                 prompt_lookup: str = "off", lookup_tokens: int = 4, answer_copies: bool = True):
         self.intake, self.runner = intake, runner
         self.drafts = Drafts(prompt_lookup, lookup_tokens)
         # The lower tier holds exact blocks only (ovpool.worker.generate.kv_tier): with prefix_cache=on.
@@ -68,7 +69,8 @@ class Batcher:
         self.scheduler = Scheduler(num_blocks=runner.num_blocks, block_size=runner.block_size,
                                    prefill_chunk=prefill_chunk, max_running=max_running,
                                    caching=prefix_cache != "off", exact=prefix_cache == "on",
-                                   seed=_graph_seed(identity, runner), tier=self.tier)
+                                   seed=_graph_seed(identity, runner), tier=self.tier,
+                                   copy_answers=answer_copies)
         self._generations: dict[str, Generation] = {}
         self._preparer = Preparer()
         self._unprepared: dict[str, tuple[SamplingParams, tuple[bytes, ...]]] = {}
@@ -91,7 +93,8 @@ class Batcher:
     def from_graph(cls, intake: Intake, graph: PagedGraph, *, kv_cache_mb: int, max_running: int,
                    prefill_chunk: int, prefix_cache: str = "off",
                    warm_up: Callable[[], None] | None = None, tier: BlockTier | None = None,
-                   prompt_lookup: str = "off", lookup_tokens: int = 4) -> Batcher:
+                   prompt_lookup: str = "off", lookup_tokens: int = 4,
+                   answer_copies: bool = True) -> Batcher:
         """A Batcher on ``graph`` with ``kv_cache_mb`` of KV blocks."""
         runner = PagedRunner(graph.compiled, kv_cache_mb, decode=graph.decode)
         log.info("continuous batching: %d KV blocks of %d positions (%.0f MiB), graph %s in %.1f s",
@@ -99,7 +102,7 @@ class Batcher:
                  graph.seconds)
         return cls(intake, runner, max_running=max_running, prefill_chunk=prefill_chunk,
                    prefix_cache=prefix_cache, identity=graph.identity, warm_up=warm_up, tier=tier,
-                   prompt_lookup=prompt_lookup, lookup_tokens=lookup_tokens)
+                   prompt_lookup=prompt_lookup, lookup_tokens=lookup_tokens, answer_copies=answer_copies)
 
     @property
     def active(self) -> int:
@@ -212,7 +215,7 @@ class Batcher:
             if masks is not None:
                 logits = masks.apply(logits)
         except InferenceError as exc:  # the pass is shared: every request in it fails
-            return events + [self._fail(c.seq_id, exc) for c in plan.chunks]
+            return events + [self._fail(rid, exc) for rid in dict.fromkeys(c.seq_id for c in plan.chunks)]
         self.scheduler.commit()  # before _accept ends any sequence: its last blocks are written
         row = 0
         for chunk in sampled:

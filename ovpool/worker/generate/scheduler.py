@@ -31,6 +31,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from ovpool.worker.generate.answer_copies import AnswerCopies
 from ovpool.worker.generate.blocks import BlockPool, chain_hashes
 from ovpool.worker.generate.route_keys import HeldKeys
 
@@ -110,16 +111,22 @@ class Scheduler:
     """``caching``: reuse cached full blocks (prefix caching); ``exact``: only blocks computed as
     the new sequence would compute them (see blocks.chain_hashes); ``seed``: the graph's identity,
     the first block's parent address; ``tier``: a lower tier (ovpool.worker.generate.kv_tier.TierLink)
-    that full prompt blocks are saved to once computed and a chain is continued from at admission."""
+    that full prompt blocks are saved to once computed and a chain is continued from at admission;
+    ``copy_answers`` (with ``caching`` and ``exact``): a pass that only decodes also computes one
+    block of a decoding sequence's answer as a prompt pass would, for a chat's next turn
+    (ovpool.worker.generate.answer_copies), if a block fits in ``prefill_chunk``."""
 
     def __init__(self, *, num_blocks: int, block_size: int, prefill_chunk: int, max_running: int,
-                 caching: bool = False, exact: bool = True, seed: bytes = b"", tier=None):
+                 caching: bool = False, exact: bool = True, seed: bytes = b"", tier=None,
+                 copy_answers: bool = False):
         if num_blocks < 1 or block_size < 1 or prefill_chunk < 1 or max_running < 1:
             raise ValueError("num_blocks, block_size, prefill_chunk and max_running must be >= 1")
         self.num_blocks, self.block_size = num_blocks, block_size
         self.prefill_chunk, self.max_running = prefill_chunk, max_running
         self.pool, self.seed, self.exact = BlockPool(num_blocks, caching), seed, exact
         self.tier = tier if caching else None
+        self.copies = AnswerCopies(self.pool, seed, block_size) \
+            if caching and exact and copy_answers and block_size <= prefill_chunk else None
         self._waiting: deque[_Seq] = deque()
         self._running: list[_Seq] = []  # admission order
         self._seqs: dict[str, _Seq] = {}
@@ -182,6 +189,8 @@ class Scheduler:
         if seq.tail is not None:
             self._held.note(seq.keys, seq.tail)
         self._release(seq)
+        if self.copies is not None:
+            self.copies.drop(seq_id, forget=True)
 
     @property
     def running(self) -> list[str]:
@@ -237,8 +246,23 @@ class Scheduler:
         left = self._admit(plan, left, over=oldest is None, held=held)
         if oldest is not None and oldest in self._running and (n := oldest.take(max(left, 0) + reserve)):
             self._schedule(oldest, n, plan)
-        self._planned = [c.seq_id for c in plan.chunks]
+        if self.copies is not None and len(plan.chunks) > 1 \
+                and all(len(c.tokens) == 1 + c.draft for c in plan.chunks):
+            self._copy_answer(plan)
+        self._planned = list(dict.fromkeys(c.seq_id for c in plan.chunks))
         return plan
+
+    def _copy_answer(self, plan: Plan) -> None:
+        """Add one block of the oldest decoding sequence with a block to copy (answer_copies)
+        to ``plan``, a batched pass that only decodes (a lone decode keeps its one-token graph),
+        keeping a spare block per running sequence."""
+        planned = {c.seq_id for c in plan.chunks}
+        for seq in self._running:
+            if seq.id in planned:  # it decodes: its prompt is computed
+                chunk = self.copies.next_chunk(seq, reserve=len(self._running) + 1)
+                if chunk is not None:
+                    plan.chunks.append(Chunk(seq.id, *chunk, sample=False))
+                    return
 
     def _admit(self, plan: Plan, budget: int, over: bool, held: int, shorter: int | None = None) -> int:
         """Admit waiting sequences (FIFO, but those whose next block a running prefill computes)
@@ -285,6 +309,8 @@ class Scheduler:
                 if self.tier is not None and (i + 1) * self.block_size <= seq.prompt:
                     self.tier.save(seq.addresses[i], seq.blocks[i])
             seq.registered = max(seq.registered, full)
+            if self.copies is not None:
+                self.copies.commit(seq_id)
         self._planned = []
 
     def _computing(self) -> set[bytes]:
@@ -398,6 +424,8 @@ class Scheduler:
         plan.exhausted.append(seq.id)
 
     def _release(self, seq: _Seq) -> None:
+        if self.copies is not None:
+            self.copies.drop(seq.id)
         self.pool.release(seq.blocks)
         seq.blocks, seq.computed, seq.registered, seq.verified = [], 0, 0, None
 
