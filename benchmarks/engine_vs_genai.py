@@ -82,8 +82,11 @@ def load_ovpool(args: argparse.Namespace) -> tuple[float, Runner]:
         start = clock()
         with engine.generation(prompt, SamplingParams(max_tokens=n, ignore_eos=True)) as gen:
             while not gen.finished:
-                gen.step()
-                stamps.append(clock())
+                delta = gen.step()
+                # A token whose text is held back (an incomplete character) comes with the next.
+                if delta is not None:
+                    stamps.extend([clock()] * (delta.index + 1 - len(stamps)))
+            stamps.extend([clock()] * (len(gen.completion().token_ids) - len(stamps)))
         return start, stamps
 
     return load_s, run
@@ -129,7 +132,8 @@ def load_llamacpp(args: argparse.Namespace) -> tuple[float, Runner]:
     """llama.cpp through llama-cpp-python, on every core (its default is half of them) and a
     context that holds the prompt and the generation. ``--omp-passive``: its OpenMP threads sleep
     at barriers instead of spinning (OMP_WAIT_POLICY=PASSIVE), which a CPU shared with other
-    jobs rewards; set before llama.cpp's OpenMP runtime loads."""
+    jobs rewards; set before llama.cpp's OpenMP runtime loads. On AMX its weight repacking is off
+    (0.3.36's AMX matmul segfaults at the first pass; ggml-org/llama.cpp#20824)."""
     import os
 
     if args.omp_passive:
@@ -138,6 +142,7 @@ def load_llamacpp(args: argparse.Namespace) -> tuple[float, Runner]:
 
     from ovpool.models import resolve_model_path
 
+    llamacpp_without_amx_repack()
     path = str(resolve_model_path(args.model))
     t0 = time.perf_counter()
     llm = llama_cpp.Llama(model_path=path, n_ctx=args.prompt_tokens + args.new_tokens + 64,
@@ -156,6 +161,25 @@ def load_llamacpp(args: argparse.Namespace) -> tuple[float, Runner]:
         return start, stamps
 
     return load_s, run
+
+
+def llamacpp_without_amx_repack() -> None:
+    """On AMX, llama.cpp 0.3.36's AMX weight buffers (its "extra" buffer types) crash its first
+    pass (SIGSEGV); its CPU kernels (8-bit activations too) run without them."""
+    import llama_cpp.llama_cpp as raw
+
+    from ovpool.worker.graph.cpu_class import CpuInfo
+
+    if CpuInfo.read().class_name != "AMX":
+        return
+    defaults = raw.llama_model_default_params
+
+    def without_repacking():
+        params = defaults()
+        params.use_extra_bufts = False
+        return params
+
+    raw.llama_model_default_params = without_repacking
 
 
 LOADERS = {"ovpool": load_ovpool, "genai": load_genai, "llamacpp": load_llamacpp}

@@ -85,19 +85,9 @@ def engine_logits(model: str, settings: dict, windows: list[list[int]]) -> tuple
 
 def llamacpp_logits(path: str, windows: list[list[int]]) -> list[np.ndarray]:
     import llama_cpp
-    import llama_cpp.llama_cpp as raw
+    from engine_vs_genai import llamacpp_without_amx_repack
 
-    defaults = raw.llama_model_default_params
-
-    def without_repacking():
-        # llama.cpp 0.3.36's AMX weight buffers (its "extra" buffer types) crash its first pass
-        # on an AMX host (SIGSEGV); its CPU kernels (8-bit activations too) run without them.
-        params = defaults()
-        params.use_extra_bufts = False
-        return params
-
-    if CpuInfo.read().class_name == "AMX":
-        raw.llama_model_default_params = without_repacking
+    llamacpp_without_amx_repack()
     llm = llama_cpp.Llama(model_path=path, n_ctx=2 * WINDOW, logits_all=True, verbose=False,
                           n_threads=os.cpu_count(), n_threads_batch=os.cpu_count())
     out = []
