@@ -8,7 +8,9 @@ Each mode is an Engine on the paged graph with ``prompt_lookup=<mode>`` (warmed 
 graph serves its one-token steps, as in a worker). A round runs every prompt greedily on every
 mode, the modes' order rotating from round to round, so a slow spell of a shared host hits the
 sides of a pair alike; a figure is the median over rounds of decode tok/s (first token to last)
-and of the per-round ratio to ``off``. The output names the CPU class and the host's load.
+and of the process's CPU ms per decoded token, and the median of the per-round ratios to ``off``
+(CPU time is far less noisy than wall time on a shared host). The output names the CPU class and
+the host's load.
 """
 
 from __future__ import annotations
@@ -54,14 +56,23 @@ def as_prompt(engine: Engine, text: str):
 
 
 def run(engines: dict[str, Engine], prompt: str, max_tokens: int) -> dict[str, tuple]:
-    """Per mode: (decode tok/s, token ids, drafted tokens, accepted ones)."""
+    """Per mode: (decode tok/s, token ids, drafted tokens, accepted ones, verify passes, CPU ms
+    per decoded token). Decode is first token to last; CPU time is the process's (every thread),
+    which time spent descheduled on a shared host does not inflate."""
     out = {}
     for mode, engine in engines.items():
         counts = dict(engine._streams().batcher.lookup)
-        c = engine.complete(as_prompt(engine, prompt), max_tokens=max_tokens)
+        first = None
+        with engine.generation(as_prompt(engine, prompt), SamplingParams(max_tokens=max_tokens)) as gen:
+            for delta in gen:
+                if first is None:
+                    first = delta.index, time.process_time()
+            c, cpu = gen.completion(), time.process_time()
         after = engine._streams().batcher.lookup
+        decoded = len(c.token_ids) - 1 - first[0] if first else 0
         out[mode] = (c.timings.get("decode_tps", 0.0), c.token_ids,
-                     after["proposed"] - counts["proposed"], after["accepted"] - counts["accepted"])
+                     *(after[k] - counts[k] for k in ("proposed", "accepted", "passes")),
+                     1000 * (cpu - first[1]) / decoded if decoded > 0 else float("nan"))
     return out
 
 
@@ -153,20 +164,28 @@ def report(engines: dict[str, Engine], modes: list[str], args) -> None:
         order = modes[r % len(modes):] + modes[:r % len(modes)]
         for name, prompt in prompts.items():
             results[name].append(run({m: engines[m] for m in order}, prompt, args.max_tokens))
-    header = " | ".join(f"{m} tok/s" + ("" if m == "off" else f" | {m}/off | {m} accepted") for m in modes)
+    header = " | ".join(f"{m} tok/s | {m} CPU ms/tok" + ("" if m == "off" else
+                        f" | {m}/off wall | {m}/off CPU | {m} held/drafted (passes)") for m in modes)
     print(f"| prompt | tokens | {header} | same tokens |")
-    print("|---" * (3 + 3 * (len(modes) - 1)) + "|---|")
+    print("|---" * (2 + 2 * len(modes) + 3 * (len(modes) - 1)) + "|---|")
     for name, rounds in results.items():
-        cells = []
-        for m in modes:
-            cells.append(f"{statistics.median(x[m][0] for x in rounds):.1f}")
-            if m != "off":
-                cells.append(f"{statistics.median(x[m][0] / x['off'][0] for x in rounds):.2f}x")
-                drafted, held = sum(x[m][2] for x in rounds), sum(x[m][3] for x in rounds)
-                cells.append(f"{held}/{drafted}" if drafted else "-")
-        same = all(len({tuple(x[m][1]) for m in modes}) == 1 for x in rounds)
-        print(f"| {name} | {len(rounds[0]['off'][1])} | {' | '.join(cells)} | {same} |")
+        print(f"| {name} | {len(rounds[0]['off'][1])} | {' | '.join(cells(rounds, modes))} | "
+              f"{all(len({tuple(x[m][1]) for m in modes}) == 1 for x in rounds)} |")
 
+
+def cells(rounds: list[dict], modes: list[str]) -> list[str]:
+    """A prompt's row: per mode the medians over rounds; against ``off`` the median of the
+    per-round ratios (speed-ups: off's CPU time per token over the mode's)."""
+    out = []
+    for m in modes:
+        out += [f"{statistics.median(x[m][0] for x in rounds):.1f}",
+                f"{statistics.median(x[m][5] for x in rounds):.1f}"]
+        if m != "off":
+            drafted, held, passes = (sum(x[m][i] for x in rounds) for i in (2, 3, 4))
+            out += [f"{statistics.median(x[m][0] / x['off'][0] for x in rounds):.2f}x",
+                    f"{statistics.median(x['off'][5] / x[m][5] for x in rounds):.2f}x",
+                    f"{held}/{drafted} ({passes})" if drafted else "-"]
+    return out
 
 if __name__ == "__main__":
     main()

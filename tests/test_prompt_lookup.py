@@ -31,41 +31,67 @@ def test_index_proposes_what_a_scan_finds_however_it_grew(tokens, k, min_n, extr
 @settings(max_examples=200, deadline=None)
 @given(histories, st.integers(1, 6))
 def test_a_proposal_continues_an_earlier_occurrence_of_the_suffix(tokens, k):
-    draft = propose(tokens, k, 1, 3)
-    assert len(draft) <= k
-    if draft:  # some n-gram ending at the history's end occurred earlier, followed by the draft
-        assert any(tokens[e - 1:e] == tokens[-1:] and tokens[e:e + len(draft)] == draft
-                   for e in range(1, len(tokens)))
+    n, draft = propose(tokens, k, 1, 3)
+    if draft:  # the n-gram ending at the history's end occurred earlier, followed by the draft
+        size = len(tokens)
+        assert len(draft) == k and 1 <= n <= 3
+        assert any(tokens[e - n:e] == tokens[size - n:]
+                   and draft == [tokens[e + i % (size - e)] for i in range(k)] for e in range(n, size))
     else:
-        assert tokens[-1:] == [] or tokens[-1] not in tokens[:-1]
+        assert n == 0 and (tokens[-1:] == [] or tokens[-1] not in tokens[:-1])
 
 
 def test_a_repeated_list_is_proposed_from_the_prompt():
     index = NgramIndex([5, 1, 2, 3, 4, 9, 1, 2])
-    assert index.propose(3) == [3, 4, 9]
-    assert NgramIndex([1, 2, 3]).propose(4) == []
+    assert index.propose(3) == (2, [3, 4, 9])
+    assert NgramIndex([1, 2, 3]).propose(4) == (0, [])
+
+
+def test_a_span_the_history_repeats_is_proposed_over_and_over():
+    # The latest (1, 2) is followed by 1, 2 only: the history repeats them, so does the proposal.
+    assert NgramIndex([5, 1, 2, 1, 2]).propose(5) == (2, [1, 2, 1, 2, 1])
 
 
 def test_auto_verifies_only_what_its_acceptance_pays_for():
-    cost = PassCost(base=1.3, per_token=0.3)
-    spec = Speculation([1, 2, 3, 4, 5, 1, 2], k=4, mode="auto", cost=cost, rate=0.95)
+    cost = PassCost(base=1.3, per_token=0.3, switch=0.0)
+    spec = Speculation([1, 2, 3, 4, 5, 1, 2], k=4, mode="auto", cost=cost, priors=[0.95])
     assert spec.draft(10) == [3, 4, 5, 1]
     assert spec.draft(2) == [3, 4]  # within what the request may still generate
-    doubtful = Speculation([1, 2, 3, 4, 5, 1, 2], k=4, mode="auto", cost=cost, rate=0.3)
+    doubtful = Speculation([1, 2, 3, 4, 5, 1, 2], k=4, mode="auto", cost=cost, priors=[0.3])
     assert doubtful.draft(10) == []
-    assert Speculation([1, 2, 3, 1, 2], k=4, mode="on", cost=cost, rate=0.0).draft(10) == [3, 1, 2]
+    assert Speculation([1, 2, 3, 1, 2], k=4, mode="on", cost=cost, priors=[0.0]).draft(10) == [3, 1, 2, 3]
 
 
-def test_acceptance_is_learned_from_verified_and_unverified_proposals():
-    spec = Speculation([1, 2, 3, 4, 1, 2], k=4, mode="auto", rate=0.9, weight=0.5)
-    assert spec.draft(10) == [3, 4, 1, 2]
+def test_a_streak_of_verifying_starts_only_where_it_pays_for_both_shape_changes():
+    cost = PassCost(base=1.2, per_token=0.0, switch=0.3)  # 1.2 steps a verifying pass; 0.3 a change
+    history = [1, 2, 3, 4, 5, 6, 1, 2]
+    # Two proposed tokens, each right half the time: 1.75 tokens a pass, 1.46 a step in a streak;
+    # 0.97 a step where the pass also changes the shape, there and back (1.2 + 0.3 + 0.3).
+    spec = Speculation(history, k=2, cost=cost, priors=[0.5])
+    cost.last = 1
+    assert spec.draft(10) == []
+    spec._verifying, cost.last = True, 3  # in a streak of 3-position passes: it goes on
+    assert spec.draft(10) == [3, 4]
+    cost.last = 2  # after a 2-position pass its shape wins: 1.5 / 1.2 tokens a step, 1.75 / 1.5 for 3
+    assert spec.draft(10) == [3]
+    sure = Speculation(history, k=2, cost=cost, priors=[0.9])  # 2.71 tokens: pays for both changes
+    cost.last = 1
+    assert sure.draft(10) == [3, 4]
+
+
+def test_acceptance_is_learned_by_the_length_of_the_matched_ngram():
+    spec = Speculation([1, 2, 3, 4, 1, 2], k=4, mode="auto", priors=[0.9], weight=0.5)
+    spec.cost.switch = 0.0
+    assert spec.draft(10) == [3, 4, 1, 2]  # the 2-gram (1, 2) matched
     spec.accept([3, 4, 1, 2], [3, 7])  # one right, then the model's own token
     assert (spec.passes, spec.proposed, spec.accepted) == (1, 4, 1)
-    assert spec.rates == [0.9 + 0.5 * (1 - 0.9), 0.9 - 0.5 * 0.9, 0.9, 0.9]
-    low = Speculation([1, 2, 1], k=4, mode="auto", rate=0.01, weight=0.5)
-    assert low.draft(10) == []  # [2, 1] proposed but not verified: its first token is checked
+    assert spec.rates[2] == [0.9 + 0.5 * (1 - 0.9), 0.9 - 0.5 * 0.9, 0.9, 0.9]
+    assert spec.rates[1] == spec.rates[3] == [0.9] * 4
+    low = Speculation([1, 2, 1], k=4, mode="auto", priors=[0.01, 0.9], weight=0.5)
+    assert low.draft(10) == []  # [2, 1, 2, 1] from the 1-gram (1,), not verified: its first token is checked
     low.accept([], [2])
-    assert low.rates == [0.01 + 0.5 * 0.99, 0.01, 0.01, 0.01] and low.index.tokens == [1, 2, 1, 2]
+    assert low.rates[1] == [0.01 + 0.5 * 0.99, 0.01, 0.01, 0.01] and low.index.tokens == [1, 2, 1, 2]
+    assert low.rates[2] == low.rates[3] == [0.9] * 4
 
 
 class _Tokenizer:
@@ -202,25 +228,38 @@ def test_verified_positions_are_not_shared_as_a_decode_would_have_computed_them(
 
 
 def test_pass_cost_is_timed_and_a_stale_size_falls_back_to_the_model():
-    cost = PassCost(base=1.5, per_token=0.25, weight=0.5, forget=4)
+    cost = PassCost(base=1.5, per_token=0.25, switch=0.5, weight=0.5, forget=4)
     assert cost(1) == 1.0 and cost(3) == 2.0  # nothing timed yet
-    cost.observe(1, 0.010)
-    cost.observe(3, 0.030)
-    assert cost(3) == 3.0 and cost(5) == 2.5
+    for n, seconds in [(1, 0.010), (1, 0.010), (3, 0.050), (3, 0.030)]:  # the first of a shape: a change
+        cost.observe(n, seconds)
+    assert cost(3) == 3.0 and cost(5) == 2.5 and cost.switch == 0.5 and cost.last == 3
     cost.observe(3, 0.020)
     assert cost(3) == 0.025 / 0.010
-    for _ in range(4):
+    for _ in range(5):
         cost.observe(1, 0.010)
     assert cost(3) == 2.0  # not timed for 4 one-position passes: the model again
     cost.observe(3, 0.015)
+    cost.observe(3, 0.015)
     assert cost(3) == 1.5
+
+
+def test_what_a_change_of_shape_costs_is_timed_both_ways():
+    cost = PassCost(switch=0.3, weight=0.5)
+    for n, seconds in [(1, 0.010), (1, 0.010), (4, 0.016), (4, 0.012)]:
+        cost.observe(n, seconds)
+    assert cost.switch == 0.3  # 4 positions were not timed yet when their first pass ran
+    cost.observe(1, 0.014)  # back to one position: 0.4 of a step more
+    assert abs(cost.switch - 0.35) < 1e-12 and cost(1) == 1.0
+    cost.observe(4, 0.013)  # 0.1 more than a 4-position pass after another
+    assert abs(cost.switch - 0.225) < 1e-12 and cost(4) == 1.2
 
 
 def test_drafts_of_a_batcher_auto_only_alone_and_where_asked():
     drafts = Drafts("auto", k=3)
     drafts.open("a", [1, 2, 3, 1, 2])
     drafts.open("c", [1, 2, 3, 1, 2], speculate=False)
-    drafts._seqs["a"].rates = [0.99] * 3
+    drafts._seqs["a"].rates = {n: [0.99] * 3 for n in (1, 2, 3)}
+    drafts.cost.switch = 0.0
     room = {"a": 10, "c": 10}.get
     assert list(drafts.drafts(running=2, room=room)) == []  # batched: no drafts in auto
     assert list(drafts.drafts(running=1, room=room)) == [("a", [3, 1, 2])]
@@ -231,7 +270,7 @@ def test_drafts_of_a_batcher_auto_only_alone_and_where_asked():
     assert drafts.counts == {"passes": 1, "proposed": 1, "accepted": 1}
     on = Drafts("on", k=3)
     on.open("a", [1, 2, 1])
-    assert list(on.drafts(running=4, room={"a": 9}.get)) == [("a", [2, 1])]
+    assert list(on.drafts(running=4, room={"a": 9}.get)) == [("a", [2, 1, 2])]
 
 
 def test_auto_is_off_below_f32():

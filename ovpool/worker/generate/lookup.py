@@ -7,10 +7,13 @@ input (a summary quoting it, code with a rename, a list repeated) continues as i
 index is updated incrementally: a proposal costs ``max_n`` dictionary look-ups, not a scan.
 
 ``Speculation`` decides, per sequence, how many of the proposed tokens a pass verifies. It
-estimates the chance that a proposed token is the one the model picks, from every proposal, also
-those it did not verify (the next token shows whether the proposal's first token was right, at no
-cost), and verifies ``k`` tokens only where ``(1 + expected accepted tokens) / cost(k + 1
-positions)`` beats a one-position pass; ``PassCost`` is that cost, timed as the passes run.
+estimates the chance that a proposed token is the one the model picks, apart for each length of
+the matched n-gram (a 3-gram's proposal holds far more often than a 1-gram's), from every
+proposal, also those it did not verify (the next token shows whether the proposal's first token
+was right, at no cost), and verifies ``k`` tokens only where ``(1 + expected accepted tokens) /
+cost`` beats a one-position pass. ``PassCost`` is that cost, timed as the passes run: by positions,
+and what a change of the pass's shape adds (both ways: into a verifying streak and back), which
+makes verifying sticky: a streak starts only where it pays for both changes.
 ``Drafts`` holds a Batcher's Speculations.
 """
 
@@ -42,108 +45,142 @@ class NgramIndex:
             self._ends[tuple(self.tokens[end - n:end])] = end
         self.tokens.append(token)
 
-    def propose(self, k: int) -> list[int]:
-        """Up to ``k`` tokens after the latest earlier occurrence of the longest suffix n-gram
-        (none without one)."""
+    def propose(self, k: int) -> tuple[int, list[int]]:
+        """(n, ``k`` tokens): the tokens after the latest earlier occurrence of the longest suffix
+        n-gram, repeated where that occurrence ends within ``k`` of the history's end (a history
+        repeating a span goes on repeating it); (0, []) without one."""
         size = len(self.tokens)
         for n in range(min(self.max_n, size), self.min_n - 1, -1):
             end = self._ends.get(tuple(self.tokens[size - n:]))
             if end is not None:
-                return self.tokens[end:end + k]
-        return []
+                return n, repeated(self.tokens[end:end + k], k)
+        return 0, []
 
 
-def propose(tokens: Sequence[int], k: int, min_n: int = 1, max_n: int = 3) -> list[int]:
+def repeated(span: Sequence[int], k: int) -> list[int]:
+    """``k`` tokens: ``span`` over and over."""
+    return [span[i % len(span)] for i in range(k)]
+
+
+def propose(tokens: Sequence[int], k: int, min_n: int = 1, max_n: int = 3) -> tuple[int, list[int]]:
     """``NgramIndex(tokens).propose(k)``, by a scan: the reference its tests compare it with."""
     tokens = list(tokens)
     for n in range(min(max_n, len(tokens)), min_n - 1, -1):
         suffix = tokens[len(tokens) - n:]
         for end in range(len(tokens) - 1, n - 1, -1):
             if tokens[end - n:end] == suffix:
-                return tokens[end:end + k]
-    return []
+                return n, repeated(tokens[end:end + k], k)
+    return 0, []
 
 
 class PassCost:
-    """The time of a pass over ``n`` positions of one sequence, in one-position passes (the decode
-    graph's step): the ratio of their moving averages (~1/``weight`` passes each) as ``observe``
-    times them, so what a pass costs on this host's class and load; ``base + per_token * (n - 1)``
-    for a size not timed within the last ``forget`` one-position passes (a slow spell's figure
-    would otherwise stop the speculation that could time it again)."""
+    """The time of a pass over ``n`` positions of one sequence, in one-position passes, on this
+    host's class and load: the ratio of moving averages (~1/``weight`` passes each) of passes of
+    the previous pass's shape, as ``observe`` times them; ``base + per_token * (n - 1)`` for a size
+    not timed within the last ``forget`` one-position passes (a slow spell's figure would otherwise
+    stop the speculation that could time it again). ``switch``: what a pass whose shape differs
+    from the previous pass's costs more (OpenVINO's CPU plugin prepares every node again on a new
+    input shape: docs/prompt-lookup.md), timed as such passes run; ``last``: the previous pass's
+    positions (0: not timed, e.g. a batch)."""
 
-    def __init__(self, base: float = 1.5, per_token: float = 0.15, weight: float = 0.1, forget: int = 256):
+    def __init__(self, base: float = 1.5, per_token: float = 0.15, switch: float = 0.3,
+                 weight: float = 0.1, forget: int = 256):
         self.base, self.per_token, self.weight, self.forget = base, per_token, weight, forget
-        self._seconds: dict[int, float] = {}  # positions -> moving average of a pass's seconds
+        self.switch, self.last = switch, 0
+        self._seconds: dict[int, float] = {}  # positions -> moving average of a same-shape pass's seconds
         self._seen: dict[int, int] = {}  # positions -> one-position passes timed before its last
         self._ones = 0
 
     def __call__(self, n: int) -> float:
         if n <= 1:
             return 1.0
-        if 1 not in self._seconds or self._ones - self._seen.get(n, -self.forget) >= self.forget:
+        if 1 not in self._seconds or self._stale(n):
             return self.base + self.per_token * (n - 1)
         return self._seconds[n] / self._seconds[1]
 
+    def _stale(self, n: int) -> bool:
+        return self._ones - self._seen.get(n, -self.forget) >= self.forget
+
     def observe(self, n: int, seconds: float) -> None:
         """A pass over ``n`` positions of one sequence took ``seconds``."""
-        mean = self._seconds.get(n)
-        fresh = mean is None or (n > 1 and self._ones - self._seen[n] >= self.forget)
-        self._seconds[n] = seconds if fresh else mean + self.weight * (seconds - mean)
-        self._ones += n == 1
-        self._seen[n] = self._ones
+        if n == self.last:
+            mean = self._seconds.get(n)
+            fresh = mean is None or (n > 1 and self._stale(n))
+            self._seconds[n] = seconds if fresh else mean + self.weight * (seconds - mean)
+            self._ones += n == 1
+            self._seen[n] = self._ones
+        elif 1 in self._seconds and n in self._seconds and (n == 1 or not self._stale(n)):
+            extra = max(seconds - self._seconds[n], 0.0) / self._seconds[1]
+            self.switch += self.weight * (extra - self.switch)
+        self.last = n
+
+
+# The prior chance that a proposal's tokens are right, by the matched n-gram's length (1, 2, 3+):
+# their first tokens held 0.16-0.27, 0.40-0.74 and 0.81-0.95 of the time in free text (SmolLM2,
+# gemma3, benchmarks/prompt_lookup.py's prompts).
+PRIORS = (0.25, 0.5, 0.8)
 
 
 class Speculation:
     """One sequence's speculation: ``mode`` on (always verify what is proposed, up to ``k``
-    tokens) or auto (only as many as pay, by ``cost``); ``rates[i]``: the chance that a proposal's
-    token i is right once those before it were, a prior ``rate``, then a moving average over its
-    last ~1/``weight`` outcomes (the first token's is seen on every proposal, verified or not:
-    later ones hold less often, so one rate for all had verified too far)."""
+    tokens) or auto (only as many as pay, by ``cost``); ``rates[n][i]``: the chance that token i of
+    a proposal that matched an n-gram is right once those before it were, a prior (``priors``,
+    by n), then a moving average over its last ~1/``weight`` outcomes (the first token's is seen on
+    every proposal, verified or not: later ones hold less often, so one rate for all had verified
+    too far)."""
 
     def __init__(self, tokens: Sequence[int], *, k: int, mode: str = "auto", cost: PassCost | None = None,
-                 rate: float = 0.5, weight: float = 0.15, min_n: int = 1, max_n: int = 3):
+                 priors: Sequence[float] = PRIORS, weight: float = 0.15, min_n: int = 1, max_n: int = 3):
         self.index = NgramIndex(tokens, min_n=min_n, max_n=max_n)
         self.k, self.mode, self.weight = k, mode, weight
-        self.rates = [rate] * k
+        self.rates = {n: [priors[min(n, len(priors)) - 1]] * k for n in range(min_n, max_n + 1)}
         self.cost = PassCost() if cost is None else cost
+        self._match = 0  # the n-gram length of the last proposal
         self._guess: int | None = None  # the first token of the last unverified proposal
+        self._verifying = False  # the last pass verified a draft
         self.proposed = self.accepted = self.passes = 0  # verified draft tokens, accepted ones, passes
 
     def draft(self, most: int) -> list[int]:
         """The tokens (``most`` at most) the next pass verifies after the sequence's last token."""
-        proposal = self.index.propose(min(self.k, most)) if most > 0 else []
-        n = len(proposal) if self.mode == "on" else self._worth(len(proposal))
+        self._match, proposal = self.index.propose(min(self.k, most)) if most > 0 else (0, [])
+        rates = self.rates.get(self._match, [])
+        n = len(proposal) if self.mode == "on" else self._worth(rates, len(proposal))
         self._guess = proposal[0] if proposal and not n else None
         return proposal[:n]
 
-    def _worth(self, most: int) -> int:
-        """How many proposed tokens (of ``most``) a pass best verifies; 0: one position is best."""
+    def _worth(self, rates: Sequence[float], most: int) -> int:
+        """How many proposed tokens (of ``most``) a pass best verifies; 0: one position is best.
+        A pass whose shape is not the previous pass's pays ``cost.switch``; one that starts a
+        streak of verifying passes also pays for the switch back (a streak starts only where it
+        pays for both); one position never does (that was paid when the streak started)."""
         best, gain, expected, p = 0, 1.0, 1.0, 1.0
         for n in range(1, most + 1):
-            p *= self.rates[n - 1]
+            p *= rates[n - 1]
             expected += p  # the tokens a pass verifying n proposed tokens gives, on average
-            if expected / self.cost(n + 1) > gain:
-                best, gain = n, expected / self.cost(n + 1)
+            price = self.cost(n + 1) + self.cost.switch * ((n + 1 != self.cost.last) + (not self._verifying))
+            if expected / price > gain:
+                best, gain = n, expected / price
         return best
 
     def accept(self, draft: Sequence[int], tokens: Sequence[int]) -> None:
         """The pass that verified ``draft`` (maybe none) gave ``tokens``: extend the history, and
         learn how often proposals are right."""
+        rates = self.rates.get(self._match, [])
         if draft:
             right = agreeing(draft, tokens)
             self.passes, self.proposed, self.accepted = (self.passes + 1, self.proposed + len(draft),
                                                          self.accepted + right)
             for i in range(right):
-                self._learn(i, 1.0)
+                self._learn(rates, i, 1.0)
             if right < len(draft) and right < len(tokens):
-                self._learn(right, 0.0)
+                self._learn(rates, right, 0.0)
         elif self._guess is not None and tokens:
-            self._learn(0, 1.0 if tokens[0] == self._guess else 0.0)
-        self._guess = None
+            self._learn(rates, 0, 1.0 if tokens[0] == self._guess else 0.0)
+        self._guess, self._verifying = None, bool(draft)
         self.index.extend(tokens)
 
-    def _learn(self, i: int, outcome: float) -> None:
-        self.rates[i] += self.weight * (outcome - self.rates[i])
+    def _learn(self, rates: list[float], i: int, outcome: float) -> None:
+        rates[i] += self.weight * (outcome - rates[i])
 
 
 def agreeing(draft: Sequence[int], tokens: Sequence[int]) -> int:
@@ -192,6 +229,8 @@ class Drafts:
         """A pass of the sequences ``seq_ids`` over ``positions`` took ``seconds``."""
         if len(seq_ids) == 1 and seq_ids[0] in self._seqs:
             self.cost.observe(positions, seconds)
+        else:
+            self.cost.last = 0  # a pass of another shape, not timed
 
     def accept(self, seq_id: str, draft: Sequence[int], tokens: Sequence[int]) -> None:
         if seq_id in self._seqs:
