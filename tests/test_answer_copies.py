@@ -97,3 +97,15 @@ def test_every_block_comes_back_and_an_unrun_copy_caches_nothing():
     s.add("next", tokens[:8] + [7, 7])
     step(s)
     assert s.cached("next") == 4
+
+
+def test_a_sequence_whose_copied_chain_was_evicted_copies_no_further():
+    s = make(num_blocks=32)
+    plans, _ = decode(s, 4)  # "a" and "b" have each copied block 1
+    first = s.copies._seqs["a"].addresses[0]
+    taken = []
+    while s.pool.holds(first):  # room made for others: the least recently used cached block goes
+        taken.append(s.pool.allocate())
+    s.pool.release(taken)
+    plans = [step(s) for _ in range(12)]  # block 2 (positions 8-11) fills for both
+    assert {c.seq_id for p in plans for c in copies_of(p)} == {"b"}

@@ -58,10 +58,12 @@ class AnswerCopies:
             if self.pool.holds(address):  # computed already (an earlier turn, another sequence)
                 copies.addresses.append(address)
                 continue
+            if self.pool.available - len(copies.addresses) <= reserve:  # taking them may use some
+                return None  # checked first: a take and release would refresh the chain's LRU place
             taken = [self.pool.take(a) for a in copies.addresses]
-            if None in taken or self.pool.available <= reserve:
+            if None in taken:
                 self.pool.release([b for b in taken if b is not None])
-                copies.ended = None in taken
+                copies.ended = True
                 return None
             copies.held = [*taken, self.pool.allocate()]
             copies.addresses.append(address)
