@@ -53,17 +53,21 @@ def test_a_span_the_history_repeats_is_proposed_over_and_over():
 
 
 def test_auto_verifies_only_what_its_acceptance_pays_for():
-    cost = PassCost(base=1.3, per_token=0.3, switch=0.0)
+    cost = PassCost(switch=0.0)
+    for n in (1, 1, 2, 2, 3, 3, 4, 4, 5, 5):  # 1.3 steps a pass over 2 positions, 0.3 each more
+        cost.observe(n, 0.010 if n == 1 else 0.013 + 0.003 * (n - 2))
     spec = Speculation([1, 2, 3, 4, 5, 1, 2], k=4, mode="auto", cost=cost, priors=[0.95])
     assert spec.draft(10) == [3, 4, 5, 1]
     assert spec.draft(2) == [3, 4]  # within what the request may still generate
-    doubtful = Speculation([1, 2, 3, 4, 5, 1, 2], k=4, mode="auto", cost=cost, priors=[0.3])
+    doubtful = Speculation([1, 2, 3, 4, 5, 1, 2], k=4, mode="auto", cost=cost, priors=[0.25])
     assert doubtful.draft(10) == []
     assert Speculation([1, 2, 3, 1, 2], k=4, mode="on", cost=cost, priors=[0.0]).draft(10) == [3, 1, 2, 3]
 
 
 def test_a_streak_of_verifying_starts_only_where_it_pays_for_both_shape_changes():
-    cost = PassCost(base=1.2, per_token=0.0, switch=0.3)  # 1.2 steps a verifying pass; 0.3 a change
+    cost = PassCost(switch=0.3, weight=0.0)  # 1.2 steps a verifying pass; 0.3 a change
+    for n in (1, 1, 2, 2, 3, 3):
+        cost.observe(n, 0.010 if n == 1 else 0.012)
     history = [1, 2, 3, 4, 5, 6, 1, 2]
     # Two proposed tokens, each right half the time: 1.75 tokens a pass, 1.46 a step in a streak;
     # 0.97 a step where the pass also changes the shape, there and back (1.2 + 0.3 + 0.3).
@@ -227,17 +231,18 @@ def test_verified_positions_are_not_shared_as_a_decode_would_have_computed_them(
     assert s.pool.cached == 1
 
 
-def test_pass_cost_is_timed_and_a_stale_size_falls_back_to_the_model():
-    cost = PassCost(base=1.5, per_token=0.25, switch=0.5, weight=0.5, forget=4)
-    assert cost(1) == 1.0 and cost(3) == 2.0  # nothing timed yet
+def test_pass_cost_is_timed_and_an_untimed_size_costs_what_a_smaller_timed_one_does():
+    cost = PassCost(switch=0.5, weight=0.5, forget=4)
+    assert cost(1) == 1.0 and cost(3) == 1.0  # nothing timed yet: try
     for n, seconds in [(1, 0.010), (1, 0.010), (3, 0.050), (3, 0.030)]:  # the first of a shape: a change
         cost.observe(n, seconds)
-    assert cost(3) == 3.0 and cost(5) == 2.5 and cost.switch == 0.5 and cost.last == 3
+    assert cost(3) == 3.0 and cost(2) == 1.0 and cost(5) == 3.0
+    assert cost.switch == 0.5 and cost.last == 3
     cost.observe(3, 0.020)
     assert cost(3) == 0.025 / 0.010
     for _ in range(5):
         cost.observe(1, 0.010)
-    assert cost(3) == 2.0  # not timed for 4 one-position passes: the model again
+    assert cost(3) == 1.0  # not timed for 4 one-position passes: tried again
     cost.observe(3, 0.015)
     cost.observe(3, 0.015)
     assert cost(3) == 1.5

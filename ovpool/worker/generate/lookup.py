@@ -76,26 +76,26 @@ def propose(tokens: Sequence[int], k: int, min_n: int = 1, max_n: int = 3) -> tu
 class PassCost:
     """The time of a pass over ``n`` positions of one sequence, in one-position passes, on this
     host's class and load: the ratio of moving averages (~1/``weight`` passes each) of passes of
-    the previous pass's shape, as ``observe`` times them; ``base + per_token * (n - 1)`` for a size
-    not timed within the last ``forget`` one-position passes (a slow spell's figure would otherwise
-    stop the speculation that could time it again). ``switch``: what a pass whose shape differs
-    from the previous pass's costs more (OpenVINO's CPU plugin prepares every node again on a new
-    input shape: docs/prompt-lookup.md), timed as such passes run; ``last``: the previous pass's
-    positions (0: not timed, e.g. a batch)."""
+    the previous pass's shape, as ``observe`` times them. A size not timed within the last
+    ``forget`` one-position passes costs, for now, what the largest smaller size timed costs: a
+    pass over more positions costs no less, and so an untimed size is tried, and timed (a slow
+    spell's figure would otherwise stop the speculation that could time it again). ``switch``: what
+    a pass whose shape differs from the previous pass's costs more (OpenVINO's CPU plugin prepares
+    every node again on a new input shape: docs/prompt-lookup.md), timed as such passes run;
+    ``last``: the previous pass's positions (0: not timed, e.g. a batch)."""
 
-    def __init__(self, base: float = 1.5, per_token: float = 0.15, switch: float = 0.3,
-                 weight: float = 0.1, forget: int = 256):
-        self.base, self.per_token, self.weight, self.forget = base, per_token, weight, forget
+    def __init__(self, switch: float = 0.3, weight: float = 0.1, forget: int = 256):
+        self.weight, self.forget = weight, forget
         self.switch, self.last = switch, 0
         self._seconds: dict[int, float] = {}  # positions -> moving average of a same-shape pass's seconds
         self._seen: dict[int, int] = {}  # positions -> one-position passes timed before its last
         self._ones = 0
 
     def __call__(self, n: int) -> float:
-        if n <= 1:
+        if n <= 1 or 1 not in self._seconds:
             return 1.0
-        if 1 not in self._seconds or self._stale(n):
-            return self.base + self.per_token * (n - 1)
+        if self._stale(n):
+            return max((self(m) for m in range(2, n) if not self._stale(m)), default=1.0)
         return self._seconds[n] / self._seconds[1]
 
     def _stale(self, n: int) -> bool:
