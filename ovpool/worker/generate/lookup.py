@@ -116,8 +116,8 @@ class PassCost:
 
 
 # The prior chance that a proposal's tokens are right, by the matched n-gram's length (1, 2, 3+):
-# their first tokens held 0.16-0.27, 0.40-0.74 and 0.81-0.95 of the time in free text (SmolLM2,
-# gemma3, benchmarks/prompt_lookup.py's prompts).
+# in free text their first tokens held 0.23 / 0.27, 0.52 / 0.74 and 0.81 / 0.95 of the time
+# (SmolLM2 / gemma3, benchmarks/prompt_lookup.py's open-ended prompts; docs/performance.md).
 PRIORS = (0.25, 0.5, 0.8)
 
 
