@@ -26,19 +26,14 @@ import time
 from pathlib import Path
 
 from ovpool.demo import free_port
-from ovpool.worker.graph.cpu_class import CpuInfo
 
-# Runs the server; with "no-extra-bufts" first, its models load without extra buffer types.
+# Runs the server (argv: this folder, then the server's arguments), on AMX without extra buffer
+# types, as engine_vs_genai.py loads llama.cpp.
 _BOOT = """
 import runpy, sys
-if sys.argv[1] == "no-extra-bufts":
-    import llama_cpp.llama_cpp as raw
-    default = raw.llama_model_default_params
-    def params():
-        p = default()
-        p.use_extra_bufts = False
-        return p
-    raw.llama_model_default_params = params
+sys.path.insert(0, sys.argv[1])
+from engine_vs_genai import llamacpp_without_amx_repack
+llamacpp_without_amx_repack()
 sys.argv = ["llama_cpp.server", *sys.argv[2:]]
 runpy.run_module("llama_cpp.server", run_name="__main__", alter_sys=True)
 """
@@ -61,12 +56,11 @@ class LlamaCppServer:
         self._config = workdir / "llamacpp.json"
         self._config.write_text(json.dumps({"host": "127.0.0.1", "port": self.port, "models": entries}))
         self._log_path = workdir / "llamacpp.log"
-        self.extra_bufts = "amx_tile" not in CpuInfo.read().flags
         self._proc: subprocess.Popen | None = None
 
     def __enter__(self) -> LlamaCppServer:
         with open(self._log_path, "wb") as log:
-            argv = [sys.executable, "-c", _BOOT, "extra-bufts" if self.extra_bufts else "no-extra-bufts",
+            argv = [sys.executable, "-c", _BOOT, str(Path(__file__).parent),
                     "--config_file", str(self._config)]
             self._proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
         self._wait_ready()
