@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import struct
+
 import numpy as np
 import pytest
 from gguf import GGUFReader, GGUFValueType, GGUFWriter
 
 from ovpool.errors import ModelFormatError
 from ovpool.worker.gguf.file import read_header
-from ovpool.worker.gguf.model import resolve_model_path
 
 
 def _reader_value(field):
@@ -39,8 +40,10 @@ def _assert_same_as_reader(path):
 
 
 @pytest.mark.slow
-def test_matches_gguf_reader_on_smollm2():
-    _assert_same_as_reader(resolve_model_path("smollm2"))
+@pytest.mark.parametrize("model", ["smollm2_path", "gemma3_path"])
+def test_matches_gguf_reader_on_real_models(request, model):
+    # Every key: the vocabulary (tokens, scores, token types; gemma3's 262,144), merges, tensors.
+    _assert_same_as_reader(request.getfixturevalue(model))
 
 
 def _write_sample(path):
@@ -107,3 +110,56 @@ def test_corrupt_header_field_is_named(tmp_path, offset, value, size, message):
 def test_missing_file_is_a_format_error(tmp_path):
     with pytest.raises(ModelFormatError, match="cannot read"):
         read_header(tmp_path / "absent.gguf")
+
+
+def _string_array_file(path, items: list[bytes], lengths: list[int] | None = None):
+    """A GGUF holding one string array, written by hand: GGUFWriter cannot write invalid UTF-8
+    or a length that lies."""
+    lengths = [len(b) for b in items] if lengths is None else lengths
+    body = b"".join(struct.pack("<Q", n) + b for n, b in zip(lengths, items, strict=True))
+    key = b"t.strs"
+    path.write_bytes(struct.pack("<IIQQ", 0x46554747, 3, 0, 1) + struct.pack("<Q", len(key)) + key
+                     + struct.pack("<IIQ", GGUFValueType.ARRAY, GGUFValueType.STRING, len(items)) + body)
+    return path
+
+
+def _random_items(rng: np.random.Generator, n: int, odd: bool = True) -> list[bytes]:
+    # Vocabulary-like text plus what a bulk decoder could trip on: empty strings, NULs, strings
+    # long enough to end the vectorized walk, and bytes shaped like a length prefix.
+    kinds = [lambda: "".join(rng.choice(list("ab▁é中😀 <|>"), rng.integers(1, 12))).encode(),
+             lambda: b"", lambda: b"x\x00y", lambda: b"\x00" * int(rng.integers(1, 9)),
+             lambda: ("▁" * int(rng.integers(80, 120))).encode(),
+             lambda: struct.pack("<Q", int(rng.integers(0, 128))),
+             lambda: bytes(rng.integers(0, 128, rng.integers(250, 300), dtype=np.uint8))]
+    weights = np.array([60, 5, 2, 2, 2, 3, 1] if odd else [1, 0, 0, 0, 0, 0, 0], float)
+    return [kinds[k]() for k in rng.choice(len(kinds), n, p=weights / weights.sum())]
+
+
+@pytest.mark.parametrize("odd", [True, False])
+@pytest.mark.parametrize("seed", range(4))
+def test_string_arrays_read_exactly(tmp_path, seed, odd):
+    rng = np.random.default_rng(seed)
+    items = _random_items(rng, int(rng.integers(0, 20_000)), odd)
+    path = _string_array_file(tmp_path / "strs.gguf", items)
+    assert read_header(path).metadata["t.strs"] == [b.decode("utf-8") for b in items]
+    assert list(GGUFReader(path).fields["t.strs"].contents()) == [b.decode("utf-8") for b in items]
+
+
+@pytest.mark.parametrize("bad", [b"\xff", b"\xc3", b"ok\xe2\x96", b"\x80abc", b"\xed\xa0\x80"])
+def test_invalid_utf8_in_a_string_array_names_the_item(tmp_path, bad):
+    items = _random_items(np.random.default_rng(7), 3_000)
+    items = [b.decode("utf-8").encode() for b in items]
+    items[1234] = bad
+    with pytest.raises(ModelFormatError, match="invalid UTF-8 text in item 1234"):
+        read_header(_string_array_file(tmp_path / "strs.gguf", items))
+
+
+@pytest.mark.parametrize("length", [1 << 20, 1 << 40, (1 << 63) + 5, (1 << 64) - 1])
+@pytest.mark.parametrize("at", [0, 1500, 2999])
+def test_a_huge_declared_length_is_a_format_error(tmp_path, length, at):
+    # The file is untrusted: a lying length must fail at once, allocating nothing of its size.
+    items = [b"tok%d" % i for i in range(3_000)]
+    lengths = [len(b) for b in items]
+    lengths[at] = length
+    with pytest.raises(ModelFormatError, match=f"unexpected end of file in item {at}"):
+        read_header(_string_array_file(tmp_path / "strs.gguf", items, lengths))

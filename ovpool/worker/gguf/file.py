@@ -19,6 +19,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 from gguf.constants import GGUF_DEFAULT_ALIGNMENT, GGUF_MAGIC
 
 from ovpool.errors import ModelFormatError
+from ovpool.worker.gguf.strings import decode_joined, short_string_starts
 
 _SUPPORTED_VERSIONS = (2, 3)
 _HEADER_PREFETCH = 1 << 20
@@ -127,26 +128,46 @@ class _Cursor:
         return values
 
     def string_array(self, count: int, what: str) -> list[str]:
-        # The hot loop of the parser (a vocabulary has ~10^5 entries): locals only, decode once.
-        buf, pos, size, unpack = self.buf, self.pos, self.size, struct.Struct("<Q").unpack_from
-        out = []
-        append = out.append
+        starts = self.string_starts(count, what)
+        strings = decode_joined(self.buf, starts, self.pos)
+        return self.decode_each(starts, what) if strings is None else strings
+
+    def string_starts(self, count: int, what: str) -> np.ndarray:
+        """Offsets of ``count`` length-prefixed strings from ``pos``, checked to lie inside the
+        file; ``pos`` ends after them. What ``short_string_starts`` leaves, one step per item."""
+        found, pos = short_string_starts(self.buf, self.pos, count)
+        buf, unpack = self.buf, struct.Struct("<Q").unpack_from
+        rest: list[int] = []
+        append = rest.append
         try:
-            for _ in range(count):
-                (n,) = unpack(buf, pos)
-                pos += 8
-                if pos + n > size:
-                    raise struct.error
-                append(buf[pos:pos + n].decode("utf-8"))
-                pos += n
-        except struct.error as exc:
-            self.pos = pos
-            raise self.fail(what, f"unexpected end of file in item {len(out)}") from exc
-        except UnicodeDecodeError as exc:
-            self.pos = pos
-            raise self.fail(what, f"invalid UTF-8 text in item {len(out)}") from exc
+            for _ in range(count - found.size):
+                append(pos)
+                (n,) = unpack(buf, pos)  # past the end (a previous length too large) raises
+                pos += 8 + n
+        except (struct.error, OverflowError):
+            pos = -1
+        if not 0 <= pos <= self.size:
+            # The bad item: the one whose prefix is cut, or the one before, whose length overshot.
+            bad = len(rest) - 1 - (rest[-1] > self.size)
+            self.pos = rest[bad]
+            raise self.fail(what, f"unexpected end of file in item {found.size + bad}")
         self.pos = pos
-        return out
+        return np.concatenate((found, np.array(rest, np.int64)))
+
+    def decode_each(self, offsets: np.ndarray, what: str) -> list[str]:
+        """One decode per item: for the arrays ``decode_joined`` declines, naming a bad item."""
+        starts = offsets.tolist()
+        ends = [*starts[1:], self.pos]
+        try:
+            return [self.buf[a + 8:b].decode("utf-8") for a, b in zip(starts, ends, strict=True)]
+        except UnicodeDecodeError:
+            for i, (a, b) in enumerate(zip(starts, ends, strict=True)):
+                try:
+                    self.buf[a + 8:b].decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    self.pos = a
+                    raise self.fail(what, f"invalid UTF-8 text in item {i}") from exc
+            raise
 
 
 def read_header(path: str | Path) -> GGUFHeader:

@@ -41,7 +41,8 @@ class Tokenizer:
         self.tokens: list[str] = list(_required(metadata, _K + "tokens"))
         self.vocab_size = len(self.tokens)
         types = metadata.get(_K + "token_type")
-        self._types = [NORMAL] * self.vocab_size if types is None else np.asarray(types).tolist()
+        types = np.full(self.vocab_size, NORMAL) if types is None else np.asarray(types)
+        self._types: list[int] = types.tolist()
         self._vocab = dict(zip(self.tokens, range(self.vocab_size), strict=True))
         self.bos_id = metadata.get(_K + "bos_token_id")
         spm = self.model == "llama"
@@ -50,12 +51,12 @@ class Tokenizer:
         self.add_space_prefix = spm and bool(metadata.get(_K + "add_space_prefix", True))
         self.eos_ids = self._end_of_generation_ids(metadata)
         self._eos_id = metadata.get(_K + "eos_token_id")
-        specials = np.flatnonzero(np.isin(self._types, (CONTROL, USER_DEFINED))).tolist()
+        specials = np.flatnonzero(np.isin(types, (CONTROL, USER_DEFINED))).tolist()
         self._specials = SpecialTexts(self.tokens[i] for i in specials if self.tokens[i])
         self._piece_cache: dict[int, bytes] = {}
-        self._build_encoder(metadata)
+        self._build_encoder(metadata, types)
 
-    def _build_encoder(self, metadata: dict[str, Any]) -> None:
+    def _build_encoder(self, metadata: dict[str, Any], types: np.ndarray) -> None:
         unk = metadata.get(_K + "unknown_token_id")
         if self.model == "gpt2":
             self._pre = PreTokenizer(metadata.get(_K + "pre"))
@@ -65,7 +66,7 @@ class Tokenizer:
         else:
             scores = metadata.get(_K + "scores")
             scores = [0.0] * self.vocab_size if scores is None else np.asarray(scores, float).tolist()
-            byte_ids = {int(self.tokens[i][3:5], 16): i for i, t in enumerate(self._types) if t == BYTE}
+            byte_ids = {int(self.tokens[i][3:5], 16): i for i in np.flatnonzero(types == BYTE).tolist()}
             self._spm = SentencePieceEncoder(self._vocab, scores, byte_ids, unk)
 
     @classmethod
