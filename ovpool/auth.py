@@ -71,20 +71,22 @@ class ServerSecurity:
         self.roles: dict[str, int] | None = None
         self._context, self._settings = context, settings
         self._auth: ThreadAuthenticator | None = None
+        self._pair: tuple[bytes, bytes] | None = None  # read once: every socket gets the same pair
         for name in _ALLOWED:
             if settings[name] and not self.enabled:
                 raise ConfigError(f"{name} needs curve_secret_key (the broker's key pair)")
 
     def __enter__(self) -> ServerSecurity:
         if self.enabled:
+            public, secret = load_key(self._settings.curve_secret_key, need_secret=True)
+            self._pair = (public, secret)
             self.roles = roles.by_key(*(_public_keys(self._settings, name) for name in _ALLOWED))
             self._auth = ThreadAuthenticator(self._context)
             self._auth.start()
             self._auth.configure_curve_callback(domain="*", credentials_provider=_AllowedKeys(self.roles))
             # Only the pair's own key may read a standby broker's states (broker/standby.py).
-            public = load_key(self._settings.curve_secret_key, need_secret=True)[0].decode("ascii")
             self._auth.configure_curve_callback(domain=PAIR_DOMAIN,
-                                                credentials_provider=_AllowedKeys({public}))
+                                                credentials_provider=_AllowedKeys({public.decode("ascii")}))
         return self
 
     def mode(self) -> str:
@@ -96,9 +98,8 @@ class ServerSecurity:
                 f" {sum(r & roles.WORKER > 0 for r in held)} worker key(s)")
 
     def apply(self, socket: zmq.Socket, endpoint: str) -> None:
-        if self.enabled:
-            public, secret = load_key(self._settings.curve_secret_key, need_secret=True)
-            socket.curve_publickey, socket.curve_secretkey = public, secret
+        if self._pair is not None:
+            socket.curve_publickey, socket.curve_secretkey = self._pair
             socket.curve_server = True
         elif not is_loopback(endpoint):
             log.warning("binding %s without CURVE: anyone who can reach it can submit requests, and"
@@ -109,14 +110,13 @@ class ServerSecurity:
         pair their clients know: ``publisher`` is a CURVE server only that key may read, and
         ``subscriber`` takes states only from a server proving it holds that key, so no process
         without the secret can get a state to the FSM. Without CURVE both stay in the clear."""
-        if not self.enabled:
+        if self._pair is None:
             return
-        public, secret = load_key(self._settings.curve_secret_key, need_secret=True)
         for socket in (publisher, subscriber):
-            socket.curve_publickey, socket.curve_secretkey = public, secret
+            socket.curve_publickey, socket.curve_secretkey = self._pair
         publisher.curve_server = True
         publisher.zap_domain = PAIR_DOMAIN.encode()
-        subscriber.curve_serverkey = public
+        subscriber.curve_serverkey = self._pair[0]
 
     def __exit__(self, *exc: object) -> None:
         if self._auth is not None:
