@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import mmap
+import threading
 
 import numpy as np
 import pytest
 
 from ovpool import Engine
 from ovpool.sampling_params import SamplingParams
-from ovpool.worker.backend import EngineBackend, Failed, Finished, Token
+from ovpool.worker.backend import EngineBackend, Failed, Finished, Interleaved, Token
 from ovpool.worker.generate.batch import PagedRunner, zero_pages
 from ovpool.worker.generate.batcher import Batcher
 
@@ -259,17 +261,21 @@ def test_cache_only_worker_without_the_batching_graph_says_so_and_serves(tiny_mo
         assert done["a"].token_ids == alone(eng, PROMPTS[0], params).token_ids
 
 
-def test_requests_started_before_the_paged_graph_is_ready_finish_unbatched(tiny_model, monkeypatch):
-    import threading
-
-    from ovpool.worker.backend import Interleaved
-
-    # An engine on the stateful graph (as a cache start on OpenVINO 2026.4's CPU plugin): its
-    # worker loads the paged graph on a thread, and serves meanwhile on the compatibility seam.
+@contextlib.contextmanager
+def stateful_engine(tiny_model, monkeypatch, before_paged_graph):
+    """An engine on the stateful graph (as a cache start on OpenVINO 2026.4's CPU plugin), whose
+    paged graph loads only after ``before_paged_graph()`` returns."""
     stateful = {**F32, "attention": "sdpa"}
     with Engine(tiny_model(arch="llama", weight_type="Q4_1"), settings=stateful) as engine:
-        ready, load = threading.Event(), engine.paged_graph
-        monkeypatch.setattr(engine, "paged_graph", lambda: ready.wait() and load())
+        load = engine.paged_graph
+        monkeypatch.setattr(engine, "paged_graph", lambda: (before_paged_graph(), load())[1])
+        yield engine
+
+
+def test_requests_started_before_the_paged_graph_is_ready_finish_unbatched(tiny_model, monkeypatch):
+    # Its worker loads the paged graph on a thread, and serves meanwhile on the compatibility seam.
+    ready = threading.Event()
+    with stateful_engine(tiny_model, monkeypatch, ready.wait) as engine:
         backend = EngineBackend(engine, slots=3)
         params = SamplingParams(max_tokens=10, ignore_eos=True)
         backend.add("early", PROMPTS[0], params)  # the worker serves before the paged graph exists
@@ -288,13 +294,9 @@ def test_requests_started_before_the_paged_graph_is_ready_finish_unbatched(tiny_
 
 @pytest.mark.parametrize("first", ["step", "idle"])
 def test_the_paged_graph_loads_after_the_first_step_or_when_idle(tiny_model, monkeypatch, first):
-    import threading
-
     # Its compile would take the cores from the first requests of a model loaded on demand.
-    stateful = {**F32, "attention": "sdpa"}
-    with Engine(tiny_model(arch="llama", weight_type="Q4_1"), settings=stateful) as engine:
-        begun, load = threading.Event(), engine.paged_graph
-        monkeypatch.setattr(engine, "paged_graph", lambda: begun.set() or load())
+    begun = threading.Event()
+    with stateful_engine(tiny_model, monkeypatch, begun.set) as engine:
         backend = EngineBackend(engine, slots=2)
         params = SamplingParams(max_tokens=4, ignore_eos=True)
         if first == "step":
