@@ -16,7 +16,7 @@ import numpy as np
 import openvino as ov
 
 from ovpool.errors import InferenceError
-from ovpool.worker.generate.scheduler import Chunk
+from ovpool.worker.generate.plan import Chunk
 from ovpool.worker.graph.decode import DecodeGraph
 
 _MIB = 1 << 20

@@ -19,8 +19,8 @@ from ovpool.sampling_params import SamplingParams
 from ovpool.worker.generate.constraint import Constraint
 from ovpool.worker.generate.limits import context_note
 from ovpool.worker.generate.logprobs import Logprobs
+from ovpool.worker.generate.plan import prompt_chunk
 from ovpool.worker.generate.sampler import Sampler, StopMatcher
-from ovpool.worker.generate.scheduler import prompt_chunk
 from ovpool.worker.generate.session import Session
 from ovpool.worker.text.tool_reader import ToolReader
 

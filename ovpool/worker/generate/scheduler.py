@@ -1,9 +1,6 @@
 """Continuous batching as pure logic: which tokens of which sequences go into the next forward pass.
 
-Every sequence is a list of token ids (prompt, then generated tokens) of which the first
-``computed`` have their keys/values in the paged KV cache. ``pending = len(tokens) - computed``:
-pending == 1 is a decode (one token, then sample); pending > 1 is a prompt still being prefilled
-(or a preempted sequence being recomputed), fed in chunks. Each ``plan()``:
+Sequences, chunks and plans are ovpool.worker.generate.plan's. Each ``plan()``:
 
 1. schedules every running decode (they never wait behind a prompt),
 2. spends at most ``prefill_chunk`` tokens on prompt chunks (see ``prompt_chunk``: a token's
@@ -17,10 +14,10 @@ pending == 1 is a decode (one token, then sample); pending > 1 is a prompt still
    admitted sequence is preempted: its blocks are freed and it waits, at the front of the queue, to
    recompute its tokens. A sequence that alone needs more blocks than the pool has is ``exhausted``.
 
-With prefix caching (``caching=True``) the blocks are content-addressed (ovpool.worker.generate.blocks):
-a sequence is admitted on the longest chain of cached full blocks its tokens begin with and computes
-only the rest. ``commit()``, once a plan's pass has run, gives the full blocks it computed their
-addresses; freed blocks stay cached (a preempted sequence finds its own again) until evicted.
+With prefix caching (``caching=True``) a sequence is admitted on the cached chain its tokens begin
+with and ``commit()``, once a plan's pass has run, gives the full blocks it computed their
+addresses (ovpool.worker.generate.chains); freed blocks stay cached (a preempted sequence finds its
+own again) until evicted.
 
 Nothing here touches OpenVINO; ``ovpool.worker.generate.batch`` turns a Plan into a forward pass.
 """
@@ -29,82 +26,14 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 from ovpool.worker.generate.answer_copies import AnswerCopies
-from ovpool.worker.generate.blocks import BlockPool, chain_hashes
+from ovpool.worker.generate.blocks import BlockPool
+from ovpool.worker.generate.chains import Chains
+from ovpool.worker.generate.plan import Chunk, Plan, Seq, prompt_chunk
 from ovpool.worker.generate.route_keys import HeldKeys
 
-
-def prompt_chunk(left: int, budget: int) -> int:
-    """How many of a prompt's ``left`` uncomputed tokens the next pass takes, within ``budget``
-    (0: none this pass). A prompt of two or more tokens is never fed one token at a time, nor does a
-    chunk leave a single token for the last one (it takes one token fewer, or one over the budget):
-    OpenVINO's CPU paged attention computes a one-token query with its decode kernel and longer ones
-    with its prefill kernel, which differ in the last bits at bf16 (0.11 in a tiny model's logits),
-    enough to change a greedy token. So a prompt token is computed the same whether the prompt came
-    whole (a run of its own) or in chunks beside other sequences."""
-    if left == 1:
-        return 1
-    n = min(left, budget)
-    if left - n == 1:
-        n = n - 1 if n > 2 else left
-    return n if n >= 2 else 0
-
-
-@dataclass(frozen=True)
-class Chunk:
-    """Tokens ``tokens`` of sequence ``seq_id`` at positions ``start``..; ``blocks`` is its block table."""
-
-    seq_id: str
-    start: int
-    tokens: list[int]
-    blocks: list[int]
-    sample: bool  # the chunk ends the known tokens: the next token is sampled from its last row
-    draft: int = 0  # of its tokens, the last ``draft`` are proposed ones a sampled pass verifies
-
-
-@dataclass
-class Plan:
-    chunks: list[Chunk] = field(default_factory=list)
-    preempted: list[str] = field(default_factory=list)
-    exhausted: list[str] = field(default_factory=list)  # cannot grow even alone: end them
-
-    @property
-    def num_tokens(self) -> int:
-        return sum(len(c.tokens) for c in self.chunks)
-
-
-@dataclass
-class _Seq:
-    id: str
-    tokens: list[int]
-    prompt: int  # how many of the tokens are the prompt
-    keys: tuple[bytes, ...] = ()  # the request's route keys (opaque, see held_keys)
-    computed: int = 0
-    blocks: list[int] = field(default_factory=list)
-    addresses: list[bytes] = field(default_factory=list)  # of its tokens' full blocks, so far
-    registered: int = 0  # how many of its blocks have their address in the pool
-    admitted: bool = False  # once: counted in prompt_tokens
-    cached: int = 0  # of its prompt's tokens, the ones its admission found cached
-    draft: list[int] = field(default_factory=list)  # proposed tokens its next decode verifies
-    verified: int | None = None  # the first position whose KV a verifying pass computed
-
-    @property
-    def tail(self) -> bytes | None:
-        """The address of its last computed full block (None without one)."""
-        return self.addresses[self.registered - 1] if self.registered else None
-
-    @property
-    def pending(self) -> int:
-        return len(self.tokens) - self.computed
-
-    def take(self, budget: int) -> int:
-        """Tokens of the next chunk: a prompt chunk, or one generated token at a time when
-        recomputing after a preemption, as each was computed the first time (see prompt_chunk)."""
-        if self.computed >= self.prompt:
-            return 1
-        return prompt_chunk(self.prompt - self.computed, budget)
+__all__ = ["Chunk", "Plan", "Scheduler", "prompt_chunk"]
 
 
 class Scheduler:
@@ -123,13 +52,14 @@ class Scheduler:
             raise ValueError("num_blocks, block_size, prefill_chunk and max_running must be >= 1")
         self.num_blocks, self.block_size = num_blocks, block_size
         self.prefill_chunk, self.max_running = prefill_chunk, max_running
-        self.pool, self.seed, self.exact = BlockPool(num_blocks, caching), seed, exact
+        self.pool, self.seed = BlockPool(num_blocks, caching), seed
         self.tier = tier if caching else None
+        self.chains = Chains(self.pool, seed, block_size, exact, self.tier)
         self.copies = AnswerCopies(self.pool, seed, block_size) \
             if caching and exact and copy_answers and block_size <= prefill_chunk else None
-        self._waiting: deque[_Seq] = deque()
-        self._running: list[_Seq] = []  # admission order
-        self._seqs: dict[str, _Seq] = {}
+        self._waiting: deque[Seq] = deque()
+        self._running: list[Seq] = []  # admission order
+        self._seqs: dict[str, Seq] = {}
         self._planned: list[str] = []  # the sequences of the last plan, until commit()
         self._held = HeldKeys(limit=max(256, num_blocks))
         self.prompt_tokens = 0  # of admitted sequences
@@ -148,7 +78,7 @@ class Scheduler:
             raise ValueError(f"sequence {seq_id!r} is already scheduled")
         if not prompt:
             raise ValueError("a sequence needs at least one token")
-        seq = _Seq(seq_id, list(prompt), len(prompt), tuple(keys))
+        seq = Seq(seq_id, list(prompt), len(prompt), tuple(keys))
         self._seqs[seq_id] = seq
         self._waiting.append(seq)
 
@@ -226,6 +156,15 @@ class Scheduler:
         for seq in [s for s in self._running if s.pending == 1]:
             if seq in self._running:  # not preempted by an earlier decode of this loop
                 self._schedule_draft(seq, plan) or self._schedule(seq, 1, plan)
+        self._prefill(plan)
+        if self.copies is not None and len(plan.chunks) > 1 \
+                and all(len(c.tokens) == 1 + c.draft for c in plan.chunks):
+            self._copy_answer(plan)
+        self._planned = list(dict.fromkeys(c.seq_id for c in plan.chunks))
+        return plan
+
+    def _prefill(self, plan: Plan) -> None:
+        """Add prompt chunks to ``plan`` within the prefill budget, admitting waiting sequences."""
         budget = max(self.prefill_chunk, 2)  # a prompt chunk has two tokens or more (prompt_chunk)
         prefilling = [s for s in self._running if s.pending > 1]
         oldest = prefilling[0] if prefilling else None
@@ -246,11 +185,6 @@ class Scheduler:
         left = self._admit(plan, left, over=oldest is None, held=held)
         if oldest is not None and oldest in self._running and (n := oldest.take(max(left, 0) + reserve)):
             self._schedule(oldest, n, plan)
-        if self.copies is not None and len(plan.chunks) > 1 \
-                and all(len(c.tokens) == 1 + c.draft for c in plan.chunks):
-            self._copy_answer(plan)
-        self._planned = list(dict.fromkeys(c.seq_id for c in plan.chunks))
-        return plan
 
     def _copy_answer(self, plan: Plan) -> None:
         """Add one block of the oldest decoding sequence with a block to copy (answer_copies)
@@ -270,14 +204,14 @@ class Scheduler:
         blocks last (but ``held``, the blocks the oldest prompt's chunk needs) and, given
         ``shorter``, while they have fewer tokens to compute; the budget left. ``over``: a chunk
         may take one token over (prompt_chunk)."""
-        computing = self._computing()
+        computing = self.chains.computing(self._running)
         for seq in list(self._waiting):
             if budget <= 0 or len(self._running) >= self.max_running:
                 break
             if not self.fits(len(seq.tokens)):
                 self._exhaust(seq, plan)
                 continue
-            self._reuse(seq)
+            self.chains.reuse(seq, spare=len(self._running) + 1)
             if seq.registered < len(seq.addresses) and seq.addresses[seq.registered] in computing:
                 self._release(seq)  # its next block is being computed: it takes it from the cache
                 continue
@@ -300,77 +234,18 @@ class Scheduler:
             seq = self._seqs.get(seq_id)
             if seq is None or seq not in self._running:
                 continue
-            full = seq.computed // self.block_size
-            if self.exact and seq.verified is not None:  # a verifying pass's KV is no decode's
-                full = min(full, seq.verified // self.block_size)
-            seq.addresses = self._addresses(seq, full)
-            for i in range(seq.registered, full):
-                self.pool.register(seq.blocks[i], seq.addresses[i], *self._content(seq, i))
-                if self.tier is not None and (i + 1) * self.block_size <= seq.prompt:
-                    self.tier.save(seq.addresses[i], seq.blocks[i])
-            seq.registered = max(seq.registered, full)
+            self.chains.register(seq)
             if self.copies is not None:
                 self.copies.commit(seq_id)
         self._planned = []
 
-    def _computing(self) -> set[bytes]:
-        """The addresses of the prompt blocks running prefills are still to compute (prefix
-        caching): a waiting prompt that begins with one waits for it rather than computing it too."""
-        if not self.pool.caching:
-            return set()
-        return {a for s in self._running if s.computed < s.prompt
-                for a in s.addresses[s.registered:s.prompt // self.block_size]}
-
-    def _reuse(self, seq: _Seq) -> None:
-        """Start ``seq`` (not computed) on the longest chain of cached blocks its tokens begin with,
-        but always computing at least its last token (to sample from it) and never a prompt's last
-        token alone (see prompt_chunk): a block fewer when the chain ends there."""
-        if not self.pool.caching or seq.blocks:
-            return
-        seq.addresses = self._addresses(seq)
-        n = self.pool.longest(seq.addresses)
-        while n and not _resumable(seq, n * self.block_size):
-            n -= 1
-        seq.blocks = [self.pool.take(a) for a in seq.addresses[:n]]
-        if self.tier is not None:
-            self._load(seq)
-        n = len(seq.blocks)
-        seq.computed = n * self.block_size
-        seq.registered = n
-
-    def _load(self, seq: _Seq) -> None:
-        """Continue ``seq``'s cached chain with blocks from the lower tier, as far as it holds them,
-        ``_resumable`` allows and a spare block per running sequence stays free."""
-        for address in seq.addresses[len(seq.blocks):]:
-            if (not _resumable(seq, (len(seq.blocks) + 1) * self.block_size)
-                    or self.pool.available <= len(self._running) + 1):
-                return
-            block = self.pool.take(address)
-            if block is None:
-                payload = self.tier.fetch(address)
-                if payload is None:  # a miss: no block allocated, so no cached one evicted
-                    return
-                block = self.pool.allocate()
-                self.tier.fill(block, payload)
-                self.pool.register(block, address, *self._content(seq, len(seq.blocks)))
-            seq.blocks.append(block)
-
-    def _content(self, seq: _Seq, i: int) -> tuple[bytes | None, Sequence[int]]:
-        """Block ``i``'s parent address and tokens, as BlockPool.register reports them."""
-        begin = i * self.block_size
-        return (seq.addresses[i - 1] if i else None), seq.tokens[begin:begin + self.block_size]
-
-    def _addresses(self, seq: _Seq, blocks: int | None = None) -> list[bytes]:
-        return chain_hashes(self.seed, seq.tokens, self.block_size, seq.addresses, blocks,
-                            prompt=seq.prompt if self.exact else None)
-
-    def _count(self, seq: _Seq) -> None:
+    def _count(self, seq: Seq) -> None:
         if not seq.admitted:
             seq.admitted, seq.cached = True, min(seq.computed, seq.prompt)
             self.prompt_tokens += seq.prompt
             self.cached_prompt_tokens += seq.cached
 
-    def _schedule(self, seq: _Seq, n: int, plan: Plan) -> int:
+    def _schedule(self, seq: Seq, n: int, plan: Plan) -> int:
         """Add ``n`` tokens of ``seq`` to ``plan`` (allocating, preempting if needed); tokens added."""
         if not self._grow(seq, seq.computed + n, plan):
             return 0
@@ -380,7 +255,7 @@ class Scheduler:
         seq.computed = end
         return n
 
-    def _schedule_draft(self, seq: _Seq, plan: Plan) -> bool:
+    def _schedule_draft(self, seq: Seq, plan: Plan) -> bool:
         """Add ``seq``'s decode token and its draft (what fits in free blocks and the whole cache)
         to ``plan``; False without a draft. Only the decode token counts as computed until
         ``verified`` says which draft tokens hold."""
@@ -398,7 +273,7 @@ class Scheduler:
         seq.verified = start if seq.verified is None else seq.verified
         return True
 
-    def _grow(self, seq: _Seq, num_tokens: int, plan: Plan) -> bool:
+    def _grow(self, seq: Seq, num_tokens: int, plan: Plan) -> bool:
         need = self.blocks_for(num_tokens) - len(seq.blocks)
         if not self.fits(num_tokens):
             self._exhaust(seq, plan)
@@ -411,7 +286,7 @@ class Scheduler:
         seq.blocks.extend(self.pool.allocate() for _ in range(need))
         return True
 
-    def _preempt(self, seq: _Seq, plan: Plan) -> None:
+    def _preempt(self, seq: Seq, plan: Plan) -> None:
         self._running.remove(seq)
         self._release(seq)  # its full blocks stay cached: it may find them again
         self._waiting.appendleft(seq)
@@ -419,17 +294,13 @@ class Scheduler:
         # A preempted sequence may already have a chunk in this plan: it is recomputed anyway.
         plan.chunks[:] = [c for c in plan.chunks if c.seq_id != seq.id]
 
-    def _exhaust(self, seq: _Seq, plan: Plan) -> None:
+    def _exhaust(self, seq: Seq, plan: Plan) -> None:
         self.finish(seq.id)
         plan.exhausted.append(seq.id)
 
-    def _release(self, seq: _Seq) -> None:
+    def _release(self, seq: Seq) -> None:
         if self.copies is not None:
             self.copies.drop(seq.id)
         self.pool.release(seq.blocks)
         seq.blocks, seq.computed, seq.registered, seq.verified = [], 0, 0, None
 
-
-def _resumable(seq: _Seq, computed: int) -> bool:
-    """Whether ``seq`` can start at ``computed`` tokens and be computed as a run of its own would."""
-    return computed < len(seq.tokens) and (computed >= seq.prompt or seq.prompt - computed >= 2)
