@@ -207,8 +207,9 @@ class _CountsIdle(NullBackend):
         super().__init__(["m"], slots=2)
         self.idle_calls = 0
 
-    def idle(self) -> None:
+    def idle(self) -> bool:
         self.idle_calls += 1
+        return False  # done for this idle period
 
 
 def test_idle_work_runs_once_per_idle_period(broker, tmp_path):
@@ -223,6 +224,27 @@ def test_idle_work_runs_once_per_idle_period(broker, tmp_path):
             _wait(lambda: backend.idle_calls >= 2)
             time.sleep(5 * timing.POLL_INTERVAL_S)  # the loop wakes 5 times with nothing to do
             assert backend.idle_calls == 2
+        finally:
+            stop.set()
+            thread.join()
+
+
+class _NoIdleWork(_CountsIdle):
+    def idle(self) -> None:
+        self.idle_calls += 1
+
+
+def test_a_backend_without_idle_work_is_asked_once(broker, tmp_path):
+    backend, stop = _NoIdleWork(), threading.Event()
+    with Worker(f"ipc://{tmp_path}/broker", backend, name="w") as worker:
+        thread = threading.Thread(target=worker.run, args=(stop,))
+        thread.start()
+        try:
+            broker.next()  # READY
+            _wait(lambda: backend.idle_calls >= 1)
+            serves_on(broker)
+            time.sleep(5 * timing.POLL_INTERVAL_S)  # an idle period after a request
+            assert backend.idle_calls == 1
         finally:
             stop.set()
             thread.join()

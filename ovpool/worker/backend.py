@@ -74,7 +74,8 @@ class Backend(Runtime, Protocol):
     def idle(self) -> bool | None:
         """Nothing is running or waiting: a moment for one-time work (e.g. kernel set-up). True: it
         has more to do later in this idle period (the worker calls it again at its next poll);
-        otherwise it runs once per idle period."""
+        False: it runs once per idle period; None: the backend has no idle work at all (the worker
+        stops calling it)."""
 
 
 def check_room(active: int, slots: int) -> None:

@@ -125,7 +125,7 @@ class NullBackend:
         return events
 
     def idle(self) -> None:
-        pass
+        return None  # no idle work: the worker stops calling (Backend.idle)
 
     def _logprobs(self, token_id: int, top: int | None) -> tuple[TokenLogprobs, ...]:
         """The true ones: every token is drawn uniformly; the alternatives are the next ids."""

@@ -117,6 +117,7 @@ class Worker:
         self._idle_pool = ThreadPoolExecutor(1, thread_name_prefix="worker-idle")
         self._idle_work: Future | None = None
         self._idle_due = True  # the backend's idle work runs once per idle period (Backend.idle)
+        self._has_idle_work = True  # until idle() answers None: a thread hop per idle period for nothing
         self._idle_not_before = 0.0  # just registered: the broker may be dispatching queued requests
         self._deferred: dict[str, Request] = {}  # arrived while the idle work runs
         self._prefixes = PrefixReport(backend)
@@ -181,7 +182,9 @@ class Worker:
             if not self._idle_work.done():
                 return True
             work, self._idle_work = self._idle_work, None
-            self._idle_due = bool(work.result())  # True: it has more for later in this idle period
+            more = work.result()
+            self._has_idle_work = more is not None
+            self._idle_due = bool(more)  # True: it has more for later in this idle period
         for msg in list(self._deferred.values()):
             del self._deferred[msg.request_id]
             self._start(msg)
@@ -236,7 +239,7 @@ class Worker:
             self._reply(Error(msg.request_id, InferenceError.code, f"cannot start the request: {exc}"))
             return
         self._active[msg.request_id] = 0
-        self._idle_due = True  # for the idle period after it
+        self._idle_due = self._has_idle_work  # for the idle period after it
         self._prefixes.started(msg, keys)
 
     def _step(self) -> None:
