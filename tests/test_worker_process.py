@@ -212,30 +212,14 @@ class _CountsIdle(NullBackend):
         return False  # done for this idle period
 
 
-def test_idle_work_runs_once_per_idle_period(broker, tmp_path):
-    backend, stop = _CountsIdle(), threading.Event()
-    with Worker(f"ipc://{tmp_path}/broker", backend, name="w") as worker:
-        thread = threading.Thread(target=worker.run, args=(stop,))
-        thread.start()
-        try:
-            broker.next()  # READY
-            _wait(lambda: backend.idle_calls >= 1)
-            serves_on(broker)
-            _wait(lambda: backend.idle_calls >= 2)
-            time.sleep(5 * timing.POLL_INTERVAL_S)  # the loop wakes 5 times with nothing to do
-            assert backend.idle_calls == 2
-        finally:
-            stop.set()
-            thread.join()
-
-
 class _NoIdleWork(_CountsIdle):
     def idle(self) -> None:
-        self.idle_calls += 1
+        self.idle_calls += 1  # None: no idle work at all
 
 
-def test_a_backend_without_idle_work_is_asked_once(broker, tmp_path):
-    backend, stop = _NoIdleWork(), threading.Event()
+@pytest.mark.parametrize(("backend_type", "calls"), [(_CountsIdle, 2), (_NoIdleWork, 1)])
+def test_idle_work_runs_once_per_idle_period_unless_there_is_none(broker, tmp_path, backend_type, calls):
+    backend, stop = backend_type(), threading.Event()
     with Worker(f"ipc://{tmp_path}/broker", backend, name="w") as worker:
         thread = threading.Thread(target=worker.run, args=(stop,))
         thread.start()
@@ -243,8 +227,9 @@ def test_a_backend_without_idle_work_is_asked_once(broker, tmp_path):
             broker.next()  # READY
             _wait(lambda: backend.idle_calls >= 1)
             serves_on(broker)
-            time.sleep(5 * timing.POLL_INTERVAL_S)  # an idle period after a request
-            assert backend.idle_calls == 1
+            _wait(lambda: backend.idle_calls >= calls)
+            time.sleep(5 * timing.POLL_INTERVAL_S)  # the loop wakes 5 times with nothing to do
+            assert backend.idle_calls == calls
         finally:
             stop.set()
             thread.join()
