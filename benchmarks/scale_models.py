@@ -31,26 +31,50 @@ def parser(doc: str) -> argparse.ArgumentParser:
 
 
 def model_file(name: str, weight_type: str, folder: Path) -> Path:
-    from ovpool.testing.tiny import TinySpec
+    """``name``'s file of ``weight_type``: one GGUF type for every matrix, or ``Q4_K_M`` (llama.cpp's
+    mix, ``q4_k_m_type``); a name not in ``SHAPES`` is a real model (a path or an alias) as it is."""
+    from ovpool.testing.tiny import TinySpec, tensor_plan
 
+    if name not in SHAPES:
+        from ovpool.models import resolve_model_path
+
+        return Path(resolve_model_path(name))
     arch, layers, embd, heads, kv, ff = SHAPES[name]
     path = folder / f"{name}-{weight_type}.gguf"
     if not path.exists():
-        spec = TinySpec(arch=arch, weight_type=weight_type, tied=False, n_layers=layers, n_embd=embd,
-                        n_heads=heads, n_kv_heads=kv, n_ff=ff, context_length=2048)
-        # TinySpec holds every float weight at once (~4 bytes a parameter): past 1.5B a Q4_0 file
-        # is written a tensor at a time instead, its 4-bit codes random.
-        if weight_type == "Q4_0" and parameters(name) > 1.5e9:
-            write_streamed(spec, path.with_suffix(".partial"))
+        mix = weight_type == "Q4_K_M"
+        spec = TinySpec(arch=arch, weight_type="Q4_K" if mix else weight_type, tied=False,
+                        n_layers=layers, n_embd=embd, n_heads=heads, n_kv_heads=kv, n_ff=ff,
+                        context_length=2048)
+        # TinySpec holds every float weight at once (~4 bytes a parameter): a mix, or a Q4_0 file
+        # past 1.5B, is written a tensor at a time instead (Q4_0's 4-bit codes random).
+        if mix or (weight_type == "Q4_0" and parameters(name) > 1.5e9):
+            types = {n: q4_k_m_type(n, layers) if mix else weight_type
+                     for n, _, kind in tensor_plan(spec) if kind in ("matmul", "embed")}
+            write_streamed(spec, path.with_suffix(".partial"), types)
         else:
             spec.write(path.with_suffix(".partial"))
         path.with_suffix(".partial").rename(path)
     return path
 
 
-def write_streamed(spec, path: Path) -> None:
-    """``spec``'s file with random Q4_0 codes for its matrices (scales as its float weights would
-    give), one tensor in memory at a time; the rest as ``TinySpec.write`` makes it."""
+def q4_k_m_type(name: str, layers: int) -> str:
+    """llama.cpp's Q4_K_M choice (llama_tensor_get_type): Q6_K for the output matrix, and for
+    attn_v and ffn_down in the first and last eighth of the layers and every third layer between;
+    Q4_K for every other matrix."""
+    if name == "output.weight":
+        return "Q6_K"
+    if name.endswith(("attn_v.weight", "ffn_down.weight")):
+        i = int(name.split(".")[1])
+        if i < layers // 8 or i >= 7 * layers // 8 or (i - layers // 8) % 3 == 2:
+            return "Q6_K"
+    return "Q4_K"
+
+
+def write_streamed(spec, path: Path, types: dict[str, str]) -> None:
+    """``spec``'s file, each matrix of ``types[name]`` (the rest F32), one tensor in memory
+    at a time: Q4_0 matrices as random codes (scales as their float weights would give), the rest
+    quantized from random float weights; the metadata as ``TinySpec.write`` makes it."""
     import gguf
 
     from ovpool.testing import tiny
@@ -61,21 +85,36 @@ def write_streamed(spec, path: Path) -> None:
     tiny._write_hparams(writer, spec)
     tiny.write_tokenizer(writer, spec.vocab, spec.pre or tiny._PRE[spec.arch], spec.add_bos,
                          spec.chat_template)
-    small = {n: _quantized(tiny._init(rng, shape, kind), kind, spec)
-             for n, shape, kind in plan if kind != "matmul"}
-    for name, shape, kind in plan:
-        data = small.get(name)
-        nbytes = shape[0] * shape[1] // 32 * 18 if data is None else data.nbytes
-        raw = gguf.GGMLQuantizationType.Q4_0 if data is None else _raw_type(data, kind, spec)
-        byte_shape = (shape[0], shape[1] // 32 * 18) if data is None else data.shape
-        dtype = np.dtype(np.uint8) if data is None else data.dtype
-        writer.add_tensor_info(name, byte_shape, dtype, nbytes, raw_dtype=raw)
+    for name, shape, _ in plan:
+        wtype = types.get(name, "F32")
+        if wtype == "F32":
+            writer.add_tensor_info(name, shape, np.dtype(np.float32), 4 * int(np.prod(shape)))
+        else:
+            block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[wtype]]
+            row = shape[1] // block * size
+            writer.add_tensor_info(name, (shape[0], row), np.dtype(np.uint8), shape[0] * row,
+                                   raw_dtype=gguf.GGMLQuantizationType[wtype])
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()
-    for name, shape, _ in plan:
-        writer.write_tensor_data(small[name] if name in small else _random_q4_0(rng, shape))
+    for name, shape, kind in plan:
+        writer.write_tensor_data(_tensor(rng, shape, kind, types.get(name, "F32")))
     writer.close()
+
+
+def _tensor(rng: np.random.Generator, shape: tuple[int, ...], kind: str, weight_type: str) -> np.ndarray:
+    import gguf
+
+    from ovpool.testing import tiny
+
+    if weight_type == "Q4_0" and kind == "matmul":
+        return _random_q4_0(rng, shape)
+    data = tiny._init(rng, shape, kind)
+    if weight_type == "F32":
+        return data
+    if weight_type in tiny.QUANTIZERS:
+        return tiny.QUANTIZERS[weight_type](data)
+    return gguf.quants.quantize(data, gguf.GGMLQuantizationType[weight_type])
 
 
 def _random_q4_0(rng: np.random.Generator, shape: tuple[int, int]) -> np.ndarray:
@@ -85,20 +124,6 @@ def _random_q4_0(rng: np.random.Generator, shape: tuple[int, int]) -> np.ndarray
     out[:, :, :2] = np.frombuffer(scale.tobytes(), np.uint8)
     out[:, :, 2:] = rng.integers(0, 256, (rows, blocks, 16), np.uint8)
     return out.reshape(rows, blocks * 18)
-
-
-def _quantized(data: np.ndarray, kind: str, spec) -> np.ndarray:
-    import gguf
-
-    if kind != "embed":
-        return data  # norms and biases stay F32, as TinySpec writes them
-    return gguf.quants.quantize(data, gguf.GGMLQuantizationType[spec.embed_type])
-
-
-def _raw_type(data: np.ndarray, kind: str, spec):
-    import gguf
-
-    return gguf.GGMLQuantizationType[spec.embed_type] if kind == "embed" else gguf.GGMLQuantizationType.F32
 
 
 def weight_bytes(path: Path, *, per_token: bool = False) -> int:
@@ -111,9 +136,22 @@ def weight_bytes(path: Path, *, per_token: bool = False) -> int:
                    if not (per_token and n == "token_embd.weight"))
 
 
-def parameters(name: str) -> int:
-    """The parameters of ``name``'s layers (its embedding and output aside)."""
-    _, layers, e, heads, kv_heads, ff = SHAPES[name]
+def parameters(name: str, path: Path | None = None) -> int:
+    """The parameters of ``name``'s layers (its embedding and output aside); a real model's
+    (``name`` not in ``SHAPES``) from its file's metadata at ``path``."""
+    _, layers, e, heads, kv_heads, ff = SHAPES[name] if name in SHAPES else file_shape(path)
     kv = e // heads * kv_heads
     per_layer = [(e, e), (kv, e), (kv, e), (e, e), (ff, e), (ff, e), (e, ff)]
     return int(sum(np.prod(s) for _ in range(layers) for s in per_layer))
+
+
+def file_shape(path: Path) -> tuple:
+    """A GGUF's (architecture, layers, n_embd, heads, kv heads, n_ff), as ``SHAPES`` has them."""
+    from ovpool.worker.gguf.model import GGUFModel
+
+    with GGUFModel.open(path) as model:
+        meta = model.metadata
+    arch = meta["general.architecture"]
+    keys = ("block_count", "embedding_length", "attention.head_count", "attention.head_count_kv",
+            "feed_forward_length")
+    return (arch, *(int(meta[f"{arch}.{k}"]) for k in keys))
