@@ -57,6 +57,7 @@ class AsyncClient(ClientBase):
         self._raw = zmq.Socket.shadow(self._socket.underlying)
         self._readable = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
+        self._outbox: list[list[bytes]] = []  # encoded, to leave at the end of this loop turn
 
     async def __aenter__(self) -> AsyncClient:
         coros = (self._read(self._raw), self._timers(), self._watch(self._monitor))
@@ -91,6 +92,7 @@ class AsyncClient(ClientBase):
         self._tasks = []
         left = self._pending.close()
         self._send(left)
+        self._flush()
         self._socket.disable_monitor()
         self._monitor.close()
         # Long enough for the CANCELs to leave on a live connection, never long on a dead one.
@@ -166,11 +168,20 @@ class AsyncClient(ClientBase):
         self._send(self._track(msg, sink, time.monotonic()))
 
     def _send(self, msgs: list[Message]) -> None:
+        """Encoded now (one that cannot be fails at once), sent with the others of this turn of
+        the event loop: libzmq then wakes its I/O thread about once per turn, not per message."""
         for msg in msgs:
             if (frames := self._encoded(msg)) is not None:
-                with contextlib.suppress(zmq.Again):
-                    send_frames(self._raw, frames, _NOBLOCK)
-        if msgs:
+                if not self._outbox:
+                    asyncio.get_running_loop().call_soon(self._flush)
+                self._outbox.append(frames)
+
+    def _flush(self) -> None:
+        outbox, self._outbox = self._outbox, []
+        for frames in outbox:
+            with contextlib.suppress(zmq.Again):
+                send_frames(self._raw, frames, _NOBLOCK)
+        if outbox:
             self._check_readable()
 
     def _check_readable(self) -> None:
@@ -214,6 +225,7 @@ class AsyncClient(ClientBase):
 
     def _fail_over(self) -> None:
         """A new socket: the old one's reader and watcher stop first (run from the timer task)."""
+        self._flush()  # what was sent before goes where it was sent to
         asyncio.get_running_loop().remove_reader(self._raw.get(zmq.FD))
         reader, timers, watcher = self._tasks
         self._tasks = [timers]
