@@ -64,6 +64,9 @@ class Broker:
         self._security = ServerSecurity(self._context, config)
         self._socket: zmq.Socket | None = None
         self._refusals_logged: set[tuple[int, type]] = set()
+        # What the last drain sent, sent together before the next poll: libzmq's I/O thread is
+        # woken about once per batch instead of once per message (~30% of the broker's CPU).
+        self._outbox: list[list[bytes]] = []
         self.router = self._new_router(time.monotonic())
         self._standby = (StandbyLink(self._context, self._security, standby, bind, time.monotonic())
                          if standby else None)
@@ -114,6 +117,7 @@ class Broker:
             # One of a pair hands over instead: its clients and workers move to the peer.
             self._send(self._handover(f"the broker at {self.endpoint} of a standby pair stopped: send to its"
                                       " peer") if self._standby else self.router.shutdown(time.monotonic()))
+            self._flush()
             self._socket.close(linger=int(timing.POLL_INTERVAL_S * 1000))  # let DISCONNECT/SHUTDOWN out
             self._socket = None
         self._security.__exit__()
@@ -134,6 +138,7 @@ class Broker:
                 if self.metrics:
                     self._observe()
                 next_tick = now + timing.POLL_INTERVAL_S
+            self._flush()
             if not poller.poll(max(0.0, next_tick - now) * 1000):
                 caught_up = True
                 continue
@@ -266,10 +271,15 @@ class Broker:
     def _send_raw(self, peer: bytes, frames: list[bytes], msg: Message) -> None:
         if self.metrics:
             self.metrics.outgoing(msg, time.monotonic())
-        try:  # a ROUTER never blocks; with no high-water mark it drops only for a peer that is gone
-            send_frames(self._socket, [peer, *frames])
-        except zmq.ZMQError:
-            pass  # a vanished peer: its requests end by its silence (Router), nobody is waiting
+        self._outbox.append([peer, *frames])
+
+    def _flush(self) -> None:
+        outbox, self._outbox = self._outbox, []
+        for frames in outbox:
+            try:  # a ROUTER never blocks; with no high-water mark it drops only for a peer that is gone
+                send_frames(self._socket, frames)
+            except zmq.ZMQError:
+                pass  # a vanished peer: its requests end by its silence (Router), nobody is waiting
 
 
 def _receive_open(sock: zmq.Socket) -> tuple[list[bytes], int]:
