@@ -11,7 +11,9 @@ first: ``--requests`` one-token non-streamed completions with ``--concurrency`` 
 that many keep-alive connections from a lean single-threaded asyncio driver that writes prepared
 bytes and parses only the status line and Content-Length, the way wrk would; ZeroMQ: one
 ``ovpool.Client`` with that many futures in flight), then ``--samples`` requests one at a time
-for the round trip's p50/p99. The median round is reported.
+for the round trip's p50/p99. The median round (by requests/s) is reported, and every round, with
+each process's CPU per request (broker, workers, api, driver and their total: on a loaded host the
+steadier measure), the CPU class and the load average at start and end.
 
 With ``--model``: ``--streams`` concurrent streamed chat requests of ``--max-tokens`` tokens (EOS
 ignored) through the HTTP API (a lean raw-HTTP reader) and through ``ovpool.AsyncClient``,
@@ -36,6 +38,7 @@ from broker_overhead import cpu_seconds, latencies, throughput  # noqa: E402
 from ovpool.async_client import AsyncClient  # noqa: E402
 from ovpool.client import Client  # noqa: E402
 from ovpool.testing.pool import PoolProcess, broker, free_endpoint, null_worker, wait_for_workers  # noqa: E402
+from ovpool.worker.graph.cpu_class import CpuInfo  # noqa: E402
 
 
 class LeanHttp:
@@ -80,10 +83,14 @@ class LeanHttp:
 
 
 def _summary(rps: float, lat: list[float], cpu: list[float], requests: int) -> dict:
+    """One side's round; its CPU per request by process (on a 2-core host their total bounds the
+    rate: 2 s of CPU a second over the total)."""
     lat = sorted(lat)
+    per_request = dict(zip(("broker", "workers", "api", "driver"), (round(c / requests * 1e6) for c in cpu),
+                           strict=True))
     return {"requests_per_s": round(rps), "p50_ms": round(statistics.median(lat) * 1e3, 3),
             "p99_ms": round(lat[int(len(lat) * 0.99) - 1] * 1e3, 3),
-            "cpu_us_per_request": [round(c / requests * 1e6) for c in cpu]}
+            "cpu_us_per_request": per_request | {"total": sum(per_request.values())}}
 
 
 def null_rounds(args: argparse.Namespace) -> dict:
@@ -207,8 +214,10 @@ def main() -> None:
     ap.add_argument("--model", default=None, help="run the streamed chat comparison on this model")
     ap.add_argument("--streams", type=int, default=8)
     args = ap.parse_args()
+    load_before = os.getloadavg()[0]
     result = model_rounds(args) if args.model else null_rounds(args)
-    result["load_average"] = os.getloadavg()[0]
+    result["cpu_class"] = CpuInfo.read().class_name
+    result["load_average"] = [round(load_before, 2), round(os.getloadavg()[0], 2)]  # start, end
     print(json.dumps(result, indent=1))
 
 
