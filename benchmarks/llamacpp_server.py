@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 from ovpool.demo import free_port
+from ovpool.serve.child import terminate
 
 # Runs the server (argv: this folder, then the server's arguments), on AMX without extra buffer
 # types, as engine_vs_genai.py loads llama.cpp.
@@ -43,55 +44,70 @@ def available() -> bool:
     return importlib.util.find_spec("llama_cpp") is not None
 
 
-class LlamaCppServer:
+class ServerProcess:
+    """An HTTP server's process on 127.0.0.1:``port``, output to ``log_path``, ready once GET
+    ``ready_path`` answers 200; ``ready_s``: its start to then. Stopped on exit (SIGTERM, then
+    SIGKILL after 30 s)."""
+
+    def __init__(self, argv: list[str], port: int, log_path: Path, ready_path: str,
+                 env: dict[str, str] | None = None):
+        self.port, self.log_path, self.ready_s = port, log_path, 0.0
+        self._argv, self._ready_path, self._env = argv, ready_path, env
+        self._proc: subprocess.Popen | None = None
+
+    def __enter__(self):
+        started = time.perf_counter()
+        with open(self.log_path, "wb") as log:
+            self._proc = subprocess.Popen(self._argv, stdout=log, stderr=subprocess.STDOUT, env=self._env)
+        try:
+            self._wait_ready()
+        except BaseException:
+            self.__exit__()
+            raise
+        self.ready_s = time.perf_counter() - started
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._proc is not None:
+            terminate(self._proc, 30)
+            self._proc = None
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
+    def _wait_ready(self, timeout_s: float = 600.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not self._answers():
+            if self._proc.poll() is not None or time.monotonic() > deadline:
+                tail = self.log_path.read_text(errors="replace")[-2000:]
+                raise RuntimeError(f"{Path(self._argv[0]).name} did not start (exit "
+                                   f"{self._proc.returncode}; {self.log_path}):\n{tail}")
+            time.sleep(0.1)
+
+    def _answers(self) -> bool:
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=5)
+            conn.request("GET", self._ready_path)
+            return conn.getresponse().status == 200
+        except OSError:
+            return False
+
+
+class LlamaCppServer(ServerProcess):
     """The server's process, started on a free port with ``models`` (alias -> GGUF path); its
     first model is loaded at start. Output goes to ``workdir/llamacpp.log``."""
 
     def __init__(self, models: dict[str, str], workdir: Path, threads: int | None = None):
         threads = threads or os.cpu_count() or 1
-        self.port = free_port()
+        port = free_port()
         entries = [{"model": str(path), "model_alias": alias, "n_threads": threads,
                     "n_threads_batch": threads, "logits_all": False, "verbose": False}
                    for alias, path in models.items()]
-        self._config = workdir / "llamacpp.json"
-        self._config.write_text(json.dumps({"host": "127.0.0.1", "port": self.port, "models": entries}))
-        self._log_path = workdir / "llamacpp.log"
-        self._proc: subprocess.Popen | None = None
-
-    def __enter__(self) -> LlamaCppServer:
-        with open(self._log_path, "wb") as log:
-            argv = [sys.executable, "-c", _BOOT, str(Path(__file__).parent),
-                    "--config_file", str(self._config)]
-            self._proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
-        self._wait_ready()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._proc is not None:
-            self._proc.terminate()
-            try:
-                self._proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait()
-            self._proc = None
-
-    def _wait_ready(self, timeout_s: float = 300.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            if self._proc.poll() is not None:
-                raise RuntimeError(f"llama_cpp.server exited ({self._proc.returncode}): see {self._log_path}")
-            try:
-                conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=5)
-                conn.request("GET", "/v1/models")
-                if conn.getresponse().status == 200:
-                    return
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"llama_cpp.server did not answer in {timeout_s:.0f} s: "
-                                   f"see {self._log_path}")
-            time.sleep(0.5)
+        config = workdir / "llamacpp.json"
+        config.write_text(json.dumps({"host": "127.0.0.1", "port": port, "models": entries}))
+        argv = [sys.executable, "-c", _BOOT, str(Path(__file__).parent), "--config_file", str(config)]
+        super().__init__(argv, port, workdir / "llamacpp.log", "/v1/models")
 
     def first_token_s(self, model: str, prompt: str = "The capital of France is",
                       max_tokens: int = 4) -> float:

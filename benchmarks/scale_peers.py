@@ -1,17 +1,22 @@
-"""ovpool beside OpenVINO GenAI and llama.cpp (CPU) at each model size, on synthetic GGUFs in real
-shapes: decode tokens/s, TTFT, peak RSS, and decode as a share of the memory-bandwidth bound.
+"""ovpool beside OpenVINO GenAI, llama.cpp (CPU) and llama.cpp's OpenVINO backend at each model
+size, on synthetic GGUFs in real shapes: decode tokens/s, TTFT, peak RSS, and decode as a share of
+the memory-bandwidth bound.
 
     .venv/bin/python benchmarks/scale_peers.py [--sizes smollm2-135m,tinyllama-1.1b,llama3.2-3b]
-        [--peers genai,llamacpp] [--repeats 3] [--prompt-tokens 256] [--new-tokens 48]
-        [--plot docs/scale-peers.png] [--json]
+        [--weight-type Q4_0|Q4_K_M] [--peers genai,llamacpp,llamacpp-ov] [--repeats 3]
+        [--prompt-tokens 256] [--new-tokens 48] [--plot docs/scale-peers.png] [--json]
 
 The files are benchmarks/scale_models.py's (random weights, the real shapes, a small vocabulary with
-its tokenizer, which GenAI and llama.cpp read as they read a real file's). Per size and repeat, one
+its tokenizer, which the peers read as they read a real file's); a size not in its ``SHAPES`` is a
+real model, a path or an alias (``--sizes smollm2``). Per size and repeat, one
 fresh process per side, back to back, the order rotating each repeat: load (no compiled-model
 cache), a 4-token warm-up generation (ovpool's ``Engine.warm_up()`` too, as a serving worker), then
 one timed generation, greedy, ignore_eos, of ``--prompt-tokens`` tokens of real text (a different
 window each repeat, the same for every side) and ``--new-tokens`` tokens; peak RSS is that
-process's VmHWM. The loaders are benchmarks/engine_vs_genai.py's. ovpool runs with
+process's VmHWM. The loaders are benchmarks/engine_vs_genai.py's; ``llamacpp-ov`` is
+benchmarks/llamacpp_openvino.py's ``llama-server`` (built apart, see there), timed per streamed
+token from this child, its load the server's start until it answers, its CPU time and VmHWM the
+server process's. ovpool runs with
 ``prompt_lookup=off``: random weights repeat themselves, which lookup would turn into speed that
 is no decode speed (benchmarks/prompt_lookup.py measures lookup). llama.cpp's OpenMP threads sleep at
 barriers (OMP_WAIT_POLICY=PASSIVE; ``--omp-spin``: its default): on a CPU shared with other jobs its
@@ -31,30 +36,47 @@ import json
 import os
 import statistics
 import sys
+import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
+from llamacpp_openvino import Server, binary, vmhwm_mb
 from scale import read_bandwidth_gbs, script
 from scale_graph_set import loadavg
 from scale_models import model_file, parameters, parser, weight_bytes
 
-SIDES = ("ovpool", "genai", "llamacpp")
+SIDES = ("ovpool", "genai", "llamacpp", "llamacpp-ov")
 METRICS = {"decode_tps": "higher", "ttft_s": "lower", "peak_rss_mb": "lower", "load_s": "lower"}
 
 
 def child(side: str, path: str, prompt: list[int], new_tokens: int, omp_passive: bool) -> dict:
-    """One side in this fresh process: load, warm up, one timed generation; its VmHWM."""
-    from engine_vs_genai import LOADERS, WARMUP_PROMPT, WARMUP_TOKENS, timed
+    """One side in this fresh process: load, warm up, one timed generation; its peak RSS."""
+    from engine_vs_genai import WARMUP_PROMPT, WARMUP_TOKENS, timed
 
-    os.environ["OVPOOL_PROMPT_LOOKUP"] = "off"
     args = argparse.Namespace(model=path, device="CPU", prompt_tokens=len(prompt), new_tokens=new_tokens,
                               omp_passive=omp_passive)
+    with loaded(side, args) as (load_s, run, peak_rss_mb):
+        run(WARMUP_PROMPT, WARMUP_TOKENS)
+        result = timed(side, run, prompt, new_tokens)
+        return {"load_s": load_s, "ttft_s": result["ttft_s"], "decode_tps": result["decode_tps"],
+                "decode_cpu_ms": result["decode_cpu_ms"], "peak_rss_mb": peak_rss_mb()}
+
+
+@contextmanager
+def loaded(side: str, args: argparse.Namespace):
+    """(load seconds, its runner, its peak RSS in MiB): in this process, or llama-server's."""
+    if side == "llamacpp-ov":
+        if args.omp_passive:  # its ggml threads (OpenMP) sleep at barriers, as llama.cpp's do here
+            os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+        context = args.prompt_tokens + args.new_tokens + 64
+        with tempfile.TemporaryDirectory() as work, Server(args.model, context, Path(work)) as server:
+            yield server.ready_s, server.run, server.peak_rss_mb
+        return
+    from engine_vs_genai import LOADERS
+
+    os.environ["OVPOOL_PROMPT_LOOKUP"] = "off"
     load_s, run = LOADERS[side](args)
-    run(WARMUP_PROMPT, WARMUP_TOKENS)
-    result = timed(side, run, prompt, new_tokens)
-    status = Path("/proc/self/status").read_text()
-    return {"load_s": load_s, "ttft_s": result["ttft_s"], "decode_tps": result["decode_tps"],
-            "decode_cpu_ms": result["decode_cpu_ms"],
-            "peak_rss_mb": int(status.split("VmHWM:")[1].split()[0]) / 1024}
+    yield load_s, run, lambda: vmhwm_mb("self")
 
 
 def measure(name: str, path: Path, sides: list[str], args: argparse.Namespace) -> dict:
@@ -78,7 +100,7 @@ def measure(name: str, path: Path, sides: list[str], args: argparse.Namespace) -
                                           for o, p in zip(runs["ovpool"], runs[peer], strict=True))
                      for k, better in METRICS.items()} for peer in sides[1:]}
     bound = statistics.median(bandwidth) * 1e9 / weight_bytes(path, per_token=True)
-    return {"model": name, "params_m": round(parameters(name) / 1e6),
+    return {"model": path.stem, "params_m": round(parameters(name, path) / 1e6),
             "weights_mb": weight_bytes(path) / 2**20, "bandwidth_gbs": bandwidth, "bound_tps": bound,
             "median": median, "paired": paired, "runs": runs,
             "of_bound": {s: m["decode_tps"] / bound for s, m in median.items()}}
@@ -129,7 +151,8 @@ def plot(rows: list[dict], path: str, title: str) -> None:
 def main() -> None:
     p = parser(__doc__)
     p.set_defaults(sizes="smollm2-135m,tinyllama-1.1b,llama3.2-3b")
-    p.add_argument("--peers", default="genai,llamacpp", help="of: genai, llamacpp")
+    p.add_argument("--peers", default="genai,llamacpp", help="of: genai, llamacpp, llamacpp-ov "
+                   "(llama.cpp's OpenVINO backend, built apart: benchmarks/llamacpp_openvino.py)")
     p.add_argument("--repeats", type=int, default=3, help="processes per side and size")
     p.add_argument("--prompt-tokens", type=int, default=256)
     p.add_argument("--omp-spin", action="store_true", help="llama.cpp's OpenMP threads spin at "
@@ -145,7 +168,9 @@ def main() -> None:
         return
     sides = ["ovpool", *args.peers.split(",")]
     if unknown := set(sides) - set(SIDES):
-        raise SystemExit(f"--peers: unknown {', '.join(sorted(unknown))} (of genai, llamacpp)")
+        raise SystemExit(f"--peers: unknown {', '.join(sorted(unknown))} (of {', '.join(SIDES[1:])})")
+    if "llamacpp-ov" in sides:
+        binary("llama-server")  # not built: stop now, with the build command
     from engine_vs_genai import host
 
     cpu, folder, load = host(), Path(args.dir), loadavg()
