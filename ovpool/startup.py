@@ -1,7 +1,8 @@
 """Start-up trims for ovpool's own processes (every ``ovpool`` command: workers, serve, generate).
 
-``defer_heavy_imports()`` defers two imports that ovpool's start does not use; it acts once per
-package, and only if that package is not loaded yet:
+``defer_heavy_imports()`` defers two imports that ovpool's start does not use, and keeps numpy's
+import from starting a BLAS thread pool; it acts once per package, and only if that package is not
+loaded yet:
 
 - ``import openvino`` ends by importing its model converter, openvino.tools.ovc (with telemetry,
   urllib, http and numpy.ma), only to offer ``openvino.convert_model``, which ovpool never calls.
@@ -12,6 +13,9 @@ package, and only if that package is not loaded yet:
   vocab, metadata (with PyYAML), ..., while ovpool's loading needs only its constants. The package
   then loads with ``gguf.constants`` only, and runs its real ``__init__`` on the first lookup of any
   other name (``gguf.GGUFReader``, ``from gguf import GGUFWriter``); submodules import as usual.
+- ``import numpy`` loads OpenBLAS, which starts a thread per core that spins on its own core for a
+  while, CPU time a start shares its cores with; ovpool calls no BLAS routine where speed matters.
+  So ``OPENBLAS_NUM_THREADS`` is 1 unless the environment sets it (child processes inherit it).
 
 Import hooks, not an import at start: the commands that never load openvino or gguf (broker, api,
 status, complete) must not pay for them, and the modules that import them (cache, worker, cli)
@@ -24,6 +28,7 @@ import importlib
 import importlib.abc
 import importlib.machinery
 import importlib.util
+import os
 import sys
 from types import ModuleType
 from typing import Any
@@ -84,7 +89,9 @@ class _ConstantsFirst(importlib.abc.Loader):
 
 
 def defer_heavy_imports() -> None:
-    """Install both deferrals (see the module docstring)."""
+    """Install both deferrals and one BLAS thread (see the module docstring)."""
+    if "numpy" not in sys.modules:
+        os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     for package, finder in (("openvino", _DeferConverter), (_GGUF, _DeferGGUF)):
         if package not in sys.modules and not any(isinstance(f, finder) for f in sys.meta_path):
             sys.meta_path.insert(0, finder())

@@ -1,6 +1,7 @@
 """ovpool's commands import OpenVINO without its model converter and gguf with its constants only;
 openvino.convert_model and the rest of gguf still work for code that uses them (they load then)."""
 
+import os
 import subprocess
 import sys
 
@@ -68,3 +69,23 @@ def test_the_commands_help_loads_neither_openvino_nor_gguf():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert "Usage: ovpool" in done.stdout
     assert done.stderr.strip().splitlines()[-1] == "[]"
+
+
+_BLAS_CHILD = """
+import os
+from ovpool.startup import defer_heavy_imports
+defer_heavy_imports()
+import numpy
+print("threads:", os.environ.get("OPENBLAS_NUM_THREADS"))
+"""
+
+
+def test_numpy_starts_one_blas_thread_unless_the_environment_says_otherwise():
+    def threads(env: dict[str, str]) -> str:
+        done = subprocess.run([sys.executable, "-c", _BLAS_CHILD], capture_output=True, text=True,
+                              check=True, env=env)
+        return done.stdout.strip()
+
+    bare = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    assert threads(bare) == "threads: 1"
+    assert threads({**bare, "OPENBLAS_NUM_THREADS": "3"}) == "threads: 3"
