@@ -2,11 +2,13 @@
 
     .venv/bin/python benchmarks/chat_ttft.py --side copies= --side plain=answer_copies=off
         [--genai] [--chats 8,16] [--rounds 3] [--new-tokens 32] [--turns 4] [--model smollm2]
+    .venv/bin/python benchmarks/chat_ttft.py --side new= --side base@/tmp/base=   # code A/B
 
 The workload is ``ovpool bench --scenario chat``'s (ovpool.bench.workload: a ~1,000-token shared
 system prompt, each turn resending the history, closed loops without pauses) on one worker's
 EngineBackend (``prefix_cache=on``, ``kv_cache_mb=1024``, then each side's ``NAME=k=v,k=v``
-settings), driven step by step as benchmarks/runtime_ab.py does; ``--genai`` adds GenAI's
+settings; ``NAME@TREE=...`` runs that side on another checkout, e.g. a ``git worktree``), driven
+step by step as benchmarks/runtime_ab.py does; ``--genai`` adds GenAI's
 ContinuousBatchingPipeline with prefix caching (ovpool.bench.peers.ChatPipeline), whose clock
 starts before the chat template is rendered, as ovpool's counts its worker's rendering.
 
@@ -129,21 +131,22 @@ METRICS = ("wall_later_p50", "wall_later_p99", "wall_first_p50", "wall_tps",
            "cpu_later_p50", "cpu_later_p99", "cpu_first_p50", "cpu_tps", "computed_later_p50")
 
 
-def run(args: argparse.Namespace, script: str, side: str, settings: dict, chats: int) -> dict:
+def run(args: argparse.Namespace, script: str, side: str, tree: str, settings: dict, chats: int) -> dict:
     cmd = [sys.executable, script, args.model, side, str(chats), str(args.turns), str(args.new_tokens),
            json.dumps(settings)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800,
-                          env={**os.environ, "PYTHONPATH": args.tree}, cwd=tempfile.gettempdir())
+                          env={**os.environ, "PYTHONPATH": tree}, cwd=tempfile.gettempdir())
     if proc.returncode != 0:
         raise SystemExit(f"{side}: {proc.stderr[-2000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def parse_side(text: str) -> tuple[str, dict]:
+def parse_side(text: str, tree: str) -> tuple[str, str, dict]:
     name, _, spec = text.partition("=")
-    if not name or name == "genai":
-        raise SystemExit(f"--side {text!r}: expected NAME=k=v,k=v (NAME not 'genai')")
-    return name, dict(kv.split("=", 1) for kv in spec.split(",") if kv)
+    name, _, other = name.partition("@")
+    if not name or name == "genai" or not os.path.isdir(other or tree):
+        raise SystemExit(f"--side {text!r}: expected NAME[@TREE]=k=v,k=v (NAME not 'genai', TREE a folder)")
+    return name, other or tree, dict(kv.split("=", 1) for kv in spec.split(",") if kv)
 
 
 def table(results: dict[str, list[dict]], first: str, chats: int) -> None:
@@ -178,14 +181,14 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2")
     parser.add_argument("--tree", default=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     args = parser.parse_args()
-    sides = [parse_side(s) for s in args.side] + ([("genai", {})] if args.genai else [])
+    sides = [parse_side(s, args.tree) for s in args.side] + ([("genai", args.tree, {})] if args.genai else [])
     with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
         f.write(CHILD)
     for chats in (int(x) for x in args.chats.split(",")):
-        results: dict[str, list[dict]] = {name: [] for name, _ in sides}
+        results: dict[str, list[dict]] = {name: [] for name, _, _ in sides}
         for r in range(args.rounds):
-            for name, settings in sides[r % len(sides):] + sides[:r % len(sides)]:
-                results[name].append(run(args, f.name, name, settings, chats))
+            for name, tree, settings in sides[r % len(sides):] + sides[:r % len(sides)]:
+                results[name].append(run(args, f.name, name, tree, settings, chats))
                 print(f"{chats} chats, round {r}, {name}: {results[name][-1]}", file=sys.stderr, flush=True)
         table(results, sides[0][0], chats)
 

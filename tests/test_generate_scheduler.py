@@ -185,16 +185,32 @@ def test_prompts_behind_the_oldest_go_shortest_first():
                      [("small", 2), ("mid", 2), ("old", 4)]]
 
 
-@settings(max_examples=60, deadline=None)
+def test_a_burst_of_prompts_gets_its_first_tokens_a_pass_at_a_time():
+    """Prompts arriving together (a chat's later turns) that all fit in one pass's budget: a pass
+    finishes one more only while that costs those already finishing in it less than a pass's
+    fixed cost (``pass_cost`` tokens), so the first ones get their first token early; short
+    prompts still share a pass."""
+    def firsts(length: int) -> list[int]:
+        s = Scheduler(num_blocks=200, block_size=4, prefill_chunk=64, max_running=8, pass_cost=8)
+        for i in range(4):
+            s.add(f"p{i}", list(range(100 * i, 100 * i + length)))
+        return [sum(c.sample and len(c.tokens) > 1 for c in run_step(s).chunks) for _ in range(4)]
+
+    assert firsts(12) == [1, 1, 1, 1]  # 12 tokens more for the one finishing > a pass's 8
+    assert firsts(4) == [3, 1, 0, 0]  # 4 for one, 8 for two: within 8; 12 for three is not
+
+
+@settings(max_examples=80, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 12), st.integers(1, 40), st.integers(1, 6)), min_size=1, max_size=8),
-       st.integers(2, 12), st.booleans())
-def test_budget_is_kept_and_no_prompt_starves(arrivals, chunk, caching):
+       st.integers(2, 12), st.booleans(), st.integers(0, 40))
+def test_budget_is_kept_and_no_prompt_starves(arrivals, chunk, caching, pass_cost):
     """Prompts arriving over time: a pass never holds more than the budget of prompt tokens (one
     over only where a prompt's last three tokens go together, see prompt_chunk) and every request
     is done within a bound on the steps its own and the earlier requests' tokens need (with the
-    prefix cache, answer copies ride along: they never delay a prompt)."""
+    prefix cache, answer copies ride along: they never delay a prompt), whatever a pass's fixed
+    cost makes of how many prompts finish in one pass."""
     s = Scheduler(num_blocks=400, block_size=4, prefill_chunk=chunk, max_running=4, caching=caching,
-                  copy_answers=caching)
+                  copy_answers=caching, pass_cost=pass_cost)
     budget, pending, done, steps = max(chunk, 2), sorted(arrivals), {}, 0
     bound = sum(p // 2 + n + 2 for _, p, n in arrivals) + max(a for a, _, _ in arrivals) + 1
     left = {}

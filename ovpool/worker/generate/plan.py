@@ -87,3 +87,34 @@ class Seq:
     def resumable(self, computed: int) -> bool:
         """Whether it can start at ``computed`` tokens and be computed as a run of its own would."""
         return computed < len(self.tokens) and (computed >= self.prompt or self.prompt - computed >= 2)
+
+
+@dataclass
+class PassLoad:
+    """A pass's prompt tokens so far, within ``budget``, and how many prompts it finishes (gives
+    their first token).
+
+    Each prompt that finishes in a pass waits for the whole pass. One more finishing prompt of
+    ``n`` tokens makes the ``finishing`` ones wait for its ``n`` tokens too; left to the next pass,
+    it waits for that pass's fixed cost, ``fixed`` prompt tokens' worth (the weights read once a
+    pass, the decodes beside it: docs/performance.md), its own tokens being computed either way.
+    So it joins while ``finishing * n <= fixed``: a prompt alone, short ones several to a pass.
+    A burst of prompts (a chat's later turns arriving together) gets its first tokens one after
+    another rather than all after one long pass, and the chats it came from drift apart."""
+
+    budget: int
+    fixed: int
+    tokens: int = 0
+    finishing: int = 0
+
+    @property
+    def room(self) -> int:
+        return self.budget - self.tokens
+
+    def finishes(self, n: int) -> bool:
+        """Whether a chunk of ``n`` tokens that ends its prompt joins (the rule above)."""
+        return self.finishing * n <= self.fixed
+
+    def add(self, tokens: int, finishes: bool) -> None:
+        self.tokens += tokens
+        self.finishing += finishes

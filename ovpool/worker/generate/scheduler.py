@@ -7,7 +7,10 @@ Sequences, chunks and plans are ovpool.worker.generate.plan's. Each ``plan()``:
    keys and values are computed as in a run of its own): when prompts compete, the oldest one in
    prefill keeps half the budget and the others, shortest first, take the rest; whatever they
    leave goes to the oldest. So a short prompt (or one the prefix cache made short) gets its
-   first token in its first pass instead of waiting behind a long one, and no prompt starves,
+   first token in its first pass instead of waiting behind a long one, and no prompt starves.
+   A pass finishes (gives a first token to) one more prompt only while the prompts already
+   finishing in it lose less by waiting for its tokens than it would by waiting for the next
+   pass (plan.PassLoad): a burst of prompts gets its first tokens a pass at a time, early,
 3. admits waiting sequences (FIFO) while a slot, prefill budget and KV blocks are free, keeping
    one spare block per running sequence so that decodes can grow,
 4. allocates the KV blocks each scheduled chunk writes. When the pool runs dry, the most recently
@@ -30,7 +33,7 @@ from collections.abc import Sequence
 from ovpool.worker.generate.answer_copies import AnswerCopies
 from ovpool.worker.generate.blocks import BlockPool
 from ovpool.worker.generate.chains import Chains
-from ovpool.worker.generate.plan import Chunk, Plan, Seq, prompt_chunk
+from ovpool.worker.generate.plan import Chunk, PassLoad, Plan, Seq, prompt_chunk
 from ovpool.worker.generate.route_keys import HeldKeys
 
 __all__ = ["Chunk", "Plan", "Scheduler", "prompt_chunk"]
@@ -43,15 +46,17 @@ class Scheduler:
     that full prompt blocks are saved to once computed and a chain is continued from at admission;
     ``copy_answers`` (with ``caching`` and ``exact``): a pass that only decodes also computes one
     block of a decoding sequence's answer as a prompt pass would, for a chat's next turn
-    (ovpool.worker.generate.answer_copies), if a block fits in ``prefill_chunk``."""
+    (ovpool.worker.generate.answer_copies), if a block fits in ``prefill_chunk``; ``pass_cost``:
+    a pass's fixed cost in prompt tokens' worth (plan.PassLoad; ~24 measured, SmolLM2 at f32 on
+    AMX beside 3-8 decodes: docs/performance.md)."""
 
     def __init__(self, *, num_blocks: int, block_size: int, prefill_chunk: int, max_running: int,
                  caching: bool = False, exact: bool = True, seed: bytes = b"", tier=None,
-                 copy_answers: bool = False):
+                 copy_answers: bool = False, pass_cost: int = 32):
         if num_blocks < 1 or block_size < 1 or prefill_chunk < 1 or max_running < 1:
             raise ValueError("num_blocks, block_size, prefill_chunk and max_running must be >= 1")
         self.num_blocks, self.block_size = num_blocks, block_size
-        self.prefill_chunk, self.max_running = prefill_chunk, max_running
+        self.prefill_chunk, self.max_running, self.pass_cost = prefill_chunk, max_running, pass_cost
         self.pool, self.seed = BlockPool(num_blocks, caching), seed
         self.tier = tier if caching else None
         self.chains = Chains(self.pool, seed, block_size, exact, self.tier)
@@ -164,27 +169,47 @@ class Scheduler:
         return plan
 
     def _prefill(self, plan: Plan) -> None:
-        """Add prompt chunks to ``plan`` within the prefill budget, admitting waiting sequences."""
+        """Add prompt chunks to ``plan`` within the prefill budget (PassLoad), admitting waiting
+        sequences. Shortest first (a prefix-cache hit or a short prompt is one chunk from its first
+        token), within what the oldest prompt in prefill leaves: it keeps half the budget (all of
+        it alone), counted first and scheduled last, so none starves. New prompts shorter than
+        every other one in prefill go first, the others after them."""
         budget = max(self.prefill_chunk, 2)  # a prompt chunk has two tokens or more (prompt_chunk)
         prefilling = [s for s in self._running if s.pending > 1]
         oldest = prefilling[0] if prefilling else None
         alone = oldest is None or (len(prefilling) == 1 and not self._waiting)
-        reserve = budget if alone else max(budget // 2, 2)
-        left = budget - reserve if oldest is not None else budget
-        held = self.blocks_for(oldest.computed + oldest.take(reserve)) - len(oldest.blocks) if oldest else 0
-        # Shortest first (a prefix-cache hit or a short prompt is one chunk from its first token),
-        # within what the oldest leaves: it gets at least half the budget, so none starves. New
-        # prompts shorter than every other one in prefill go first, the others after them.
+        load, first, held = PassLoad(budget, self.pass_cost), 0, 0
+        if oldest is not None:
+            first = oldest.take(budget if alone else max(budget // 2, 2))
+            load.add(first, first == oldest.pending)
+            held = self.blocks_for(oldest.computed + first) - len(oldest.blocks)
         others = sorted(prefilling[1:], key=lambda s: s.pending)
         if others:
-            left = self._admit(plan, left, over=False, held=held, shorter=others[0].pending)
+            self._admit(plan, load, over=False, held=held, shorter=others[0].pending)
         for seq in others:
-            n = seq.take(left)
-            if 0 < n <= left and seq in self._running:
-                left -= self._schedule(seq, n, plan)
-        left = self._admit(plan, left, over=oldest is None, held=held)
-        if oldest is not None and oldest in self._running and (n := oldest.take(max(left, 0) + reserve)):
+            if seq in self._running and (n := self._fit(seq, load, over=False)):
+                self._add(seq, n, plan, load)
+        self._admit(plan, load, over=oldest is None, held=held)
+        if oldest is not None and oldest in self._running:
+            n = oldest.take(first + max(load.room, 0))
+            if n == oldest.pending and n > first and not load.finishes(n - first):
+                n = first  # finishing it too would make the prompts finishing here wait longer
             self._schedule(oldest, n, plan)
+
+    def _add(self, seq: Seq, n: int, plan: Plan, load: PassLoad) -> None:
+        """Schedule ``n`` tokens of ``seq`` and count them in ``load``."""
+        finishes = n == seq.pending
+        added = self._schedule(seq, n, plan)
+        load.add(added, finishes and added > 0)
+
+    def _fit(self, seq: Seq, load: PassLoad, over: bool) -> int:
+        """How many tokens of ``seq``'s next chunk ``load`` takes (0: none): within its room, and
+        if the chunk ends the prompt, only as PassLoad.finishes allows. ``over``: a chunk may take
+        one token over the room (prompt_chunk)."""
+        n = seq.take(max(load.room, 0))
+        if not 0 < n <= load.room + over or (n == seq.pending and not load.finishes(n)):
+            return 0
+        return n
 
     def _copy_answer(self, plan: Plan) -> None:
         """Add one block of the oldest decoding sequence with a block to copy (answer_copies)
@@ -198,15 +223,14 @@ class Scheduler:
                     plan.chunks.append(Chunk(seq.id, *chunk, sample=False))
                     return
 
-    def _admit(self, plan: Plan, budget: int, over: bool, held: int, shorter: int | None = None) -> int:
+    def _admit(self, plan: Plan, load: PassLoad, over: bool, held: int, shorter: int | None = None) -> None:
         """Admit waiting sequences (FIFO, but those whose next block a running prefill computes)
-        into ``plan`` while ``budget`` prompt tokens, a slot and KV
-        blocks last (but ``held``, the blocks the oldest prompt's chunk needs) and, given
-        ``shorter``, while they have fewer tokens to compute; the budget left. ``over``: a chunk
-        may take one token over (prompt_chunk)."""
+        into ``plan`` while ``load`` takes their chunks (_fit), a slot and KV blocks last (but
+        ``held``, the blocks the oldest prompt's chunk needs) and, given ``shorter``, while they
+        have fewer tokens to compute."""
         computing = self.chains.computing(self._running)
         for seq in list(self._waiting):
-            if budget <= 0 or len(self._running) >= self.max_running:
+            if load.room <= 0 or len(self._running) >= self.max_running:
                 break
             if not self.fits(len(seq.tokens)):
                 self._exhaust(seq, plan)
@@ -215,17 +239,16 @@ class Scheduler:
             if seq.registered < len(seq.addresses) and seq.addresses[seq.registered] in computing:
                 self._release(seq)  # its next block is being computed: it takes it from the cache
                 continue
-            n = seq.take(budget)
+            n = self._fit(seq, load, over)
             need = self.blocks_for(seq.computed + n) - len(seq.blocks)
-            if (not n or (n > budget and not over) or (shorter is not None and seq.pending >= shorter)
+            if (not n or (shorter is not None and seq.pending >= shorter)
                     or need + held + len(self._running) > self.pool.available):
                 self._release(seq)  # its cached blocks go back, as they were
                 break
             self._waiting.remove(seq)
             self._running.append(seq)
             self._count(seq)
-            budget -= self._schedule(seq, n, plan)
-        return budget
+            self._add(seq, n, plan, load)
 
     def commit(self) -> None:
         """The last plan's pass has run: the full blocks it computed get their content addresses
