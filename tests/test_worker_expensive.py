@@ -11,6 +11,7 @@ import contextlib
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -79,6 +80,26 @@ def test_a_loop_held_longer_than_the_heartbeat_expiry_keeps_worker_and_broker_li
     assert status["counters"]["requeued"] == 0 and status["counters"]["completed"] == 1
     assert [w["id"] for w in status["workers"]] == [w["id"] for w in before]
 
+
+
+def test_a_first_step_longer_than_the_heartbeat_expiry_right_after_ready_keeps_the_worker():
+    # A model loaded on demand: its request waits at the broker, is dispatched as READY arrives
+    # and its first step (the first pass's kernel layout, seconds on a loaded host) starts before
+    # the loop's first heartbeat; the keeper must repeat one meanwhile, or the broker drops the
+    # worker 3 s after READY and requeues the request.
+    endpoint = free_endpoint()
+    backend = BlockingBackend("step", models=["m"], slots=2)
+    with fast_heartbeats(0.2), broker(endpoint), Client(endpoint) as client:
+        wait_for_workers(client, 0)
+        with ThreadPoolExecutor(1) as pool:
+            queued = pool.submit(client.complete, "hello there", model="m", max_tokens=3, seed=1)
+            while not client.status()["queues"].get("m"):
+                time.sleep(0.01)
+            with worker_thread(endpoint, backend):
+                done = queued.result(timeout=60)
+                status = client.status()
+    assert backend.blocked == 1 and done.usage.completion_tokens == 3
+    assert status["counters"]["requeued"] == 0 and status["counters"]["completed"] == 1
 
 PATHOLOGICAL = {"repetition": {"type": "regex", "pattern": "a{1000000}"},
                 "no base case": {"type": "grammar", "lark": 'start: "a" start'}}

@@ -158,6 +158,12 @@ class Worker:
         next_heartbeat = 0.0
         link = self._link
         while not stop.is_set():
+            now = time.monotonic()
+            # First in the round, so the keeper has a heartbeat to repeat before any request
+            # starts: one dispatched as READY arrives may hold the first step past the expiry.
+            if now >= next_heartbeat:
+                link.beat(encode(self._prefixes.heartbeat()))
+                next_heartbeat = now + timing.HEARTBEAT_INTERVAL_S
             warming = self._warming()
             if self._idle_due and not warming and not self._active and not link.poll(0) \
                     and time.monotonic() >= self._idle_not_before:
@@ -170,10 +176,6 @@ class Worker:
                 self._reconnect()
             if not self._warming() and self._active and self._credit > 0:
                 self._step()
-            now = time.monotonic()
-            if now >= next_heartbeat:  # the link's keeper repeats it while a step holds the loop
-                link.beat(encode(self._prefixes.heartbeat()))
-                next_heartbeat = now + timing.HEARTBEAT_INTERVAL_S
 
     def _warming(self) -> bool:
         """Whether the backend's idle work still runs; once it has ended, start what waited for it
