@@ -8,7 +8,8 @@ describes) as a benchmark peer, driven through its own binaries on OpenVINO's CP
 The binaries are looked for in ``$OVPOOL_LLAMACPP_OPENVINO/bin`` (default /tmp/llamacpp-ov/bin);
 where they are missing, the side stops with the build command. Every layer is offloaded to the
 backend (``-ngl 99``) with ``GGML_OPENVINO_DEVICE=CPU`` and as many threads as cores; the backend's
-other switches stay at their defaults: stateless execution, no compiled-model cache, and an empty
+other switches stay at their defaults: stateless execution (``stateful``: its KV cache as the
+compiled model's state instead), no compiled-model cache, and an empty
 compile configuration, so OpenVINO's CPU defaults decide its numerics (on AMX: bf16 inference
 precision, int8 dynamic activations in groups of 32).
 
@@ -50,8 +51,11 @@ def binary(name: str) -> Path:
     return path
 
 
-def environment() -> dict[str, str]:
-    return {**os.environ, "GGML_OPENVINO_DEVICE": "CPU"}
+def environment(stateful: bool) -> dict[str, str]:
+    """OpenVINO's CPU device; ``stateful``: the KV cache as the compiled model's state
+    (GGML_OPENVINO_STATEFUL_EXECUTION=1) instead of ggml tensors passed in each pass (its default)."""
+    return {**os.environ, "GGML_OPENVINO_DEVICE": "CPU",
+            "GGML_OPENVINO_STATEFUL_EXECUTION": str(int(stateful))}
 
 
 def _threads() -> str:
@@ -92,12 +96,12 @@ class Server(ServerProcess):
     """``llama-server`` on a free port, one slot, a context of ``context`` tokens; output to a file
     in ``workdir``. ``ready_s``: process start to its /health answering 200 (model loaded)."""
 
-    def __init__(self, model: str, context: int, workdir: Path):
+    def __init__(self, model: str, context: int, workdir: Path, stateful: bool = False):
         port = free_port()
         argv = [str(binary("llama-server")), "-m", model, "-ngl", "99", "-t", _threads(),
                 "-tb", _threads(), "-c", str(context), "-np", "1", "--no-webui",
                 "--host", "127.0.0.1", "--port", str(port)]
-        super().__init__(argv, port, workdir / "llama-server.log", "/health", environment())
+        super().__init__(argv, port, workdir / "llama-server.log", "/health", environment(stateful))
 
     def cpu_s(self) -> float:
         return _proc_cpu_s(self.pid)
@@ -127,14 +131,14 @@ class Server(ServerProcess):
         return start, stamps
 
 
-def bench(model: str, prompt_tokens: int, new_tokens: int, repetitions: int) -> dict:
+def bench(model: str, prompt_tokens: int, new_tokens: int, repetitions: int, stateful: bool = False) -> dict:
     """llama-bench's prompt and generation tokens/s (mean of ``repetitions``), and the process's
     peak RSS (MiB) and CPU seconds, from GNU time."""
     with tempfile.NamedTemporaryFile("r", suffix=".time") as usage:
         argv = ["/usr/bin/time", "-o", usage.name, "-f", "%M %U %S", str(binary("llama-bench")),
                 "-m", model, "-ngl", "99", "-t", _threads(), "-p", str(prompt_tokens),
                 "-n", str(new_tokens), "-r", str(repetitions), "-o", "json"]
-        proc = subprocess.run(argv, capture_output=True, text=True, env=environment(), check=False)
+        proc = subprocess.run(argv, capture_output=True, text=True, env=environment(stateful), check=False)
         if proc.returncode != 0:
             raise SystemExit(f"llama-bench failed (exit {proc.returncode}):\n{proc.stderr[-2000:]}")
         rss_kb, user, system = usage.read().split()[-3:]
@@ -159,11 +163,13 @@ def main() -> None:
     p.add_argument("--prompt-tokens", type=int, default=256)
     p.add_argument("--new-tokens", type=int, default=48)
     p.add_argument("--repetitions", type=int, default=3)
+    p.add_argument("--stateful", action="store_true", help="GGML_OPENVINO_STATEFUL_EXECUTION=1")
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
     from ovpool.models import resolve_model_path
 
-    result = bench(str(resolve_model_path(args.model)), args.prompt_tokens, args.new_tokens, args.repetitions)
+    result = bench(str(resolve_model_path(args.model)), args.prompt_tokens, args.new_tokens, args.repetitions,
+                   args.stateful)
     print(json.dumps(result) if args.json else
           f"pp{args.prompt_tokens} {result['prefill_tps']:.1f} tok/s, tg{args.new_tokens} "
           f"{result['decode_tps']:.2f} tok/s, peak RSS {result['peak_rss_mb']:.0f} MiB, "

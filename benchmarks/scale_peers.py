@@ -13,13 +13,13 @@ fresh process per side, back to back, the order rotating each repeat: load (no c
 cache), a 4-token warm-up generation (ovpool's ``Engine.warm_up()`` too, as a serving worker), then
 one timed generation, greedy, ignore_eos, of ``--prompt-tokens`` tokens of real text (a different
 window each repeat, the same for every side) and ``--new-tokens`` tokens; peak RSS is that
-process's VmHWM. The loaders are benchmarks/engine_vs_genai.py's; ``llamacpp-ov`` is
-benchmarks/llamacpp_openvino.py's ``llama-server`` (built apart, see there), timed per streamed
-token from this child, its load the server's start until it answers, its CPU time and VmHWM the
-server process's. ovpool runs with
-``prompt_lookup=off``: random weights repeat themselves, which lookup would turn into speed that
-is no decode speed (benchmarks/prompt_lookup.py measures lookup). llama.cpp's OpenMP threads sleep at
-barriers (OMP_WAIT_POLICY=PASSIVE; ``--omp-spin``: its default): on a CPU shared with other jobs its
+process's VmHWM. The loaders are benchmarks/engine_vs_genai.py's; ``llamacpp-ov`` (and
+``llamacpp-ov-stateful``) is benchmarks/llamacpp_openvino.py's ``llama-server`` (built apart, see
+there), timed per streamed token from this child, its load the server's start until it answers,
+its CPU time and VmHWM the server process's. ovpool runs with ``prompt_lookup=off``: random
+weights repeat themselves, which lookup would turn into speed that is no decode speed
+(benchmarks/prompt_lookup.py measures lookup). llama.cpp's OpenMP threads sleep at barriers
+(OMP_WAIT_POLICY=PASSIVE; ``--omp-spin``: its default): on a CPU shared with other jobs its
 spinning threads lose whole time slices (SmolLM2's shape at a load of 4-5 on 2 cores: 3-9 tok/s
 spinning against ~20 for the OpenVINO sides).
 
@@ -45,7 +45,7 @@ from scale import read_bandwidth_gbs, script
 from scale_graph_set import loadavg
 from scale_models import model_file, parameters, parser, weight_bytes
 
-SIDES = ("ovpool", "genai", "llamacpp", "llamacpp-ov")
+SIDES = ("ovpool", "genai", "llamacpp", "llamacpp-ov", "llamacpp-ov-stateful")
 METRICS = {"decode_tps": "higher", "ttft_s": "lower", "peak_rss_mb": "lower", "load_s": "lower"}
 
 
@@ -65,11 +65,12 @@ def child(side: str, path: str, prompt: list[int], new_tokens: int, omp_passive:
 @contextmanager
 def loaded(side: str, args: argparse.Namespace):
     """(load seconds, its runner, its peak RSS in MiB): in this process, or llama-server's."""
-    if side == "llamacpp-ov":
+    if side.startswith("llamacpp-ov"):
         if args.omp_passive:  # its ggml threads (OpenMP) sleep at barriers, as llama.cpp's do here
             os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
         context = args.prompt_tokens + args.new_tokens + 64
-        with tempfile.TemporaryDirectory() as work, Server(args.model, context, Path(work)) as server:
+        with tempfile.TemporaryDirectory() as work, Server(args.model, context, Path(work),
+                                                         side.endswith("stateful")) as server:
             yield server.ready_s, server.run, server.peak_rss_mb
         return
     from engine_vs_genai import LOADERS
@@ -151,8 +152,9 @@ def plot(rows: list[dict], path: str, title: str) -> None:
 def main() -> None:
     p = parser(__doc__)
     p.set_defaults(sizes="smollm2-135m,tinyllama-1.1b,llama3.2-3b")
-    p.add_argument("--peers", default="genai,llamacpp", help="of: genai, llamacpp, llamacpp-ov "
-                   "(llama.cpp's OpenVINO backend, built apart: benchmarks/llamacpp_openvino.py)")
+    p.add_argument("--peers", default="genai,llamacpp", help="of: genai, llamacpp, llamacpp-ov, "
+                   "llamacpp-ov-stateful (llama.cpp's OpenVINO backend, built apart, at its default "
+                   "and with its KV cache as state: benchmarks/llamacpp_openvino.py)")
     p.add_argument("--repeats", type=int, default=3, help="processes per side and size")
     p.add_argument("--prompt-tokens", type=int, default=256)
     p.add_argument("--omp-spin", action="store_true", help="llama.cpp's OpenMP threads spin at "
@@ -169,7 +171,7 @@ def main() -> None:
     sides = ["ovpool", *args.peers.split(",")]
     if unknown := set(sides) - set(SIDES):
         raise SystemExit(f"--peers: unknown {', '.join(sorted(unknown))} (of {', '.join(SIDES[1:])})")
-    if "llamacpp-ov" in sides:
+    if any(s.startswith("llamacpp-ov") for s in sides):
         binary("llama-server")  # not built: stop now, with the build command
     from engine_vs_genai import host
 
