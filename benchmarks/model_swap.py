@@ -142,7 +142,7 @@ def swap_phases(events: list[tuple[float, int, str]], model: str, start: float, 
     imports, lookup), the hit to ready (import, registration) and ready to the first token."""
     marks: dict[str, float] = {}
     worker = None
-    for t, pid, text in events:
+    for t, pid, text in sorted(events):  # serve's lines and its children's interleave late
         if t < start - 0.002:
             continue
         if "notice" not in marks and text.startswith("unloading model "):

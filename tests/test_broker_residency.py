@@ -67,6 +67,19 @@ def test_the_least_recently_used_idle_model_unloads_to_make_room():
     assert world.loads[-1] == "c" and world.r.state("c") is ModelState.LOADING
 
 
+def test_the_models_asleep_are_listed_most_recently_used_first():
+    # What serve's spare process reads ahead: the likeliest next loads first.
+    world = World([ModelPolicy(n) for n in NAMES], max_loaded=1)
+    assert world.r.asleep() == list(NAMES)  # none used yet: catalog order
+    for previous, name in zip((None, *NAMES[:-1]), NAMES, strict=True):
+        world.step(("submit", name))
+        if previous is not None:  # it unloads to make room
+            world.step(("gone", previous))
+        for kind in ("ready", "dispatch", "finish"):
+            world.step((kind, name))
+        world.now += 1
+    assert world.r.asleep() == ["b", "a"]
+
 def test_a_busy_model_is_not_unloaded_until_its_requests_end():
     world = World([ModelPolicy(n) for n in NAMES], max_loaded=1)
     world.step(("submit", "a"))

@@ -137,6 +137,11 @@ class Residency:
     def state(self, model: str) -> ModelState:
         return self._models[model].state
 
+    def asleep(self) -> list[str]:
+        """The models not loaded, loading nor failed, most recently used first."""
+        asleep = [m for m in self._models.values() if m.state is ModelState.UNLOADED]
+        return [m.policy.name for m in sorted(asleep, key=lambda m: -m.last_used)]
+
     def resident(self) -> int:
         """Models within the count budget: loading, loaded, or unloading and not yet leaving."""
         return sum(m.state in RESIDENT and not m.leaving for m in self._models.values())

@@ -45,6 +45,7 @@ def main(log_level: str | None, log_json: bool | None) -> None:
     logs.configure(log_level or "INFO", bool(log_json))
 
 
-def entry() -> None:
+def entry(obj: object = None) -> None:
+    """``obj``: the click context's object (the spare process hands its read-ahead models)."""
     defer_heavy_imports()
-    run_cli(main)
+    run_cli(main, obj)

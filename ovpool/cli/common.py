@@ -244,10 +244,11 @@ def emit_json(obj: Any) -> None:
     click.echo(json.dumps(obj, indent=2, default=str, ensure_ascii=False))
 
 
-def run_cli(group: click.Group) -> None:
-    """Run ``group``; an OvpoolError becomes one clear line on stderr and exit status 2."""
+def run_cli(group: click.Group, obj: object = None) -> None:
+    """Run ``group`` (``obj``: its context's object); an OvpoolError becomes one clear line on
+    stderr and exit status 2."""
     try:
-        group.main(standalone_mode=False)
+        group.main(standalone_mode=False, obj=obj)
     except click.exceptions.Abort:
         sys.exit(130)
     except click.ClickException as exc:

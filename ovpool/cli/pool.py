@@ -94,8 +94,11 @@ def worker_command(broker: str | None, model: str, backend: str, name: str | Non
     cannot change, such as a model it cannot load; `ovpool serve` does not retry it)."""
     settings = resolve_settings(assignments, broker=broker, **flags)
     endpoint.check(settings.broker)  # now, not after the model has loaded
+    # serve's spare process (serve/spare.py) may have read the model's header and tokenizer.
+    read_ahead = click.get_current_context().find_root().obj
+    opened = read_ahead.take(model) if read_ahead is not None else None
     try:
-        _run_worker(settings, model, backend, name, token_delay, served_names)
+        _run_worker(settings, model, backend, name, token_delay, served_names, opened)
     except errors.OvpoolError as exc:
         if not errors.permanent(exc):
             raise
@@ -104,7 +107,7 @@ def worker_command(broker: str | None, model: str, backend: str, name: str | Non
 
 
 def _run_worker(settings: Any, model: str, backend: str, name: str | None, token_delay: float,
-                served_names: tuple[str, ...]) -> None:
+                served_names: tuple[str, ...], opened: Any = None) -> None:
     if backend == "engine":
         check_cache_dir(settings)
     early = None
@@ -118,7 +121,7 @@ def _run_worker(settings: Any, model: str, backend: str, name: str | None, token
     from ovpool.worker.process import Worker
 
     names = list(served_names)
-    with _backend(backend, model, settings, token_delay, early, names, name) as (be, load_report), \
+    with _backend(backend, model, settings, token_delay, early, names, name, opened) as (be, load_report), \
             stop_on_signals() as stop, \
             Worker(settings.broker, be, config=WorkerConfig.of(settings), device=settings.device, name=name,
                    load_report=load_report) as worker:
@@ -127,9 +130,11 @@ def _run_worker(settings: Any, model: str, backend: str, name: str | None, token
 
 @contextlib.contextmanager
 def _backend(kind: str, model: str, settings: Any, token_delay: float, early: Any = None,
-             names: list[str] | None = None, name: str | None = None) -> Iterator[tuple[Any, dict]]:
+             names: list[str] | None = None, name: str | None = None,
+             opened: Any = None) -> Iterator[tuple[Any, dict]]:
     """(backend, the Engine's load report: {} for the null backend); ``early``: the Engine's
-    import begun by prefetch.start; ``names``: --served-name; ``name``: --name. A model that
+    import begun by prefetch.start; ``names``: --served-name; ``name``: --name; ``opened``:
+    the model's header and tokenizer read ahead (ovpool.worker.opened), or None. A model that
     cannot load for good is reported to the broker (LOAD_FAILED) before the error is raised."""
     if kind == "null":
         from ovpool.worker.null_backend import NullBackend
@@ -142,7 +147,7 @@ def _backend(kind: str, model: str, settings: Any, token_delay: float, early: An
 
     try:
         engine = Engine(model, device=settings.device, settings=settings, cache_only=settings.cache_only,
-                        early=early)
+                        early=early, opened=opened)
     except errors.OvpoolError as exc:
         if errors.permanent(exc):
             config = WorkerConfig.of(settings)

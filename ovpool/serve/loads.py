@@ -33,6 +33,7 @@ class ModelLoads:
         # A request may name a model by any of its served names; residency knows catalog names.
         self._names = {alias: m.name for m in spec.models for alias in (m.name, *m.served_names)}
         self._chat = {m.name: int(m.chat) for m in spec.models if m.chat is not None}
+        self._sources = {m.name: m.source for m in spec.models}
         self._supervisor = supervisor
         self._drain = drain
         self._draining: set[str] = set()  # worker names drained at the broker, not stopped yet
@@ -43,6 +44,11 @@ class ModelLoads:
 
     def model_of(self, worker: str) -> str:
         return self._workers[worker]
+
+    def likely_next(self) -> list[str]:
+        """The sources (as workers' ``--model`` names them) of the models that may load next:
+        those asleep, most recently used first."""
+        return [self._sources[m] for m in self.residency.asleep()]
 
     def step(self, now: float, status: dict | None, registered: dict[str, dict],
              memory: dict[str, int] | None = None) -> list[str]:

@@ -167,7 +167,7 @@ class Pool:
         nothing runs (both would share the cores: spare_due), and the pool is not stopping."""
         if self._spare is not None and spare_due(now - self._spawned_at, self._broker_status) \
                 and self.conductor.draining_until is None:
-            self._spare.keep_one()
+            self._spare.keep_one(self.loads.likely_next())
 
     def _reap(self, now: float) -> None:
         for name, child in list(self._children.items()):
@@ -211,16 +211,23 @@ class Pool:
             if child.pid in mine:
                 registered[name] = mine[child.pid]
         memory = self._memory.read(now, {name: child.pid for name, child in self._children.items()})
-        for name in self.loads.step(now, self._broker_status, registered, memory):
+        stopped = self._stop_idle(now, self.loads.step(now, self._broker_status, registered, memory))
+        if stopped:  # the load they made room for starts in this round, not a poll interval later
+            self._stop_idle(now, self.loads.step(now, self._broker_status, registered))
+        for name, deadline in list(self._stop_by.items()):
+            if now >= deadline and name in self._children:
+                self._children[name].signal(signal.SIGKILL)
+
+    def _stop_idle(self, now: float, names: list[str]) -> list[str]:
+        """Signal the drained, idle workers ``names`` to exit; returns them."""
+        for name in names:
             child = self._children.get(name)
             if child is not None and name not in self._stop_by:
                 child.signal(signal.SIGTERM)
                 child.yield_cpu()  # its exit may wait for set-up it still runs: off the new load's cores
                 self._stop_by[name] = now + timing.SHUTDOWN_GRACE_S
             self.loads.stopped(name)
-        for name, deadline in list(self._stop_by.items()):
-            if now >= deadline and name in self._children:
-                self._children[name].signal(signal.SIGKILL)
+        return names
 
     def _take_settings(self, items: tuple[str, ...]) -> None:
         """A rolling restart's --set items: each replaces the same setting of serve's own."""

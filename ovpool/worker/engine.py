@@ -34,6 +34,7 @@ from ovpool.worker.generate.streams import Stream, Streams
 from ovpool.worker.gguf.model import GGUFModel
 from ovpool.worker.graph.cpu_class import CpuInfo
 from ovpool.worker.graphs import Graphs
+from ovpool.worker.opened import OpenedModel
 from ovpool.worker.text.chat import TEMPLATE_KEY, check_messages
 from ovpool.worker.text.tokenizer import Tokenizer
 
@@ -54,7 +55,7 @@ class Engine:
     def __init__(self, model: str | Path, device: str | None = None,
                  settings: Settings | Mapping[str, Any] | None = None,
                  cache_dir: str | Path | None = None, cache_only: bool | None = None,
-                 early: prefetch.BlobImport | None = None):
+                 early: prefetch.BlobImport | None = None, opened: OpenedModel | None = None):
         self.settings = Settings.coerce(settings)
         if cache_dir is not None:  # "" too: no cache, for every graph and the prefetch
             self.settings = self.settings.replace(cache_dir=str(cache_dir))
@@ -67,9 +68,10 @@ class Engine:
         early = early or prefetch.start(model, self.device, self.settings, cache_dir, self.core)
         phases: dict[str, float] = {}
         with timed(phases, "open"):
-            self.model = GGUFModel.open(model)
+            self.model = opened.model if opened is not None else GGUFModel.open(model)
         with timed(phases, "tokenizer"):
-            self.tokenizer = Tokenizer.from_metadata(self.model.metadata)
+            self.tokenizer = opened.tokenizer if opened is not None else Tokenizer.from_metadata(
+                self.model.metadata)
         self.graphs = Graphs(self.model, self.config, self.device, self.core, cache_dir=cache_dir,
                              cache_only=cache_only, early=early)
         # The compiled model holds its own weights: unmapping the file frees its pages (~its size).

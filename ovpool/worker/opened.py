@@ -1,0 +1,81 @@
+"""GGUF headers and tokenizers read before their worker starts.
+
+A worker's start parses its model's GGUF header and builds the tokenizer on its main thread
+(gemma3-270m's 262,144-token vocabulary: ~0.2 s of CPU, 0.5-1 s on a loaded 2-core host), and a
+warm swap waits for it: the blob's import, on another thread, is often done first. ``ovpool
+serve``'s spare process (serve/spare.py) reads those of the models it may become while the pool
+is idle, and the worker it becomes takes its own (``OpenedModels.take``). The file's identity
+(device, inode, size, modification time) is taken around the read and checked again when taken:
+a model file replaced meanwhile is read again by the engine, never served from the old header.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from ovpool.errors import OvpoolError
+from ovpool.models import resolve_model_path
+from ovpool.worker.gguf.model import GGUFModel
+from ovpool.worker.text.tokenizer import Tokenizer
+
+Identity = tuple[int, int, int, int]
+
+
+def _identity(path: Path) -> Identity:
+    st = os.stat(path)
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+
+@dataclass(frozen=True)
+class OpenedModel:
+    model: GGUFModel
+    tokenizer: Tokenizer
+    identity: Identity  # of the file when it was read
+
+    @classmethod
+    def read(cls, source: str | Path) -> OpenedModel | None:
+        """``source`` (a path or alias) read; None if its file changed during the read."""
+        before = _identity(resolve_model_path(source))
+        model = GGUFModel.open(source)
+        opened = cls(model, Tokenizer.from_metadata(model.metadata), before)
+        return opened if opened.current() else None
+
+    def current(self) -> bool:
+        """Whether the file is still the one that was read."""
+        try:
+            return _identity(self.model.path) == self.identity
+        except OSError:
+            return False
+
+
+class OpenedModels:
+    """Models read ahead, by the source a worker's ``--model`` names them with."""
+
+    def __init__(self, opened: dict[str, OpenedModel] | None = None):
+        self._opened = dict(opened or {})
+
+    @classmethod
+    def read(cls, sources: Iterable[str]) -> OpenedModels:
+        """Each of ``sources`` that reads; one that does not is left to its worker's own open,
+        which reports why."""
+        opened = {}
+        for source in sources:
+            try:
+                found = OpenedModel.read(source)
+            except (OvpoolError, OSError, ValueError):
+                continue
+            if found is not None:
+                opened[source] = found
+        return cls(opened)
+
+    def sources(self) -> list[str]:
+        return sorted(self._opened)
+
+    def take(self, source: str) -> OpenedModel | None:
+        """``source``'s, if its file is unchanged; the others are let go (a worker runs one)."""
+        found = self._opened.pop(source, None)
+        self._opened.clear()
+        return found if found is not None and found.current() else None
