@@ -48,6 +48,7 @@ from ovpool.protocol import (
 log = logging.getLogger(__name__)
 
 _DRAIN = 512               # messages handled between timer checks
+_OUTBOX = 64               # messages sent together at most: a long drain's first replies wait no longer
 _NOBLOCK = int(zmq.NOBLOCK)
 _VOTES = (Submit, Ping)  # what counts as a client's vote for a passive broker to take over
 _UNANSWERED = (Cancel, Credit, Supervised)  # dropped by a passive broker: nothing here to act on
@@ -272,6 +273,8 @@ class Broker:
         if self.metrics:
             self.metrics.outgoing(msg, time.monotonic())
         self._outbox.append([peer, *frames])
+        if len(self._outbox) >= _OUTBOX:
+            self._flush()
 
     def _flush(self) -> None:
         outbox, self._outbox = self._outbox, []
