@@ -225,6 +225,10 @@ def test_disconnect_mid_stream_frees_the_slot(served):
 
 def test_health_and_metrics(served):
     assert httpx.get(f"{served.base}/health").json()["status"] == "ok"
+    # Its own requests: under pytest-xdist the module's other tests may run in another process.
+    list(sdk(served).completions.create(model="foo", prompt="counted", max_tokens=2, stream=True))
+    with pytest.raises(openai.NotFoundError):
+        sdk(served).chat.completions.create(model="absent", messages=[{"role": "user", "content": "x"}])
     text = httpx.get(f"{served.base}/metrics").text
     assert 'ovpool_http_requests_total{endpoint="completions",status="200"}' in text
     assert 'ovpool_http_requests_total{endpoint="chat",status="404"}' in text
