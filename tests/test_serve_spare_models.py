@@ -3,6 +3,7 @@ that has its imports done, which then runs the model's worker as a plain start w
 
 from __future__ import annotations
 
+import shutil
 import sys
 
 import pytest
@@ -26,6 +27,20 @@ def test_a_load_takes_the_spare_process_and_a_new_spare_follows(tmp_path):
             assert worker_pid(served, "b:CPU") == after
         assert f"worker a:CPU started (pid {spare}, the spare process)" in served.output()
 
+
+
+@pytest.mark.slow
+def test_the_spare_reads_the_models_ahead_and_a_load_takes_its_own(tmp_path, tiny_model):
+    a, b = (shutil.copy(tiny_model(), tmp_path / f"{n}.gguf") for n in "ab")
+    with serve(tmp_path, "--model", f"a={a}", "--model", f"b={b}", "--max-loaded", "1",
+               "--cache-dir", str(tmp_path / "cache")) as served:
+        served.wait_service("broker")
+        spare = wait_for(lambda: served.state().get("spare_pid"), 60, "a spare process")
+        with Client(served.endpoint) as client:
+            assert client.complete("hi", model="a", max_tokens=2, timeout=60).usage.completion_tokens == 2
+        assert worker_pid(served, "a:CPU") == spare
+        assert f"ovpool.worker.opened[{spare}]: model {a}: GGUF header and tokenizer read ahead" \
+            in served.output()
 
 def worker_pid(served, name: str) -> int:
     """The worker's pid once serve's state file has it (written a round after the start)."""

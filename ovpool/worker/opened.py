@@ -11,6 +11,7 @@ a model file replaced meanwhile is read again by the engine, never served from t
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -20,6 +21,8 @@ from ovpool.errors import OvpoolError
 from ovpool.models import resolve_model_path
 from ovpool.worker.gguf.model import GGUFModel
 from ovpool.worker.text.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
 
 Identity = tuple[int, int, int, int]
 
@@ -78,4 +81,7 @@ class OpenedModels:
         """``source``'s, if its file is unchanged; the others are let go (a worker runs one)."""
         found = self._opened.pop(source, None)
         self._opened.clear()
-        return found if found is not None and found.current() else None
+        if found is None or not found.current():
+            return None
+        log.info("model %s: GGUF header and tokenizer read ahead", source)
+        return found
