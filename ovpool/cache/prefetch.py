@@ -16,8 +16,8 @@ wrong model.
 A hint also keeps its blob's checksum, so the import can go on to the compiled model's first pass
 (``first_pass``, the caller's: ovpool.worker.graph.first_pass) on the same thread, once the blob's
 crc32 equals the hint's: the CPU plugin lays every weight matrix out for its kernels at the first
-pass of a shape class (SmolLM2 at f32: ~0.85 s of CPU, more than the import), which otherwise
-waits for the engine's first request. A blob that fails its hint's checksum never runs.
+pass of a shape class (more CPU than the import: docs/performance.md, "Start on a cache hit"), which
+otherwise waits for the engine's first request. A blob that fails its hint's checksum never runs.
 """
 
 from __future__ import annotations

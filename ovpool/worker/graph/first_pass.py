@@ -3,8 +3,9 @@ ovpool.cache.prefetch), before any request needs it.
 
 The CPU plugin lays each weight matrix out for its kernels at the first pass of a shape class
 (passes of 1-6 rows share one here, 7+ rows another); a graph imported from the cache pays it in its
-first request (SmolLM2, f32: ~0.85 s of CPU for the 1-6 class, measured in docs/performance.md).
-Every request needs that class: a one-row decode step, and a short prompt. So one pass of one token
+first request (4-bit weights: oneDNN's reference int4 reorder, more CPU than the import; measured in
+docs/performance.md, "Start on a cache hit"). Every request needs the 1-6 class for its decode
+steps, a short prompt for its prefill too (a chat prompt's is 7+ rows). So one pass of one token
 sets it up, on a fresh InferRequest whose state is thrown away (its KV never meets a request's) and
 whose result is unused: the kernels a shape selects do not depend on earlier passes, so no token
 changes. Only this module knows the stateful graph's ports (ovpool.worker.graph.builder.port_spec);
