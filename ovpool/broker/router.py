@@ -1,5 +1,9 @@
 """The broker's routing core: decoded messages in, (peer, message) pairs out. No sockets, no clock.
 
+The Router holds the state and dispatches; what it does with each message lives with its sender
+(broker/client_messages.py, broker/worker_messages.py) and what it does as time passes in
+broker/timers.py, mixins bound into one dispatch table at construction.
+
 Every method takes ``now`` (monotonic seconds) so tests drive time by hand. On top of the
 placement rules (its Placement, the only code that changes queues and slots), the Router guarantees:
 
@@ -27,8 +31,9 @@ from __future__ import annotations
 import secrets
 
 from ovpool import errors, timing
-from ovpool.broker import bounds, drain
-from ovpool.broker.admission import Admission, cannot_load
+from ovpool.broker import drain
+from ovpool.broker.admission import Admission
+from ovpool.broker.client_messages import ClientMessages
 from ovpool.broker.placement import Placement
 from ovpool.broker.state import (
     Counters,
@@ -41,6 +46,8 @@ from ovpool.broker.state import (
     SupervisedHosts,
 )
 from ovpool.broker.streams import Streams
+from ovpool.broker.timers import Timers
+from ovpool.broker.worker_messages import WorkerMessages
 from ovpool.protocol import (
     MAX_MESSAGE_BYTES,
     WORKER_WINDOW,
@@ -56,14 +63,11 @@ from ovpool.protocol import (
     ModelOrder,
     Partial,
     Ping,
-    Pong,
     Ready,
     Shutdown,
     Status,
-    StatusReply,
     Submit,
     Supervised,
-    route_keys_from_wire,
 )
 
 MAX_ATTEMPTS = 3
@@ -74,7 +78,7 @@ _REPLIES = (Partial, Final, Error)
 _ACK_EVERY = WORKER_WINDOW // 4
 
 
-class Router:
+class Router(ClientMessages, WorkerMessages, Timers):
     def __init__(self, *, now: float, queue_limit: int = 256, max_new_tokens: int = 4096,
                  max_attempts: int = MAX_ATTEMPTS, stream_stall_s: float = 30.0,
                  progress_timeout_s: float = 60.0, prefix_routing: bool = True):
@@ -147,28 +151,6 @@ class Router:
                              f"a {type(msg).__name__} of {size:,} bytes is over the broker's limit of"
                              f" {MAX_MESSAGE_BYTES:,} bytes per message; send a shorter prompt"))]
 
-    def tick(self, now: float, caught_up: bool = True) -> Output:
-        """Timers: heartbeats to workers, worker expiry, request deadlines and progress, stalled
-        streams, orphaned queues. ``caught_up``: the server has read every message that arrived;
-        until it has, no worker is judged silent nor stuck (its heartbeat or token may be among
-        those unread: liveness follows arrival, not how far behind the broker is)."""
-        out: Output = []
-        if now >= self._next_heartbeat:
-            self._next_heartbeat = now + timing.HEARTBEAT_INTERVAL_S
-            out.extend((w.identity, Heartbeat()) for w in self.workers.values())
-        if caught_up:
-            for worker in [w for w in self.workers.values() if now >= w.expires]:
-                self._drop_worker(worker, now, out, lost=True)
-            self._expire_progress(now, out)
-        self._expire_deadlines(now, out)
-        self._expire_drain(now, out)
-        self._expire_stalled_streams(now, out)
-        self._expire_orphans(now, out)
-        self.supervised.expire(now)
-        self.orders.expire(now)
-        self.failures.expire(now, self.supervised)
-        return out
-
     def status(self, now: float) -> dict:
         return {
             "uptime_s": round(now - self.started, 3),
@@ -194,156 +176,6 @@ class Router:
         clients.difference_update(self.workers)  # a worker's READY came before it was one
         out.extend((c, Shutdown("stopped by a signal")) for c in sorted(clients))
         return out
-
-    # -- client messages ------------------------------------------------------------------------
-
-    def _on_submit(self, peer: bytes, msg: Submit, now: float, out: Output) -> None:
-        known = self.jobs.get(msg.request_id)
-        owner = known.client if known is not None else self.streams.client(msg.request_id)
-        if owner == peer:
-            return  # a resend of a request this broker runs (or still streams): nothing to do
-        if owner is not None:  # never re-route someone else's stream to this sender
-            self.counters.rejected += 1
-            out.append((peer, Error(msg.request_id, errors.InvalidRequestError.code,
-                                    f"request id {msg.request_id!r} is in use by another client;"
-                                    " give each request a fresh id")))
-            return
-        if self.drain is not None:
-            self.counters.rejected += 1
-            out.append((peer, Error(msg.request_id, errors.DrainingError.code,
-                                    str(self.drain.refusal(msg.request_id)))))
-            return
-        try:
-            job = self.admission.admit(peer, msg, now)
-        except errors.RequestError as exc:
-            self.counters.rejected += 1
-            out.append((peer, Error(msg.request_id, exc.code, str(exc))))
-            return
-        self.counters.submitted += 1
-        self.keep_alives.note(job.model, job.keep_alive_s)
-        if msg.window > 0:  # no stream takes more PARTIALs than its max_tokens
-            self.streams.open(job.request_id, peer, min(msg.window, job.max_tokens))
-        self.placement.submit(job, out)
-
-    def _on_cancel(self, peer: bytes, msg: Cancel, now: float, out: Output) -> None:
-        job = self.jobs.get(msg.request_id)
-        exc = errors.CancelledError("cancelled by the client")
-        if job is not None and job.client == peer:
-            self.counters.cancelled += 1
-            self._fail(job, exc, out)
-        elif job is None and self.streams.client(msg.request_id) == peer:  # generated, not yet read
-            self._end_stream(msg.request_id, exc, out)
-
-    def _on_credit(self, peer: bytes, msg: Credit, now: float, out: Output) -> None:
-        self.streams.credit(peer, msg.request_id, msg.tokens, now, out)
-
-    def _on_status(self, peer: bytes, msg: Status, now: float, out: Output) -> None:
-        out.append((peer, StatusReply(self.status(now))))
-
-    def _on_ping(self, peer: bytes, msg: Ping, now: float, out: Output) -> None:
-        out.append((peer, Pong([rid for rid in msg.request_ids
-                                if type(rid) is str and rid not in self.jobs and rid not in self.streams])))
-
-    def _on_drain(self, peer: bytes, msg: Drain, now: float, out: Output) -> None:
-        if msg.worker:
-            for worker in drain.named(self.workers.values(), msg.worker):
-                self.placement.drain_worker(worker)
-        else:
-            self.drain = drain.start(self.drain, now, msg.timeout_s)
-        out.append((peer, StatusReply(self.status(now))))
-
-    def _on_model_order(self, peer: bytes, msg: ModelOrder, now: float, out: Output) -> None:
-        """Kept for the serve that loads ``msg.model`` on demand (it checks the model is its own);
-        answered with the status, whose ``supervised`` says which models those are."""
-        if msg.action in ("load", "unload") and bounds.is_name(msg.model) \
-                and self.supervised.residency(msg.model)[0]:
-            self.orders.add(msg.model, msg.action, now)
-        out.append((peer, StatusReply(self.status(now))))
-
-    def _on_supervised(self, peer: bytes, msg: Supervised, now: float, out: Output) -> None:
-        if not bounds.fit_supervised(msg):
-            out.extend(self.malformed(peer, errors.MalformedMessageError(
-                "Supervised.workers must be a list of maps of text and numbers"
-                f" (of size {bounds.MAX_REPORT_SIZE:,} at most)")))
-            return
-        self.supervised.update(msg, now)
-        for model in {w.get("model") for w in msg.workers} - {None}:
-            state, reason = self.supervised.residency(model)
-            if state == "failed" and not self.placement.serves(model):  # its queue waits in vain
-                for rid in list(self.queues.get(model, ())):
-                    self.counters.failed += 1
-                    self._fail(self.jobs[rid], cannot_load(model, reason), out)
-
-    # -- worker messages ------------------------------------------------------------------------
-
-    def _on_ready(self, peer: bytes, msg: Ready, now: float, out: Output) -> None:
-        old = self.workers.get(peer)
-        if old is not None:  # registering again means it dropped whatever it was running
-            self._drop_worker(old, now, out, lost=True)
-        info = bounds.fit_ready(msg)
-        if info is None or len(self.workers) >= bounds.MAX_WORKERS:
-            self.counters.malformed += 1
-            return
-        self._told_to_register.discard(peer)
-        self.failures.registered(info)
-        self.placement.add_worker(RegisteredWorker(peer, info, expires=now + timing.HEARTBEAT_EXPIRY_S), out)
-
-    def _on_partial(self, peer: bytes, msg: Partial, now: float, out: Output) -> None:
-        job = self._job_on(peer, msg.request_id, out)
-        if job is None:
-            return
-        job.progress_at = now
-        if job.next_seq <= msg.seq < job.max_tokens:
-            job.next_seq = msg.seq + 1
-            if msg.request_id in self.streams:
-                self.streams.partial(msg, now, out)
-        elif msg.seq >= job.max_tokens:
-            self.counters.malformed += 1
-
-    def _on_end(self, peer: bytes, msg: Final | Error, now: float, out: Output) -> None:
-        job = self._job_on(peer, msg.request_id, out)
-        if job is None:
-            return
-        if isinstance(msg, Final):
-            self.counters.completed += 1
-            answer = msg.completion.get("text")
-            self.placement.finished_on(self.workers[peer], job, answer if isinstance(answer, str) else "")
-        else:
-            self.counters.failed += 1
-        if msg.request_id in self.streams:
-            self.streams.end(msg, out)
-        else:
-            out.append((job.client, msg))
-        self.placement.finish(job, out)
-
-    def _on_heartbeat(self, peer: bytes, msg: Heartbeat, now: float, out: Output) -> None:
-        """A worker's heartbeat (its expiry is refreshed in handle()) with its prefix-cache summary."""
-        try:
-            held = route_keys_from_wire(msg.held)
-        except errors.MalformedMessageError:
-            self.counters.malformed += 1
-            return
-        self.placement.report(self.workers[peer], held, msg)
-
-    def _on_disconnect(self, peer: bytes, msg: Disconnect, now: float, out: Output) -> None:
-        worker = self.workers.get(peer)
-        if worker is not None:
-            self._drop_worker(worker, now, out, lost=False)
-
-    def _on_load_failed(self, peer: bytes, msg: LoadFailed, now: float, out: Output) -> None:
-        """A worker that could not load its model: what waits for its models (or for any, unnamed)
-        with no other worker serving them fails now, saying why."""
-        msg = bounds.fit_load_failed(msg)
-        if msg is None:
-            self.counters.malformed += 1
-            return
-        self.failures.record(msg, now)
-        for model in [*msg.models, ""]:
-            if self.placement.serves(model):
-                continue
-            for rid in list(self.queues.get(model, ())):
-                self.counters.failed += 1
-                self._fail(self.jobs[rid], self.admission.not_served(model), out)
 
     # -- endings --------------------------------------------------------------------------------
 
@@ -379,70 +211,3 @@ class Router:
         self._told_to_register.add(peer)
         return [(peer, Disconnect())]
 
-    def _job_on(self, peer: bytes, request_id: str, out: Output) -> Job | None:
-        job = self.jobs.get(request_id)
-        if job is None or job.worker != peer:
-            if request_id:  # stale work (cancelled, timed out or re-dispatched): stop it
-                out.append((peer, Cancel(request_id)))
-            return None
-        return job
-
-    def _expire_progress(self, now: float, out: Output) -> None:
-        """A request that got no token for progress_timeout_s (a hung or lying worker) moves on."""
-        stuck = now - self.progress_timeout_s
-        for job in [j for j in self.jobs.values() if j.worker is not None]:
-            if job.progress_at is None:
-                job.progress_at = now  # the first tick since its dispatch
-            elif job.progress_at <= stuck:
-                self.counters.stalled += 1
-                self.placement.stall(job, out, now)
-                self._forget_failed([job.request_id])
-
-    def _expire_drain(self, now: float, out: Output) -> None:
-        """The pool's drain timed out: what is still unfinished fails, saying so."""
-        if self.drain is None or now < self.drain.deadline:
-            return
-        for job in list(self.jobs.values()):
-            self.counters.failed += 1
-            self._fail(job, self.drain.timed_out(job.request_id), out)
-
-    def _expire_stalled_streams(self, now: float, out: Output) -> None:
-        for rid in self.streams.stalled(now):
-            exc = errors.ClientTooSlowError(
-                f"request {rid}: its client took none of the tokens waiting for it for"
-                f" {self.streams.stall_s:g} s (setting stream_stall_s); read the stream faster")
-            self.counters.cancelled += 1
-            job = self.jobs.get(rid)
-            if job is not None:
-                self._fail(job, exc, out)
-            else:
-                self._end_stream(rid, exc, out)
-
-    def _expire_deadlines(self, now: float, out: Output) -> None:
-        """Requests past their timeout, and those of clients gone silent (a client pings while it
-        waits): their slots would otherwise stay busy for nobody."""
-        gone = now - timing.CLIENT_UNAVAILABLE_S
-        for job in [j for j in self.jobs.values()
-                    if now >= j.deadline or self._clients_heard.get(j.client, now) < gone]:
-            if now >= job.deadline:
-                self.counters.timed_out += 1
-                where = "in the queue" if job.worker is None else "while generating"
-                exc = errors.RequestTimeoutError(f"request {job.request_id} reached its timeout {where}")
-            else:
-                self.counters.cancelled += 1
-                exc = errors.CancelledError(f"request {job.request_id}: its client went silent")
-            self._fail(job, exc, out)
-        if len(self._clients_heard) > len(self.jobs) * 2 + 1000:  # forget clients with nothing left
-            live = {j.client for j in self.jobs.values()}
-            self._clients_heard = {c: t for c, t in self._clients_heard.items() if c in live}
-
-    def _expire_orphans(self, now: float, out: Output) -> None:
-        if now < self.started + timing.BROKER_GRACE_S:
-            return
-        for model, queue in list(self.queues.items()):  # failing the last request drops its queue
-            if self.placement.serves(model) or self.supervised.residency(model)[0] not in ("", "failed"):
-                continue  # served, or a supervisor loads it on demand: it waits for that
-            for rid in [r for r in queue if now - self.jobs[r].waiting_since >= timing.BROKER_GRACE_S]:
-                job = self.jobs[rid]
-                self.counters.failed += 1
-                self._fail(job, self.placement.orphaned(job), out)
