@@ -1,0 +1,43 @@
+"""A request's body as the HTTP API reads it: JSON, never more than MAX_BODY_BYTES held (413 past it)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect, Request
+
+from ovpool import errors
+from ovpool.api.schema import MAX_BODY_BYTES, parse_json
+from ovpool.api.streams import ClientGone
+
+
+async def read_json(request: Request, empty: bytes | None = None) -> Any:
+    """The request's JSON body, read only up to MAX_BODY_BYTES (413 past it); ``empty``: the JSON
+    text an empty body stands for (else it is malformed)."""
+    declared = request.headers.get("content-length", "")
+    if declared.isascii() and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        raise _too_large()
+    chunks, size = [], 0
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > MAX_BODY_BYTES:
+                raise _too_large()
+            chunks.append(chunk)
+    except ClientDisconnect:  # gone before its body was all sent: no answer, no traceback
+        raise ClientGone() from None
+    return parse_json(b"".join(chunks) or empty or b"")
+
+
+def _too_large() -> HTTPException:
+    return HTTPException(413, f"the request body is over {MAX_BODY_BYTES:,} bytes "
+                              f"({MAX_BODY_BYTES >> 20} MiB), the most a request may send")
+
+
+async def admin_body(request: Request) -> dict:
+    """An admin route's body: none (``{}``) or a JSON object, read like any request's (read_json)."""
+    body = await read_json(request, empty=b"{}")
+    if not isinstance(body, dict):
+        raise errors.InvalidRequestError("the request body must be a JSON object (or none)")
+    return body

@@ -1,0 +1,123 @@
+"""The HTTP API's routes besides generation: health and liveness probes, metrics, the model list
+and its load and unload orders, and the admin drain.
+
+A mixin of app.py's _Api (its client, config and metrics, and ``_serve``, the path every route shares).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from ovpool import errors
+from ovpool.api import errors as api_errors
+from ovpool.api import gateway_metrics, models
+from ovpool.api.body import admin_body
+
+
+class Operations:
+    """Part of _Api: what operators and their tools call (probes, scrapers, admins)."""
+
+    async def models(self, request: Request) -> Response:
+        return await self._serve(request, "models", self._models)
+
+    async def model(self, request: Request) -> Response:
+        return await self._serve(request, "models", self._model)
+
+    def model_order(self, action: str) -> Callable[[Request], Awaitable[Response]]:
+        async def route(request: Request) -> Response:
+            return await self._serve(request, "admin", lambda r: self._order(r, action))
+
+        return route
+
+    async def health(self, request: Request) -> Response:
+        """Readiness: the broker answers a STATUS and lists a worker, and neither this API nor the
+        pool drains (load balancers then stop sending at once)."""
+        link = dataclasses.asdict(self.client.link_state())
+        if self.draining:
+            return _draining_response("this HTTP API is draining (it is stopping)", link)
+        try:
+            status = await self.client.status(self.config.status_timeout_s)
+        except errors.OvpoolError as exc:
+            return JSONResponse({"status": "unavailable", "reason": str(exc), "link": link}, 503)
+        workers = status.get("workers")
+        if not isinstance(workers, list) or not workers:  # a broker's STATUS reply is its word
+            return JSONResponse({"status": "unavailable", "reason": "no worker is registered",
+                                 "link": link}, 503)
+        if (status.get("draining") or {}).get("pool"):
+            return _draining_response("the pool is draining (shutting down or restarting)", link)
+        return JSONResponse({"status": "ok", "workers": len(workers), "link": link})
+
+    async def admin_drain(self, request: Request) -> Response:
+        return await self._serve(request, "admin", self._drain)
+
+    async def _drain(self, request: Request) -> Response:
+        """``{"worker": NAME, "timeout_s": N}`` (both optional; no worker: the whole pool)."""
+        body = await admin_body(request)
+        worker, timeout = body.get("worker", ""), body.get("timeout_s", self.config.shutdown_timeout_s)
+        if not isinstance(worker, str):
+            raise errors.InvalidRequestError("the body is {\"worker\": NAME, \"timeout_s\": SECONDS}, "
+                                             "both optional (no worker: the whole pool)", param="worker")
+        timeout_s = _seconds(timeout)
+        drained = (await self.client.drain(worker, timeout_s, self.config.status_timeout_s))["draining"]
+        if worker and not drained["workers"]:
+            raise errors.InvalidRequestError(f"no worker named {worker!r} is registered", param="worker")
+        return JSONResponse({"draining": drained})
+
+    async def live(self, request: Request) -> Response:
+        """Liveness: the broker client reads replies. A broker or worker outage leaves it live (a
+        restart of this process would not help); a stopped client does not."""
+        link = self.client.link_state()
+        if not link.reading:
+            return JSONResponse({"status": "unavailable", "reason": link.stopped or "the broker client"
+                                 " stopped", "link": dataclasses.asdict(link)}, 503)
+        return JSONResponse({"status": "ok", "link": dataclasses.asdict(link)})
+
+    async def metrics_page(self, request: Request) -> Response:
+        """This API's metrics, and the inference gateway's gauges of the pool (gateway_metrics)."""
+        try:
+            status = await self.client.status(min(1.0, self.config.status_timeout_s))
+        except errors.OvpoolError:
+            status = None
+        return Response(self.metrics.render() + gateway_metrics.render(status),
+                        media_type=self.metrics.content_type)
+
+    async def _models(self, request: Request) -> Response:
+        status = await self.client.status(self.config.status_timeout_s)
+        return JSONResponse({"object": "list", "data": models.listed(status)})
+
+    async def _model(self, request: Request) -> Response:
+        status = await self.client.status(self.config.status_timeout_s)
+        return JSONResponse(models.one(status, request.path_params["model_id"]))
+
+    async def _order(self, request: Request, action: str) -> Response:
+        """202 with the model's state now: serve loads (or unloads, once idle) it within a poll."""
+        model_id = request.path_params["model_id"]
+        await admin_body(request)  # none, or a JSON object (its fields are not read)
+        status = await self.client.model_order(model_id, action, self.config.status_timeout_s)
+        return JSONResponse({**models.ordered(status, model_id, action), "action": action}, 202)
+
+
+def _draining_response(reason: str, link: dict) -> JSONResponse:
+    return JSONResponse({"status": "draining", "reason": reason, "link": link}, 503,
+                        {"Retry-After": str(api_errors.RETRY_AFTER_S)})
+
+
+def _seconds(value: Any) -> float:
+    """``timeout_s``: a finite number of seconds >= 0 (NaN, -1 or 1e400 would drain the pool now)."""
+    seconds = math.nan
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        try:
+            seconds = float(value)
+        except OverflowError:  # an int past float's range (10**400)
+            pass
+    if not math.isfinite(seconds) or seconds < 0:
+        raise errors.InvalidRequestError(f"timeout_s must be a finite number of seconds >= 0, not "
+                                         f"{json.dumps(value)[:40]}", param="timeout_s")
+    return seconds
