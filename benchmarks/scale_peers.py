@@ -46,7 +46,8 @@ from scale_graph_set import loadavg
 from scale_models import model_file, parameters, parser, weight_bytes
 
 SIDES = ("ovpool", "genai", "llamacpp", "llamacpp-ov", "llamacpp-ov-stateful")
-METRICS = {"decode_tps": "higher", "ttft_s": "lower", "peak_rss_mb": "lower", "load_s": "lower"}
+METRICS = {"decode_tps": "higher", "decode_cpu_ms": "lower", "ttft_s": "lower", "peak_rss_mb": "lower",
+           "load_s": "lower"}
 
 
 def child(side: str, path: str, prompt: list[int], new_tokens: int, omp_passive: bool) -> dict:
@@ -95,7 +96,7 @@ def measure(name: str, path: Path, sides: list[str], args: argparse.Namespace) -
                                      "--ids", json.dumps(prompt), "--new-tokens", str(args.new_tokens),
                                      *(["--omp-spin"] if args.omp_spin else [])))
             print(f"# {name} {i} {side} {runs[side][-1]} load {loadavg()}", file=sys.stderr, flush=True)
-    median = {s: {k: statistics.median(r[k] for r in rs) for k in (*METRICS, "decode_cpu_ms")}
+    median = {s: {k: statistics.median(r[k] for r in rs) for k in METRICS}
               for s, rs in runs.items()}
     paired = {peer: {k: statistics.median(_ratio(o[k], p[k], better)
                                           for o, p in zip(runs["ovpool"], runs[peer], strict=True))
@@ -113,18 +114,18 @@ def _ratio(ovpool: float, peer: float, better: str) -> float:
 
 def table(rows: list[dict], cpu: str, load: str) -> str:
     lines = [f"cpu: {cpu}; loadavg {load}",
-             "| model | weights | side | decode tok/s (of bound) | TTFT | peak RSS | load "
-             "| ovpool's paired ratio decode / TTFT / RSS |", "|" + "---|" * 8]
+             "| model | weights | side | decode tok/s (of bound) | CPU ms/token | TTFT | peak RSS | load "
+             "| ovpool's paired ratio decode / CPU per token / TTFT / RSS |", "|" + "---|" * 9]
     for r in rows:
         for side, m in r["median"].items():
             ratio = r["paired"].get(side)
-            paired = (f"{ratio['decode_tps']:.2f}x / {ratio['ttft_s']:.2f}x / {ratio['peak_rss_mb']:.2f}x"
-                      if ratio else "")
+            paired = " / ".join(f"{ratio[k]:.2f}x" for k in ("decode_tps", "decode_cpu_ms", "ttft_s",
+                                                            "peak_rss_mb")) if ratio else ""
             lines.append(f"| {r['model']} | {r['weights_mb']:.0f} MiB | {side} | {m['decode_tps']:.2f} "
-                         f"({r['of_bound'][side]:.2f}) | {m['ttft_s']:.2f} s | {m['peak_rss_mb']:.0f} MiB "
-                         f"| {m['load_s']:.1f} s | {paired} |")
+                         f"({r['of_bound'][side]:.2f}) | {m['decode_cpu_ms']:.0f} | {m['ttft_s']:.2f} s "
+                         f"| {m['peak_rss_mb']:.0f} MiB | {m['load_s']:.1f} s | {paired} |")
         lines.append(f"| {r['model']} | | bound | {r['bound_tps']:.2f} (read "
-                     f"{statistics.median(r['bandwidth_gbs']):.1f} GB/s) | | | | |")
+                     f"{statistics.median(r['bandwidth_gbs']):.1f} GB/s) | | | | | |")
     return "\n".join(lines)
 
 
