@@ -28,13 +28,15 @@ import importlib
 import importlib.abc
 import importlib.machinery
 import importlib.util
-import os
 import sys
 from types import ModuleType
 from typing import Any
 
+from ovpool.settings import set_variable, variable
+
 _CONVERTER = "openvino.tools.ovc"
 _GGUF = "gguf"
+_BLAS_THREADS = "OPENBLAS_NUM_THREADS"
 
 
 class _DeferConverter(importlib.abc.MetaPathFinder):
@@ -90,8 +92,8 @@ class _ConstantsFirst(importlib.abc.Loader):
 
 def defer_heavy_imports() -> None:
     """Install both deferrals and one BLAS thread (see the module docstring)."""
-    if "numpy" not in sys.modules:
-        os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    if "numpy" not in sys.modules and not variable(_BLAS_THREADS):
+        set_variable(_BLAS_THREADS, "1")
     for package, finder in (("openvino", _DeferConverter), (_GGUF, _DeferGGUF)):
         if package not in sys.modules and not any(isinstance(f, finder) for f in sys.meta_path):
             sys.meta_path.insert(0, finder())

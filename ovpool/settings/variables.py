@@ -38,6 +38,9 @@ _VARIABLES = [
              "(blob-write, blob-renamed, manifest-write) until a signal (ovpool/cache/store.py)"),
     Variable("ONEDNN_MAX_CPU_ISA", (PROCESS,), "", "benchmarks: the instruction set oneDNN may use, set by "
              "--isa for the benchmark and its children (ovpool/bench/isa.py)"),
+    Variable("OPENBLAS_NUM_THREADS", (PROCESS,), "1", "numpy's BLAS threads: ovpool's commands start "
+             "with one unless the environment sets it, so no BLAS thread spins beside a start "
+             "(ovpool/startup.py)"),
     Variable("XDG_CACHE_HOME", (PROCESS,), "~/.cache",
              "base of the default cache_dir and of joined model files"),
     Variable("XDG_RUNTIME_DIR", (PROCESS,), "", "where `ovpool serve` keeps its pool's CURVE keys (when this "
