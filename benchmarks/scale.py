@@ -11,8 +11,9 @@ sides). The decode bound is this host's memory read bandwidth (NumPy summing a 1
 the bytes of weights read per token (the file's tensors but the token embedding, which is looked
 up, not read whole).
 
-What the decode graph costs and gains at each size: benchmarks/scale_graph_set.py; llama.cpp beside
-GenAI, a fresh process per side and measurement: benchmarks/scale_peers.py.
+What the decode graph costs and gains at each size: benchmarks/scale_graph_set.py; llama.cpp (CPU)
+and llama.cpp's OpenVINO backend beside GenAI, a fresh process per side and measurement:
+benchmarks/scale_peers.py.
 """
 
 from __future__ import annotations
