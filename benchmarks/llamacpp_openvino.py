@@ -87,9 +87,10 @@ def token_counts(lines, limit: int = _LINE_LIMIT):
             event = json.loads(raw[6:])
         except ValueError as e:
             raise RuntimeError(f"llama-server sent an event that is not JSON: {raw[:200]!r}") from e
-        if not isinstance(event, dict) or "error" in event:
-            raise RuntimeError(f"llama-server failed: {raw[:300]!r}")
-        yield int(event.get("tokens_predicted", 0)), bool(event.get("stop"))
+        count = event.get("tokens_predicted", 0) if isinstance(event, dict) else None
+        if "error" in event or not isinstance(count, int):
+            raise RuntimeError(f"llama-server failed or sent no token count: {raw[:300]!r}")
+        yield count, bool(event.get("stop"))
 
 
 class Server(ServerProcess):
