@@ -1,8 +1,9 @@
 """The broker's routing core: decoded messages in, (peer, message) pairs out. No sockets, no clock.
 
-The Router holds the state and dispatches; what it does with each message lives with its sender
-(broker/client_messages.py, broker/worker_messages.py) and what it does as time passes in
-broker/timers.py, mixins bound into one dispatch table at construction.
+The Router builds its state (broker/router_state.py: one RouterState, and the Endings its handlers
+share) and dispatches; what it does with each message lives with its sender (broker/client_messages.py,
+broker/worker_messages.py) and what it does as time passes in broker/timers.py, each given that
+state, their handlers put into one dispatch table at construction.
 
 Every method takes ``now`` (monotonic seconds) so tests drive time by hand. On top of the
 placement rules (its Placement, the only code that changes queues and slots), the Router guarantees:
@@ -28,46 +29,24 @@ placement rules (its Placement, the only code that changes queues and slots), th
 
 from __future__ import annotations
 
-import secrets
-
 from ovpool import errors, timing
 from ovpool.broker import drain
-from ovpool.broker.admission import Admission
 from ovpool.broker.client_messages import ClientMessages
-from ovpool.broker.placement import Placement
-from ovpool.broker.state import (
-    Counters,
-    Job,
-    KeepAlives,
-    LoadFailures,
-    ModelOrders,
-    Output,
-    RegisteredWorker,
-    SupervisedHosts,
-)
-from ovpool.broker.streams import Streams
+from ovpool.broker.router_state import Endings, RouterState
+from ovpool.broker.state import Output
 from ovpool.broker.timers import Timers
 from ovpool.broker.worker_messages import WorkerMessages
 from ovpool.protocol import (
     MAX_MESSAGE_BYTES,
     WORKER_WINDOW,
-    Cancel,
     Credit,
     Disconnect,
-    Drain,
     Error,
     Final,
     Heartbeat,
-    LoadFailed,
     Message,
-    ModelOrder,
     Partial,
-    Ping,
-    Ready,
     Shutdown,
-    Status,
-    Submit,
-    Supervised,
 )
 
 MAX_ATTEMPTS = 3
@@ -78,37 +57,30 @@ _REPLIES = (Partial, Final, Error)
 _ACK_EVERY = WORKER_WINDOW // 4
 
 
-class Router(ClientMessages, WorkerMessages, Timers):
+class Router:
+    """``counters``, ``placement``, ``streams``, ``supervised``, ``failures`` and Placement's
+    ``workers``, ``jobs`` and ``queues`` are the state's own objects, for the server and tests to read."""
+
     def __init__(self, *, now: float, queue_limit: int = 256, max_new_tokens: int = 4096,
                  max_attempts: int = MAX_ATTEMPTS, stream_stall_s: float = 30.0,
                  progress_timeout_s: float = 60.0, prefix_routing: bool = True):
-        self.started = now
-        self.counters = Counters()
-        self.placement = Placement(max_attempts=max_attempts, counters=self.counters,
-                                   prefix_routing=prefix_routing)
-        self.streams = Streams(stream_stall_s)
-        self.progress_timeout_s = progress_timeout_s
-        self.workers = self.placement.workers  # read-only views: Placement changes them
-        self.jobs = self.placement.jobs
-        self.queues = self.placement.queues
-        self.failures = LoadFailures()
-        self.supervised = SupervisedHosts()
-        self.orders = ModelOrders(secrets.token_hex(4))
-        self.keep_alives = KeepAlives()
-        self.admission = Admission(self.placement, self.failures, started=now, queue_limit=queue_limit,
-                                   max_new_tokens=max_new_tokens, supervised=self.supervised)
-        self._told_to_register: set[bytes] = set()
-        self._clients_heard: dict[bytes, float] = {}
-        self._next_heartbeat = now
-        self.drain: drain.PoolDrain | None = None
-        self._handlers = {Submit: self._on_submit, Cancel: self._on_cancel, Credit: self._on_credit,
-                          Status: self._on_status,
-                          Ping: self._on_ping, Supervised: self._on_supervised,
-                          Ready: self._on_ready, Partial: self._on_partial,
-                          Final: self._on_end, Error: self._on_end,
-                          Disconnect: self._on_disconnect, LoadFailed: self._on_load_failed,
-                          Heartbeat: self._on_heartbeat, Drain: self._on_drain,
-                          ModelOrder: self._on_model_order}
+        self._state = state = RouterState(
+            now=now, queue_limit=queue_limit, max_new_tokens=max_new_tokens, max_attempts=max_attempts,
+            stream_stall_s=stream_stall_s, progress_timeout_s=progress_timeout_s,
+            prefix_routing=prefix_routing)
+        self._endings = endings = Endings(state)
+        self.counters, self.placement, self.streams = state.counters, state.placement, state.streams
+        self.workers, self.jobs, self.queues = state.workers, state.jobs, state.queues
+        self.supervised, self.failures = state.supervised, state.failures
+        self._clients_heard = state.clients_heard
+        self._timers = Timers(state, endings)
+        self._handlers = {**ClientMessages(state, endings).handlers(),
+                          **WorkerMessages(state, endings).handlers()}
+
+    @property
+    def drain(self) -> drain.PoolDrain | None:
+        """The pool's drain, once a DRAIN started one."""
+        return self._state.drain
 
     # -- inputs ---------------------------------------------------------------------------------
 
@@ -135,12 +107,14 @@ class Router(ClientMessages, WorkerMessages, Timers):
             self.placement.replied(worker, out)
         return out
 
+    def tick(self, now: float, caught_up: bool = True) -> Output:
+        """What is due by ``now`` (broker/timers.py); ``caught_up``: the server has read every
+        message that arrived (until it has, no worker is judged silent nor stuck)."""
+        return self._timers.tick(now, caught_up)
+
     def malformed(self, peer: bytes, exc: errors.ProtocolError) -> Output:
         """A frame that did not decode: answer a client, drop a worker's (workers read no ERROR)."""
-        self.counters.malformed += 1
-        if peer in self.workers:
-            return []
-        return [(peer, Error("", exc.code, str(exc)))]
+        return self._endings.malformed(peer, exc)
 
     def oversized(self, peer: bytes, msg: Message, size: int) -> Output:
         """A message over protocol.MAX_MESSAGE_BYTES (the client library refuses those itself)."""
@@ -152,19 +126,7 @@ class Router(ClientMessages, WorkerMessages, Timers):
                              f" {MAX_MESSAGE_BYTES:,} bytes per message; send a shorter prompt"))]
 
     def status(self, now: float) -> dict:
-        return {
-            "uptime_s": round(now - self.started, 3),
-            "workers": [w.describe(now) for w in self.workers.values()],
-            **self.placement.status(),
-            "counters": self.counters.as_dict(),
-            "streams": {"open": len(self.streams), "held": self.streams.held()},
-            "supervised": self.supervised.entries(),
-            "failed": self.failures.entries(now),
-            "model_orders": self.orders.entries(),
-            "keep_alive": self.keep_alives.entries(),
-            "draining": {"pool": self.drain.describe(now) if self.drain else None,
-                         "workers": [w.info.worker_id for w in self.workers.values() if w.draining]},
-        }
+        return self._state.describe(now)
 
     def shutdown(self, now: float) -> Output:
         """Tell every worker to register again (with the next broker on this address), and every
@@ -177,37 +139,12 @@ class Router(ClientMessages, WorkerMessages, Timers):
         out.extend((c, Shutdown("stopped by a signal")) for c in sorted(clients))
         return out
 
-    # -- endings --------------------------------------------------------------------------------
-
-    def _fail(self, job: Job, exc: errors.OvpoolError, out: Output) -> None:
-        """End ``job`` with ``exc`` now: what its stream still held is dropped, never delivered."""
-        self.streams.drop(job.request_id)
-        self.placement.fail(job, exc, out)
-
-    def _end_stream(self, request_id: str, exc: errors.OvpoolError, out: Output) -> None:
-        """End a stream whose generation is over (only its delivery was left) with ``exc``."""
-        client = self.streams.client(request_id)
-        self.streams.drop(request_id)
-        out.append((client, Error(request_id, exc.code, str(exc))))
-
-    def _drop_worker(self, worker: RegisteredWorker, now: float, out: Output, *, lost: bool) -> None:
-        running = list(worker.inflight)
-        self.placement.drop_worker(worker, now, out, lost=lost)
-        self._forget_failed(running)
-
-    def _forget_failed(self, request_ids: list[str]) -> None:
-        """Placement failed those of ``request_ids`` it no longer knows (WorkerLost): their streams
-        end with that ERROR, so nothing they held is sent after it."""
-        for rid in request_ids:
-            if rid not in self.jobs:
-                self.streams.drop(rid)
-
     def _stranger(self, peer: bytes) -> Output:
         """A worker this broker does not know (it restarted, or the worker expired): tell it once."""
-        if peer in self._told_to_register:
+        told = self._state.told_to_register
+        if peer in told:
             return []
-        if len(self._told_to_register) > _MAX_STRANGERS:  # dead peers never register: forget them
-            self._told_to_register.clear()
-        self._told_to_register.add(peer)
+        if len(told) > _MAX_STRANGERS:  # dead peers never register: forget them
+            told.clear()
+        told.add(peer)
         return [(peer, Disconnect())]
-
