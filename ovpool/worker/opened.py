@@ -17,7 +17,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ovpool.errors import OvpoolError
 from ovpool.models import resolve_model_path
 from ovpool.worker.gguf.model import GGUFModel
 from ovpool.worker.text.tokenizer import Tokenizer
@@ -68,7 +67,7 @@ class OpenedModels:
         for source in sources:
             try:
                 found = OpenedModel.read(source)
-            except (OvpoolError, OSError, ValueError):
+            except Exception:  # advice only (the worker's own open reports it): the spare lives on
                 continue
             if found is not None:
                 opened[source] = found
