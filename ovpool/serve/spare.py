@@ -1,26 +1,17 @@
 """A worker process started before its model is known: a load then skips the interpreter's start
 and the imports, a second or more of a warm swap (docs/performance.md, Model swaps).
 
-``python -m ovpool.serve.spare [MODEL...]`` imports what `ovpool worker` imports before it reads
-its model, reads the GGUF header and tokenizer of each MODEL (the sources of the models it may
-become: ovpool.worker.opened), then waits for one line on stdin, the worker's arguments (JSON:
-what follows ``python -m ovpool``), and runs as that command, taking its model's header if it
-read it; end of input (serve stopped without using it) exits 0. ``SpareWorker`` keeps one for a
-pool that loads models on demand.
+The process is ``python -m ovpool.cli.spare [MODEL...]`` (what it runs: ovpool/cli/spare.py); it
+waits, imports done, for the command line of the worker it becomes. ``SpareWorker`` keeps one for
+a pool that loads models on demand.
 """
 
 from __future__ import annotations
 
-import importlib
-import json
-import sys
 from collections.abc import Sequence
 
 from ovpool.serve.child import ChildProcess
 
-# What a worker's start imports (ovpool/cli/pool.py, _run_worker) before it has its model.
-PRELOAD = ("openvino", "ovpool.cli", "ovpool.cache.prefetch", "ovpool.worker.process",
-           "ovpool.worker.backend", "ovpool.worker.engine")
 # A spare that keeps exiting on its own (a broken environment) is given up: workers start plainly.
 _MAX_FAILURES = 3
 # A spare starts this long after the latest worker start, once the pool has no request queued or
@@ -47,7 +38,7 @@ class SpareWorker:
     """At most one spare process of ``python`` with ``env`` (the workers' environment)."""
 
     def __init__(self, python: str, env: dict[str, str] | None):
-        self._argv = [python, "-m", "ovpool.serve.spare"]
+        self._argv = [python, "-m", "ovpool.cli.spare"]
         self._env = env
         self._child: ChildProcess | None = None
         self._failures = 0
@@ -87,25 +78,3 @@ class SpareWorker:
         if self._child is not None:
             self._child.stop()
             self._child = None
-
-
-def main() -> None:
-    from ovpool.startup import defer_heavy_imports
-
-    defer_heavy_imports()  # as ovpool's entry does, before the imports it trims
-    for module in PRELOAD:
-        importlib.import_module(module)
-    from ovpool.worker.opened import OpenedModels
-
-    opened = OpenedModels.read(sys.argv[1:])
-    line = sys.stdin.readline()
-    if not line.strip():
-        return
-    sys.argv = ["ovpool", *json.loads(line)]
-    from ovpool.cli import entry
-
-    entry(opened)
-
-
-if __name__ == "__main__":
-    main()
