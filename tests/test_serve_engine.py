@@ -57,6 +57,9 @@ def test_cold_cache_three_workers_compile_once_and_a_killed_worker_imports(tmp_p
         log = served.output()
         assert str(new_pid) in cache_lines(log, "HIT"), "the restarted worker did not import the blob"
         assert len(cache_lines(log, "WROTE")) == 1
+        if cache_lines(log, "IR HIT"):  # its batching graph's IR loads after READY, once it is idle
+            wait_for(lambda: str(new_pid) in cache_lines(served.output(), "IR HIT"), 60,
+                     "the restarted worker's batching graph")
     ls = [sys.executable, "-m", "ovpool", "cache", "ls", "--cache-dir", str(cache), "--json"]
     listed = subprocess.run(ls, capture_output=True, text=True, check=True)
     # The engine's graph, and the batching graph's IR where OpenVINO cannot import it compiled.
