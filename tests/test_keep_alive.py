@@ -146,6 +146,13 @@ def _entries(client: Client) -> dict[str, dict]:
     return {e["model"]: e for e in client.status()["supervised"] if "model" in e}
 
 
+def _unloaded(client: Client, model: str) -> dict | None:
+    """``model``'s entry once it has unloaded; the broker's copy of serve's entries may still be
+    the one from before its load (unloaded, never loaded), hence the count of unloads."""
+    entry = _entries(client)[model]
+    return entry if entry["residency"] == "unloaded" and entry["unloads"] else None
+
+
 @pytest.mark.slow
 def test_a_served_model_unloads_after_its_requests_short_keep_alive(tmp_path):
     with serve(tmp_path, "--backend", "null", "--model", "a", "--model", "b", "--keep-alive", "-1",
@@ -156,14 +163,13 @@ def test_a_served_model_unloads_after_its_requests_short_keep_alive(tmp_path):
         assert code == 400 and body["error"]["param"] == "keep_alive"
         code, body = _post(served.http_port, {**chat, "keep_alive": "1s"})
         assert code == 200 and body["choices"][0]["message"]["content"]
-        entry = wait_for(lambda: (e := _entries(client)["a"])["residency"] == "unloaded" and e, 30,
-                         "a's keep-alive of 1 s to expire")
+        entry = wait_for(lambda: _unloaded(client, "a"), 30, "a's keep-alive of 1 s to expire")
         assert entry["residency_reason"] == "idle for its keep-alive of 1 s (its latest request's keep_alive)"
-        # Its pid is read from serve, not kept from before: 1 s may pass before a loaded host asks.
-        # Serve clears it once it has reaped the process.
-        wait_for(lambda: (w := served.workers()["a:CPU"])["state"] == "unloaded" and w["pid"] is None, 10,
-                 "a's worker process to exit")
+        # Read from serve, not a pid kept from before (1 s may pass before a loaded host asks):
+        # serve records the exit code and clears the pid once it has reaped the process.
+        wait_for(lambda: (w := served.workers()["a:CPU"])["state"] == "unloaded" and w["pid"] is None
+                 and w["last_exit"] is not None, 10, "a's worker process to exit")
         # The Client's keyword; 0: unloaded right after its request. b's own keep-alive is -1.
         reply = client.complete("hi", model="b", max_tokens=2, timeout=60, keep_alive=0)
         assert reply.usage.completion_tokens == 2
-        wait_for(lambda: _entries(client)["b"]["residency"] == "unloaded", 30, "b to unload after it")
+        wait_for(lambda: _unloaded(client, "b"), 30, "b to unload after it")
