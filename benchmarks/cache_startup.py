@@ -103,7 +103,7 @@ def child(args: argparse.Namespace) -> None:
     first_token_at, first_token_cpu = time.time(), time.process_time()
     first_long = timed(request, LONG_PROMPT, 2)  # the other prefill layout, and a decode step
     setup = first - timed(request, PROMPT, 1) + first_long - timed(request, LONG_PROMPT, 2)
-    if figures["early_first_pass"]:  # whether it ran: known by now (the first request waited)
+    if figures.get("early_first_pass"):  # whether it ran: known by now (the first request waited)
         figures["early_first_pass"] = figures["early_first_pass"].result()
     print(json.dumps({"first_token_at": first_token_at, "cpu_to_first_token_s": first_token_cpu, **figures,
                       "first_forward_s": first, "first_requests_setup_s": setup}))
