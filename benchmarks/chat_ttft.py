@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/chat_ttft.py --side copies= --side plain=answer_copies=off
         [--genai] [--chats 8,16] [--rounds 3] [--new-tokens 32] [--turns 4] [--model smollm2]
     .venv/bin/python benchmarks/chat_ttft.py --side new= --side base@/tmp/base=   # code A/B
+    .venv/bin/python benchmarks/chat_ttft.py --side ovpool= --genai --chats 16 --arrive-after 1
 
 The workload is ``ovpool bench --scenario chat``'s (ovpool.bench.workload: a ~1,000-token shared
 system prompt, each turn resending the history, closed loops without pauses) on one worker's
@@ -14,10 +15,13 @@ starts before the chat template is rendered, as ovpool's counts its worker's ren
 
 Each run is a fresh subprocess; each round runs every side once per level, in rotating order.
 Times are taken on two clocks: wall (perf_counter) and the process's CPU time (process_time, every
-thread): load from other jobs on a shared host stretches the first, hardly the second. Reported:
-medians over rounds of later-turn (2+) TTFT p50/p99, first-turn p50, completion tokens/s, the
-prompt tokens a later turn computed (not from the prefix cache), and the median paired ratios of
-the first side to each other.
+thread): load from other jobs on a shared host stretches the first, hardly the second.
+``--arrive-after 1`` adds a chat's next turn after the pass that follows its answer, not between the
+two: what a served worker sees of a client that sends it at once (it arrives while that pass runs and
+waits for it), so its TTFT is comparable with ``ovpool bench --scenario chat``'s; the default, 0, is
+the in-process best case. Reported: medians over rounds of later-turn (2+) TTFT p50/p99,
+first-turn p50, completion tokens/s, the prompt tokens a later turn computed (not from the prefix
+cache), and the median paired ratios of the first side to each other.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from ovpool.bench.workload import question, system_prompt
 
 model, side, settings = sys.argv[1], sys.argv[2], json.loads(sys.argv[6])
 n, turns, new_tokens = (int(x) for x in sys.argv[3:6])
+lag = int(sys.argv[7])  # passes a chat's next turn waits before it is added (1: as a served worker sees it)
 run = int(time.time() * 1000) % 10**8  # a system prompt of its own: nothing cached from before
 
 def now():
@@ -44,6 +49,19 @@ def now():
 
 def since(t0):
     return tuple(a - b for a, b in zip(now(), t0))
+
+class Arrivals:
+    # Next turns due after `lag` more passes; each one's clock starts when its chat's answer
+    # ended, as a client's does (it sends the next turn at once).
+    def __init__(self):
+        self.due, self.passes = [], 0
+    def later(self, ask, *args):
+        self.due.append((self.passes + lag, now(), ask, args))
+    def passed(self):  # after a pass's events: add what is due before the next one
+        for item in [d for d in self.due if d[0] <= self.passes]:
+            self.due.remove(item)
+            item[2](*item[3], sent=item[1])
+        self.passes += 1
 
 def summary(ttfts, tokens, elapsed, computed):
     out = {}
@@ -68,15 +86,16 @@ def ovpool_side():
             pass
         params = SamplingParams(max_tokens=new_tokens, ignore_eos=True)
         chats, ttfts, computed, tokens = {}, [], [], 0
-        def ask(c, msgs, t):
+        def ask(c, msgs, t, sent=None):
             msgs.append({"role": "user", "content": question(c, t)})
-            chats[f"{run}-{c}-{t}"] = [c, t, msgs, now(), False]
+            chats[f"{run}-{c}-{t}"] = [c, t, msgs, sent or now(), False]
             backend.add(f"{run}-{c}-{t}", list(msgs), params)
         start = now()
         for c in range(n):
             ask(c, [{"role": "system", "content": system_prompt(run)}], 0)
-        while chats:
-            for ev in backend.step():
+        arrivals = Arrivals()
+        while chats or arrivals.due:
+            for ev in backend.step() if chats else []:
                 assert not isinstance(ev, Failed), ev
                 c, t, msgs, sent, seen = rec = chats[ev.request_id]
                 if isinstance(ev, Token) and not seen:
@@ -90,7 +109,8 @@ def ovpool_side():
                         computed.append(usage.prompt_tokens - usage.cached_prompt_tokens)
                     msgs.append({"role": "assistant", "content": ev.completion.text})
                     if t + 1 < turns:
-                        ask(c, msgs, t + 1)
+                        arrivals.later(ask, c, msgs, t + 1)
+            arrivals.passed()
         return summary(ttfts, tokens, since(start), computed)
 
 def genai_side():
@@ -99,16 +119,18 @@ def genai_side():
     from ovpool.worker.gguf.model import resolve_model_path
     pipe = peers.ChatPipeline(str(resolve_model_path(model)))
     config, chats, ttfts, tokens = peers._config(new_tokens), {}, [], 0
-    def ask(c, msgs, t):
+    def ask(c, msgs, t, sent=None):
         msgs.append({"role": "user", "content": question(c, t)})
-        sent = now()
+        sent = sent or now()
         prompt = pipe.tokenizer.apply_chat_template(msgs, add_generation_prompt=True)
         chats[c] = [msgs, t, pipe.pipe.add_request(c * 1000 + t, prompt, config), sent, []]
     start = now()
     for c in range(n):
         ask(c, [{"role": "system", "content": system_prompt(run)}], 0)
-    while chats:
-        pipe.pipe.step()
+    arrivals = Arrivals()
+    while chats or arrivals.due:
+        if chats:
+            pipe.pipe.step()
         for c, (msgs, t, handle, sent, ids) in list(chats.items()):
             if handle.can_read():
                 new = handle.read()[0].generated_ids
@@ -120,7 +142,8 @@ def genai_side():
                 tokens += len(ids)
                 msgs.append({"role": "assistant", "content": pipe.tokenizer.decode(ids)})
                 if t + 1 < turns:
-                    ask(c, msgs, t + 1)
+                    arrivals.later(ask, c, msgs, t + 1)
+        arrivals.passed()
     return summary(ttfts, tokens, since(start), [])
 
 out = genai_side() if side == "genai" else ovpool_side()
@@ -133,7 +156,7 @@ METRICS = ("wall_later_p50", "wall_later_p99", "wall_first_p50", "wall_tps",
 
 def run(args: argparse.Namespace, script: str, side: str, tree: str, settings: dict, chats: int) -> dict:
     cmd = [sys.executable, script, args.model, side, str(chats), str(args.turns), str(args.new_tokens),
-           json.dumps(settings)]
+           json.dumps(settings), str(args.arrive_after)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800,
                           env={**os.environ, "PYTHONPATH": tree}, cwd=tempfile.gettempdir())
     if proc.returncode != 0:
@@ -179,6 +202,9 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--turns", type=int, default=4)
     parser.add_argument("--model", default="smollm2")
+    parser.add_argument("--arrive-after", type=int, default=0, choices=(0, 1),
+                        help="passes a next turn waits before it is added: 0 (between passes, as no "
+                             "served client can), 1 (during the next pass, as a served worker sees it)")
     parser.add_argument("--tree", default=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     args = parser.parse_args()
     sides = [parse_side(s, args.tree) for s in args.side] + ([("genai", args.tree, {})] if args.genai else [])

@@ -63,3 +63,66 @@ def test_the_workload_runs_through_a_pool_and_reads_the_workers_counters():
     assert 0 <= out["cached_prompt_tokens"] <= out["prompt_tokens"]
     # Each second turn went where its first was answered.
     assert out["router"]["prefix_hits"] >= 3
+
+
+class _FakePipe:
+    """GenAI's pipeline as ChatPipeline drives it: one token per request a step; conversation
+    ``rid // 1000`` answers in ``lengths[conversation]`` tokens. ``clock`` advances 1.0 a step."""
+
+    def __init__(self, lengths, log, clock):
+        self.lengths, self.log, self.clock, self.live = lengths, log, clock, []
+
+    def add_request(self, rid, prompt, config):
+        self.log.append(f"add {rid}")
+        handle = _FakeHandle(self.lengths[rid // 1000])
+        self.live.append(handle)
+        return handle
+
+    def step(self):
+        self.log.append("step")
+        self.clock[0] += 1.0
+        for h in self.live:
+            h.step()
+        self.live = [h for h in self.live if h.left]
+
+
+class _FakeHandle:
+    def __init__(self, length):
+        self.left, self.unread = length, []
+
+    def step(self):
+        self.left -= 1
+        self.unread.append(7)
+
+    def can_read(self):
+        return bool(self.unread)
+
+    def read(self):
+        out, self.unread = self.unread, []
+        return [type("Output", (), {"generated_ids": out})]
+
+    def get_status(self):
+        return "RUNNING" if self.left else "FINISHED"
+
+
+def test_genai_gets_a_next_turn_after_the_step_that_follows_its_answer(monkeypatch):
+    """As a served worker does: the turn a client sends at once arrives while the next step runs,
+    and waits for it; the time to first token runs from the answer's end (docs/performance.md)."""
+    from types import SimpleNamespace
+
+    from ovpool.bench import peers
+
+    log, clock = [], [0.0]
+    monkeypatch.setattr(peers, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+    monkeypatch.setattr(peers, "_running", lambda: "RUNNING")
+    pipe = object.__new__(peers.ChatPipeline)
+    pipe.pipe = _FakePipe({0: 1, 1: 4}, log, clock)
+    pipe.tokenizer = SimpleNamespace(apply_chat_template=lambda messages, add_generation_prompt: "p",
+                                     decode=lambda ids: "answer")
+    out = pipe.run(1, conversations=2, turns=2, max_tokens=4)
+    # Chat 0's first answer ends in step 1: its second turn joins after step 2, not before it
+    # (first token 2.0 after that answer). Chat 1's ends in step 4 with nothing else running: no
+    # step to wait for, it joins at once (1.0).
+    assert log == ["add 0", "add 1000", "step", "step", "add 1", "step", "step", "add 1001", *["step"] * 4]
+    assert out["ttft_median_s_by_turn"]["2"] == 1.5
+    assert out["completion_tokens"] == 10

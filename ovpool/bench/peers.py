@@ -67,9 +67,12 @@ class BatchedPipeline:
 
 class ChatPipeline:
     """ContinuousBatchingPipeline with prefix caching, driven step by step for the chat workload
-    (ovpool.bench.workload): each chat's next turn is added as soon as its answer is in, and the
-    time to first token is when a step first yields one of its tokens. The history is rendered with
-    the GGUF's chat template by GenAI's own tokenizer, as ovpool's worker renders it."""
+    (ovpool.bench.workload): each chat's next turn is added after the step that follows its answer,
+    as a served worker gets it from a client that sends it at once (it arrives while that step
+    runs), and its time to first token runs from the answer's end to the step that first yields
+    one of its tokens: the pool's clients see the same wait (docs/performance.md, Chat TTFT). The
+    history is rendered with the GGUF's chat template by GenAI's own tokenizer, as ovpool's worker
+    renders it."""
 
     def __init__(self, model_path: str, device: str = "CPU", prefix_caching: bool = True):
         import openvino_genai as genai
@@ -86,9 +89,11 @@ class ChatPipeline:
         t0 = time.perf_counter()
         for c in range(conversations):
             self._ask(chats, c, [{"role": "system", "content": system_prompt(run)}], 0, question, config)
-        while chats:
-            self.pipe.step()
-            now = time.perf_counter()
+        waiting: list[tuple] = []  # next turns whose answers ended before this step
+        while chats or waiting:
+            if chats:
+                self.pipe.step()
+            now, answered = time.perf_counter(), []
             for c, live in list(chats.items()):
                 messages, turn, handle, sent, ids = live
                 if handle.can_read():
@@ -101,13 +106,17 @@ class ChatPipeline:
                     out.completion_tokens += len(ids)
                     messages.append({"role": "assistant", "content": self.tokenizer.decode(ids)})
                     if turn + 1 < turns:
-                        self._ask(chats, c, messages, turn + 1, question, config)
+                        answered.append((c, messages, turn + 1, now))
+            for c, messages, turn, sent in waiting:
+                self._ask(chats, c, messages, turn, question, config, sent)
+            waiting = answered
         out.wall_s = time.perf_counter() - t0
         return out.summary()
 
-    def _ask(self, chats: dict, c: int, messages: list, turn: int, question, config) -> None:
+    def _ask(self, chats: dict, c: int, messages: list, turn: int, question, config,
+             sent: float | None = None) -> None:
         messages.append({"role": "user", "content": question(c, turn)})
-        sent = time.perf_counter()  # rendering and tokenizing count, as in ovpool's worker
+        sent = sent or time.perf_counter()  # rendering and tokenizing count, as in ovpool's worker
         prompt = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
         rid = c * 1000 + turn
         chats[c] = (messages, turn, self.pipe.add_request(rid, prompt, config), sent, [])
