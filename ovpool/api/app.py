@@ -85,7 +85,7 @@ def create_app(config: Config) -> Starlette:
 
 class _App(Starlette):
     """Starlette, with a direct way to the generation routes: a POST to one of them skips the
-    middleware stack and the route scan (~15% of the API's CPU per request). Their handler,
+    middleware stack and the route scan (their cost: docs/performance.md, HTTP API overhead). Their handler,
     _Api._serve, answers every error itself; anything else it raises is uvicorn's 500, as the
     middleware's would be. Every other request goes through Starlette."""
 

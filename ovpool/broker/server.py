@@ -66,7 +66,7 @@ class Broker:
         self._socket: zmq.Socket | None = None
         self._refusals_logged: set[tuple[int, type]] = set()
         # What the last drain sent, sent together before the next poll: libzmq's I/O thread is
-        # woken about once per batch instead of once per message (~30% of the broker's CPU).
+        # woken about once per batch instead of once per message (docs/performance.md, HTTP API overhead).
         self._outbox: list[list[bytes]] = []
         self.router = self._new_router(time.monotonic())
         self._standby = (StandbyLink(self._context, self._security, standby, bind, time.monotonic())

@@ -20,7 +20,7 @@ _MAX_FAILURES = 3
 SPARE_AFTER_S = 10.0
 SPARE_LATEST_S = 30.0
 # Models a spare reads ahead: the likeliest next loads. Each costs the spare its tokenizer's
-# memory while it waits (smollm2 ~19 MiB, gemma3-270m ~48 MiB) and ~0.05-0.2 s of CPU at its start.
+# memory while it waits and some CPU at its start (docs/performance.md, Model swaps).
 READ_AHEAD = 2
 
 

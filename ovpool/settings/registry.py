@@ -90,7 +90,7 @@ _SETTINGS = [
             "CPU decode step, docs/performance.md; a second layout of the weights): on, off, or auto (on the "
             "CPU for models of up to 512 MiB of weights, where that second layout costs less memory than "
             "its faster step is worth, and only if twice the weights fit in an eighth of physical memory; "
-            "not on AMX at f32, where its step was ~8% faster, not enough for that memory)",
+            "not on AMX at f32, where its faster step is not worth that memory)",
             choices=("auto", "on", "off"), scopes=(WORKER,)),
     Setting("decode_threads", int, 0, "threads the CPU decode graph runs on (0: every core, the "
             "plugin's default; fewer can decode as fast on cores shared with other jobs)", minimum=0,

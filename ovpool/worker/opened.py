@@ -1,8 +1,8 @@
 """GGUF headers and tokenizers read before their worker starts.
 
 A worker's start parses its model's GGUF header and builds the tokenizer on its main thread
-(gemma3-270m's 262,144-token vocabulary: ~0.2 s of CPU, 0.5-1 s on a loaded 2-core host), and a
-warm swap waits for it: the blob's import, on another thread, is often done first. ``ovpool
+(for a vocabulary as large as gemma3-270m's, a share of a swap: docs/performance.md, Model swaps),
+and a warm swap waits for it: the blob's import, on another thread, is often done first. ``ovpool
 serve``'s spare process (serve/spare.py) reads those of the models it may become while the pool
 is idle, and the worker it becomes takes its own (``OpenedModels.take``). The file's identity
 (device, inode, size, modification time) is taken around the read and checked again when taken:

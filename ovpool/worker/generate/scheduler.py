@@ -47,8 +47,8 @@ class Scheduler:
     ``copy_answers`` (with ``caching`` and ``exact``): a pass that only decodes also computes one
     block of a decoding sequence's answer as a prompt pass would, for a chat's next turn
     (ovpool.worker.generate.answer_copies), if a block fits in ``prefill_chunk``; ``pass_cost``:
-    a pass's fixed cost in prompt tokens' worth (plan.PassLoad; ~24 measured, SmolLM2 at f32 on
-    AMX beside 3-8 decodes: docs/performance.md)."""
+    a pass's fixed cost in prompt tokens' worth (plan.PassLoad; the measurement behind the default:
+    docs/performance.md, Chat TTFT)."""
 
     def __init__(self, *, num_blocks: int, block_size: int, prefill_chunk: int, max_running: int,
                  caching: bool = False, exact: bool = True, seed: bytes = b"", tier=None,

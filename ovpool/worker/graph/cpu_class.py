@@ -28,9 +28,10 @@ ovpool asks for exactness, and only for integer zero points (``dnnl_fullyconnect
   per token for no faster decode.
 * AVX2 (and AVX-512 without VNNI) runs f32 with no int8 path, where the float zero point is exact.
 * AMX at f32: no decode graph (``decode_graph=auto``). Its static copy of the paged graph saved
-  ~8% of a decode step's CPU there, for a second layout of the weights (~+140 MiB for SmolLM2:
-  a peak RSS above GenAI's with it, below without); prompt lookup's passes of several tokens run
-  on the dynamic graph anyway. Not measured at f32 on the other classes, which keep it.
+  little of a decode step's CPU there, for a second layout of the weights (a peak RSS above
+  GenAI's with it, below without; docs/performance.md, ovpool/worker/graph/cpu_class.py); prompt
+  lookup's passes of several tokens run on the dynamic graph anyway. Not measured at f32 on the
+  other classes, which keep it.
 
 The measurements behind each choice: docs/performance.md, "ovpool/worker/graph/cpu_class.py".
 """
