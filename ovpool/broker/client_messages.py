@@ -116,6 +116,4 @@ class ClientMessages:
         for model in {w.get("model") for w in msg.workers} - {None}:
             residency, reason = state.supervised.residency(model)
             if residency == "failed" and not state.placement.serves(model):  # its queue waits in vain
-                for rid in list(state.queues.get(model, ())):
-                    state.counters.failed += 1
-                    self._endings.fail(state.jobs[rid], cannot_load(model, reason), out)
+                self._endings.fail_queue(model, cannot_load(model, reason), out)

@@ -91,6 +91,13 @@ class Endings:
         self._state.streams.drop(job.request_id)
         self._state.placement.fail(job, exc, out)
 
+    def fail_queue(self, model: str, exc: errors.OvpoolError, out: Output) -> None:
+        """End every request waiting for ``model`` with ``exc`` (nothing will serve them)."""
+        state = self._state
+        for rid in list(state.queues.get(model, ())):
+            state.counters.failed += 1
+            self.fail(state.jobs[rid], exc, out)
+
     def end_stream(self, request_id: str, exc: errors.OvpoolError, out: Output) -> None:
         """End a stream whose generation is over (only its delivery was left) with ``exc``."""
         streams = self._state.streams

@@ -105,11 +105,9 @@ class WorkerMessages:
             return
         state.failures.record(msg, now)
         for model in [*msg.models, ""]:
-            if state.placement.serves(model):
+            if state.placement.serves(model) or model not in state.queues:
                 continue
-            for rid in list(state.queues.get(model, ())):
-                state.counters.failed += 1
-                self._endings.fail(state.jobs[rid], state.admission.not_served(model), out)
+            self._endings.fail_queue(model, state.admission.not_served(model), out)
 
 
 def _job_on(state: RouterState, peer: bytes, request_id: str, out: Output) -> Job | None:
