@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from ovpool import Engine
 from ovpool.cli import main
-from ovpool.cli.pool import print_status
+from ovpool.cli.status import print_status
 from ovpool.worker.graph.cpu_class import CpuInfo
 
 EXACT = {"inference_precision": "f32", "kv_cache_precision": "f32"}

@@ -103,7 +103,7 @@ def test_an_unloaded_worker_starts_only_when_loaded_and_its_unload_exit_is_not_r
 
 
 def test_status_lists_each_on_demand_model_with_its_state_and_loads(capsys):
-    from ovpool.cli.pool import print_status
+    from ovpool.cli.status import print_status
 
     entry = {"host": "h", "name": "b:CPU", "state": "unloaded", "model": "b", "residency": "unloaded",
              "pinned": 0, "loads": 2, "unloads": 2, "waiting_s": 0.0, "keep_alive_s": 0.0,

@@ -18,7 +18,7 @@ from ovpool.startup import defer_heavy_imports
 # Each command and its module under ovpool/cli/ (which has register(group)).
 COMMAND_MODULES = {"api": "api", "settings": "settings_cmd", "generate": "generate", "broker": "pool",
                    "worker": "pool",
-                   "complete": "pool", "status": "pool", "keys": "pool", "serve": "serve", "probe": "serve",
+                   "complete": "pool", "status": "status", "keys": "pool", "serve": "serve", "probe": "serve",
                    "cache": "cache", "bench": "bench", "drain": "drain", "restart": "drain"}
 
 

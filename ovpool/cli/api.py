@@ -7,8 +7,14 @@ from typing import Any
 import click
 
 from ovpool import endpoint
-from ovpool.cli.common import resolve_settings, settings_options, stop_on_signals
-from ovpool.cli.pool import broker_option, secret_option, server_key_option
+from ovpool.cli.common import (
+    broker_option,
+    resolve_settings,
+    secret_option,
+    server_key_option,
+    settings_options,
+    stop_on_signals,
+)
 from ovpool.config import ApiConfig
 
 

@@ -17,6 +17,14 @@ import click
 from ovpool.errors import ConfigError, OvpoolError
 from ovpool.settings import Settings, parse_assignments
 
+# Options of every command that talks to a broker.
+broker_option = click.option("--broker", default=None, envvar="OVPOOL_BROKER",
+                              help="Broker endpoint (env OVPOOL_BROKER; default tcp://127.0.0.1:5555).")
+secret_option = click.option("--curve-secret-key", default=None, type=click.Path(dir_okay=False),
+                              help="This process's CURVE key pair (.key_secret from `ovpool keys generate`).")
+server_key_option = click.option("--curve-server-key", default=None, type=click.Path(dir_okay=False),
+                                  help="The broker's CURVE public key (.key).")
+
 
 class EnvOption(click.Option):
     """An option that may come from an environment variable: a bad value's error names both."""

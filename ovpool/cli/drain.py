@@ -17,8 +17,13 @@ from typing import Any
 
 import click
 
-from ovpool.cli.common import parse_assignments, resolve_settings
-from ovpool.cli.pool import broker_option, secret_option, server_key_option
+from ovpool.cli.common import (
+    broker_option,
+    parse_assignments,
+    resolve_settings,
+    secret_option,
+    server_key_option,
+)
 from ovpool.errors import ConfigError
 from ovpool.serve import state
 
