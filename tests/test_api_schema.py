@@ -8,14 +8,17 @@ import re
 from pathlib import Path
 
 import pytest
+from starlette.testclient import TestClient
 
 from ovpool import bounds, errors
 from ovpool.api import errors as api_errors
+from ovpool.api.app import Config, create_app
 from ovpool.api.keys import ApiKeys, parse
 from ovpool.api.schema import MAX_BODY_BYTES, parse_chat, parse_completion, parse_json
 from ovpool.api.server import parse_bind
 from ovpool.sampling_params import SamplingParams
 from ovpool.serve.spec import PoolSpec
+from ovpool.settings import Settings
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 
@@ -135,6 +138,17 @@ def test_api_keys_several_bearer_and_open_without_any():
             keys.check(bad)
     ApiKeys().check(None)  # no key configured: open
     assert not ApiKeys(parse([""]))
+
+
+def test_each_app_takes_its_generation_routes_from_its_own_config():
+    """Two apps in one process (each with its own keys): each POST is judged by its own app's."""
+    def app(*keys: str) -> TestClient:  # no lifespan: refused before any broker is needed
+        return TestClient(create_app(Config("tcp://127.0.0.1:1", Settings.resolve({}), ApiKeys(keys), 16)))
+
+    open_app, keyed_app = app(), app("k1")
+    assert keyed_app.post("/v1/completions", json={}).status_code == 401
+    refused = open_app.post("/v1/completions", json={})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "prompt"
 
 
 def test_open_api_warns_off_loopback_only(caplog):

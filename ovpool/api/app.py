@@ -77,9 +77,9 @@ def create_app(config: Config) -> Starlette:
               Route("/admin/drain", api.admin_drain, methods=["POST"]),
               Route("/health/live", api.live, methods=["GET"]),
               Route("/metrics", api.metrics_page, methods=["GET"])]
-    app = _App(routes=routes, lifespan=api.lifespan, exception_handlers={HTTPException: _http_error})
+    app = _App(generate, routes=routes, lifespan=api.lifespan,
+               exception_handlers={HTTPException: _http_error})
     app.state.api = api  # server.run drains through it
-    app.direct = generate
     return app
 
 
@@ -87,9 +87,12 @@ class _App(Starlette):
     """Starlette, with a direct way to the generation routes: a POST to one of them skips the
     middleware stack and the route scan (their cost: docs/performance.md, HTTP API overhead). Their handler,
     _Api._serve, answers every error itself; anything else it raises is uvicorn's 500, as the
-    middleware's would be. Every other request goes through Starlette."""
+    middleware's would be. Every other request goes through Starlette. ``direct``: those routes,
+    by path; each app its own."""
 
-    direct: dict[str, Callable[[Request], Awaitable[Response]]] = {}
+    def __init__(self, direct: dict[str, Callable[[Request], Awaitable[Response]]], **starlette: Any):
+        super().__init__(**starlette)
+        self.direct = direct
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
         route = self.direct.get(scope["path"]) if scope["type"] == "http" and scope["method"] == "POST" \
