@@ -19,9 +19,10 @@ thread): load from other jobs on a shared host stretches the first, hardly the s
 ``--arrive-after 1`` adds a chat's next turn after the pass that follows its answer, not between the
 two: what a served worker sees of a client that sends it at once (it arrives while that pass runs and
 waits for it), so its TTFT is comparable with ``ovpool bench --scenario chat``'s; the default, 0, is
-the in-process best case. Reported: medians over rounds of later-turn (2+) TTFT p50/p99,
-first-turn p50, completion tokens/s, the prompt tokens a later turn computed (not from the prefix
-cache), and the median paired ratios of the first side to each other.
+the in-process best case. Reported: medians over rounds of later-turn (2+) TTFT p50/p99, its p50
+split into turn 2 (the first collision: every chat's second turn arrives within a few passes) and
+turns 3 on, first-turn p50, completion tokens/s, the prompt tokens a later turn computed (not from
+the prefix cache), and the median paired ratios of the first side to each other.
 """
 
 from __future__ import annotations
@@ -69,6 +70,9 @@ def summary(ttfts, tokens, elapsed, computed):
         later = [t[i] for turn, t in ttfts if turn > 0]
         out[f"{clock}_later_p50"] = statistics.median(later)
         out[f"{clock}_later_p99"] = percentile(later, 99)
+        out[f"{clock}_turn2_p50"] = statistics.median(t[i] for turn, t in ttfts if turn == 1)
+        if turns > 2:
+            out[f"{clock}_turn3on_p50"] = statistics.median(t[i] for turn, t in ttfts if turn > 1)
         out[f"{clock}_first_p50"] = statistics.median(t[i] for turn, t in ttfts if turn == 0)
         out[f"{clock}_tps"] = tokens / elapsed[i]
     if computed:
@@ -150,8 +154,9 @@ out = genai_side() if side == "genai" else ovpool_side()
 print(json.dumps({**out, "load": float(open("/proc/loadavg").read().split()[0])}))
 """
 
-METRICS = ("wall_later_p50", "wall_later_p99", "wall_first_p50", "wall_tps",
-           "cpu_later_p50", "cpu_later_p99", "cpu_first_p50", "cpu_tps", "computed_later_p50")
+METRICS = tuple(f"{clock}_{m}" for clock in ("wall", "cpu") for m in
+                ("later_p50", "later_p99", "turn2_p50", "turn3on_p50", "first_p50", "tps")
+                ) + ("computed_later_p50",)
 
 
 def run(args: argparse.Namespace, script: str, side: str, tree: str, settings: dict, chats: int) -> dict:
