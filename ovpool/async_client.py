@@ -24,6 +24,7 @@ from ovpool import errors, timing
 from ovpool.client_base import ClientBase
 from ovpool.completion import Completion, Delta
 from ovpool.protocol import Cancel, Drain, Message, ModelOrder, Status, Submit, recv_frames, send_frames
+from ovpool.sampling_params import SamplingParams
 from ovpool.settings import Settings
 from ovpool.sinks import FutureSink
 from ovpool.stream_reader import STREAM_WINDOW, StreamBase, StreamReader, StreamSink, unwrap
@@ -100,9 +101,9 @@ class AsyncClient(ClientBase):
         self._context.term()
 
     def submit(self, prompt: str | list, *, model: str | None = None, timeout: float | None = None,
-               **sampling: Any) -> asyncio.Future:
-        """Send a request now; await the returned Future for the Completion."""
-        msg = self._submit_msg(prompt, model, timeout, sampling)
+               params: SamplingParams | None = None, **sampling: Any) -> asyncio.Future:
+        """Send a request now; await the returned Future for the Completion (sampling as Client.submit)."""
+        msg = self._submit_msg(prompt, model, timeout, sampling, params=params)
         future = asyncio.get_running_loop().create_future()
         future.request_id = msg.request_id
         self._start(msg, FutureSink(future))
@@ -115,10 +116,10 @@ class AsyncClient(ClientBase):
         return await self.submit(messages, **kwargs)
 
     def stream(self, prompt: str | list, *, model: str | None = None, timeout: float | None = None,
-               **sampling: Any) -> AsyncStream:
+               params: SamplingParams | None = None, **sampling: Any) -> AsyncStream:
         """``async for delta in client.stream(...)``; leaving the loop early (or ``aclose()``)
         cancels the request; ``.completion`` is the finished Completion once the loop ended."""
-        msg = self._submit_msg(prompt, model, timeout, sampling, STREAM_WINDOW)
+        msg = self._submit_msg(prompt, model, timeout, sampling, STREAM_WINDOW, params)
         items: asyncio.Queue = asyncio.Queue()
         reader = StreamReader(msg.request_id, StreamSink(items.put_nowait), STREAM_WINDOW)
         self._start(msg, reader.sink)

@@ -34,6 +34,7 @@ from ovpool import errors, timing
 from ovpool.client_base import ClientBase, LinkState, dealer
 from ovpool.completion import Completion, Delta
 from ovpool.protocol import Cancel, Drain, Message, Status, Submit, Supervised, recv_frames, send_frames
+from ovpool.sampling_params import SamplingParams
 from ovpool.settings import Settings
 from ovpool.sinks import FutureSink
 from ovpool.stream_reader import STREAM_WINDOW, StreamBase, StreamReader, StreamSink, unwrap
@@ -102,9 +103,10 @@ class Client(ClientBase):
     # -- API ------------------------------------------------------------------------------------
 
     def submit(self, prompt: str | list, *, model: str | None = None, timeout: float | None = None,
-               **sampling: Any) -> concurrent.futures.Future:
-        """Send a request; the Future's result is a Completion (``future.request_id`` names it)."""
-        msg = self._submit_msg(prompt, model, timeout, sampling)
+               params: SamplingParams | None = None, **sampling: Any) -> concurrent.futures.Future:
+        """Send a request; the Future's result is a Completion (``future.request_id`` names it).
+        Sampling: SamplingParams' fields as keywords, or ``params``, a SamplingParams built before."""
+        msg = self._submit_msg(prompt, model, timeout, sampling, params=params)
         future: concurrent.futures.Future = concurrent.futures.Future()
         future.request_id = msg.request_id
         self._start(msg, FutureSink(future))
@@ -129,10 +131,10 @@ class Client(ClientBase):
                 f"request {future.request_id} got no answer within its timeout of {limit:g} s") from None
 
     def stream(self, prompt: str | list, *, model: str | None = None, timeout: float | None = None,
-               **sampling: Any) -> Stream:
+               params: SamplingParams | None = None, **sampling: Any) -> Stream:
         """Tokens as they arrive; leaving the loop early (or ``close()``) cancels the request;
         ``.completion`` is the finished Completion once the loop ended."""
-        msg = self._submit_msg(prompt, model, timeout, sampling, STREAM_WINDOW)
+        msg = self._submit_msg(prompt, model, timeout, sampling, STREAM_WINDOW, params)
         items: queue.SimpleQueue = queue.SimpleQueue()
         reader = StreamReader(msg.request_id, StreamSink(items.put), STREAM_WINDOW)
         self._start(msg, reader.sink)

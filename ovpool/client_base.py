@@ -26,6 +26,7 @@ from ovpool.auth import HANDSHAKE_EVENTS, HandshakeWatch, secure_peer
 from ovpool.config import ClientConfig
 from ovpool.pending import PendingRequests
 from ovpool.protocol import Message, Submit, decode, encode, request_id_of, send_frames
+from ovpool.sampling_params import SamplingParams
 from ovpool.settings import Settings
 from ovpool.submit import make_submit
 
@@ -185,7 +186,8 @@ class ClientBase:
                 self._pending.fail_all(self._handshake.refused)
 
     def _submit_msg(self, prompt: str | list, model: str | None, timeout: float | None,
-                    sampling: dict[str, Any], window: int = 0) -> Submit:
+                    sampling: dict[str, Any], window: int = 0,
+                    params: SamplingParams | None = None) -> Submit:
         self._check_reading()
         return make_submit(prompt, model if model is not None else self.model,
-                           timeout if timeout is not None else self.timeout, sampling, window)
+                           timeout if timeout is not None else self.timeout, sampling, window, params)

@@ -3,6 +3,7 @@ the protocol import this; the worker's sampler reads it)."""
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -73,17 +74,21 @@ class SamplingParams:
             d["logprobs"] = 0 if d["logprobs"] else None
         if d["logit_bias"] or isinstance(d["logit_bias"], dict | list):
             d["logit_bias"] = _logit_bias(d["logit_bias"])
-        for name, types, ok, why in _CHECKS:
-            value = d[name]
-            # Exact types: a bool is not an int here. NaN fails every range check.
-            if type(value) not in types or not ok(value):
-                raise InvalidRequestError(f"sampling: {name} {why} (got {bounds.describe(value)})",
-                                          param=name)
+        for check in _CHECKS:
+            _check(check, d[check[0]])
         bounds.logprob_entries(1, d["max_tokens"], d["logprobs"])
         d["response_format"] = formats.normalize(d["response_format"])
         d["tools"] = tooling.normalize_tools(d["tools"])
         d["tool_choice"] = tooling.normalize_choice(d["tool_choice"], d["tools"])
         tooling.check_with_format(d["tools"], d["tool_choice"], d["response_format"])
+
+    def with_seed(self, seed: int | None) -> SamplingParams:
+        """These parameters with another ``seed``; only the seed is checked (the rest was when
+        these were built): n choices of one HTTP request are built once, not n times."""
+        _check(_SEED_CHECK, seed)
+        out = copy.copy(self)
+        out.__dict__["seed"] = seed
+        return out
 
     @property
     def calls_tools(self) -> bool:
@@ -166,5 +171,16 @@ _CHECKS = (
     ("logprobs", (int, type(None)), lambda v: v is None or 0 <= v <= MAX_LOGPROBS,
      f"must be None, true or an integer in [0, {MAX_LOGPROBS}] (top alternatives per token)"),
 )
+_SEED_CHECK = next(check for check in _CHECKS if check[0] == "seed")
+
+
+def _check(check: tuple, value: Any) -> None:
+    """InvalidRequestError naming the field unless ``value`` passes ``check`` (an entry of _CHECKS)."""
+    name, types, ok, why = check
+    # Exact types: a bool is not an int here. NaN fails every range check.
+    if type(value) not in types or not ok(value):
+        raise InvalidRequestError(f"sampling: {name} {why} (got {bounds.describe(value)})", param=name)
+
+
 _FIELD_NAMES = tuple(SamplingParams.__dataclass_fields__)
 _FIELDS = frozenset(_FIELD_NAMES)

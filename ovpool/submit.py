@@ -22,14 +22,15 @@ _seeds = random.Random()  # sampling seeds need no cryptographic strength
 
 
 def make_submit(prompt_or_messages: str | list, model: str, timeout: float | None,
-                sampling: dict[str, Any], window: int = 0) -> Submit:
+                sampling: dict[str, Any], window: int = 0, params: SamplingParams | None = None) -> Submit:
     """A validated SUBMIT (``window`` > 0: a stream with that much credit). Bad sampling parameters,
     a prompt over ovpool.bounds, anything msgpack cannot encode, or a message over the broker's
     limit raise InvalidRequestError naming the field here, before it is tracked or sent.
-    ``sampling`` may hold ``keep_alive`` (ovpool.keep_alive), which is the SUBMIT's, not sampling."""
+    ``sampling`` may hold ``keep_alive`` (ovpool.keep_alive), which is the SUBMIT's, not sampling;
+    ``params``: SamplingParams the caller built (so checked) instead of the rest of ``sampling``."""
     sampling = dict(sampling)
     keep_alive_s = keep_alive.parse(sampling.pop("keep_alive", None))
-    checked = SamplingParams(**sampling)
+    checked = _sampling(sampling, params)
     tools.check_chat(checked.calls_tools, not isinstance(prompt_or_messages, str))
     params = sampling_to_wire(checked)
     if params["seed"] is None:  # fixed here so that a resend replays the same tokens
@@ -49,6 +50,20 @@ def make_submit(prompt_or_messages: str | list, model: str, timeout: float | Non
     submit = Submit(_next_id(), model, params, prompt, messages, float(timeout or 0.0), window, keep_alive_s)
     _check_size(submit)
     return submit
+
+
+def _sampling(sampling: dict[str, Any], params: SamplingParams | None) -> SamplingParams:
+    """``params`` as given (built, so checked, once: the HTTP API's parser does), else ``sampling``'s."""
+    if params is None:
+        return SamplingParams(**sampling)
+    if type(params) is not SamplingParams:
+        raise errors.InvalidRequestError(f"params must be a SamplingParams, not {type(params).__name__}",
+                                         param="params")
+    if sampling:
+        raise errors.InvalidRequestError(
+            f"sampling parameters {sorted(sampling)[:8]} beside params=SamplingParams(...): give one or"
+            " the other", param="params")
+    return params
 
 
 def _check_size(submit: Submit) -> None:

@@ -16,9 +16,11 @@ from ovpool.api.app import Config, create_app
 from ovpool.api.keys import ApiKeys, parse
 from ovpool.api.schema import MAX_BODY_BYTES, parse_chat, parse_completion, parse_json
 from ovpool.api.server import parse_bind
+from ovpool.protocol import sampling_to_wire
 from ovpool.sampling_params import SamplingParams
 from ovpool.serve.spec import PoolSpec
 from ovpool.settings import Settings
+from ovpool.submit import make_submit
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 
@@ -47,6 +49,18 @@ def test_fields_map_onto_sampling_params():
         max_tokens=7, temperature=0.0, top_p=0.5, top_k=0, seed=5, stop=("\n",), ignore_eos=True)
     negative = parse_completion({"model": "m", "prompt": "p", "seed": -1})
     assert negative.choices[0].sampling["seed"] == 2**63 - 1
+
+
+def test_a_request_builds_its_sampling_params_once_and_its_submits_send_them(monkeypatch):
+    built = []
+    check = SamplingParams.__post_init__
+    monkeypatch.setattr(SamplingParams, "__post_init__", lambda self: (built.append(1), check(self)))
+    gen = parse_completion({"model": "m", "prompt": ["a", "b"], "n": 2, "seed": 5, "stop": "\n"})
+    submits = [make_submit(c.prompt, gen.model, gen.timeout, {"keep_alive": gen.keep_alive}, params=c.params)
+               for c in gen.choices]
+    assert len(built) == 1  # one request, one build: not once per choice, nor again per SUBMIT
+    wanted = [sampling_to_wire(SamplingParams(**c.sampling)) for c in gen.choices]
+    assert [s.params for s in submits] == wanted
 
 
 def test_sampler_fields_and_logprobs_map_onto_sampling_params():

@@ -90,3 +90,16 @@ def test_the_edges_of_each_range_are_accepted():
     p = SamplingParams(max_tokens=2**31 - 1, top_k=2**31 - 1, temperature=2, stop=["s" * 1024] * 16,
                        logit_bias={str(i): 100 for i in range(300)}, seed=2**63 - 1)
     assert len(p.logit_bias) == 300 and p.to_dict()["max_tokens"] == 2**31 - 1
+
+
+def test_with_seed_equals_building_with_that_seed_and_checks_only_the_seed():
+    base = SamplingParams(max_tokens=4, temperature=0.7, stop=["x"], logit_bias={"3": 1})
+    assert base.with_seed(9) == SamplingParams(max_tokens=4, temperature=0.7, stop=["x"], logit_bias={"3": 1},
+                                               seed=9)
+    assert base.seed is None  # a copy: the original keeps its own
+    for bad in (-1, 2**63, True, 1.0):
+        with pytest.raises(errors.InvalidRequestError) as copied:
+            base.with_seed(bad)
+        with pytest.raises(errors.InvalidRequestError) as built:
+            SamplingParams(max_tokens=4, seed=bad)
+        assert str(copied.value) == str(built.value) and copied.value.param == "seed"

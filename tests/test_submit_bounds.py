@@ -9,6 +9,7 @@ import pytest
 from ovpool import errors
 from ovpool.bounds import MAX_PROMPT_CHARS
 from ovpool.protocol import MAX_MESSAGE_BYTES, decode, encode
+from ovpool.sampling_params import SamplingParams
 from ovpool.submit import make_submit
 
 LONE = "\ud800"  # what json.loads makes of "\\ud800": UTF-8 (so msgpack) cannot encode it
@@ -68,3 +69,14 @@ def test_a_submit_over_the_message_limit_counts_every_field():
     big = [message] * (MAX_MESSAGE_BYTES // 1_000_000 + 1)
     with pytest.raises(errors.InvalidRequestError, match="67,108,864 bytes"):
         make_submit(big, "m", None, {})
+
+
+def test_params_built_before_make_the_submit_keywords_would():
+    params = SamplingParams(max_tokens=3, temperature=0.5, seed=11, stop=["."])
+    assert make_submit("hi", "m", None, {"keep_alive": "90s"}, params=params).params == \
+        make_submit("hi", "m", None, {"keep_alive": "90s", **params.to_dict()}).params
+    with pytest.raises(errors.InvalidRequestError, match=r"sampling parameters \['top_k'\] beside params"):
+        make_submit("hi", "m", None, {"top_k": 2}, params=params)
+    with pytest.raises(errors.InvalidRequestError, match="params must be a SamplingParams, not dict") as info:
+        make_submit("hi", "m", None, {}, params=params.to_dict())
+    assert info.value.param == "params"

@@ -108,20 +108,22 @@ class ScriptedClient:
     async def __aexit__(self, *exc: object) -> None:
         pass
 
-    def _params(self, prompt: Any, sampling: dict) -> SamplingParams:
-        params = SamplingParams(**sampling)
+    def _params(self, prompt: Any, sampling: dict, params: SamplingParams | None) -> SamplingParams:
+        params = params if params is not None else SamplingParams(**sampling)
         self.requests.append((prompt, params))
         return params
 
     def submit(self, prompt: Any, *, model: str | None = None, timeout: float | None = None,
-               keep_alive: float | None = None, **sampling: Any) -> asyncio.Future:
+               keep_alive: float | None = None, params: SamplingParams | None = None,
+               **sampling: Any) -> asyncio.Future:
         future = asyncio.get_running_loop().create_future()
-        future.set_result(completion(prompt, self._params(prompt, sampling)))
+        future.set_result(completion(prompt, self._params(prompt, sampling, params)))
         return future
 
     def stream(self, prompt: Any, *, model: str | None = None, timeout: float | None = None,
-               keep_alive: float | None = None, **sampling: Any) -> _Stream:
-        params = self._params(prompt, sampling)
+               keep_alive: float | None = None, params: SamplingParams | None = None,
+               **sampling: Any) -> _Stream:
+        params = self._params(prompt, sampling, params)
         return _Stream(deltas(prompt, params), completion(prompt, params))
 
     async def cancel(self, request: Any) -> None:

@@ -63,7 +63,7 @@ class Generation:
 
     async def _complete(self, request: Request, gen: Generate) -> list[Completion]:
         futures = [self.client.submit(c.prompt, model=gen.model, timeout=gen.timeout,
-                                      keep_alive=gen.keep_alive, **c.sampling) for c in gen.choices]
+                                      keep_alive=gen.keep_alive, params=c.params) for c in gen.choices]
         with self.disconnects.watch(request, lambda: fail_pending(futures, ClientGone())):
             return await self._results(futures)
 
@@ -78,7 +78,7 @@ class Generation:
 
     async def _stream(self, request: Request, gen: Generate, dialect: Dialect) -> Response:
         merged = Merged({c.index: self.client.stream(c.prompt, model=gen.model, timeout=gen.timeout,
-                                                     keep_alive=gen.keep_alive, **c.sampling)
+                                                     keep_alive=gen.keep_alive, params=c.params)
                          for c in gen.choices})
         try:
             with self.disconnects.watch(request, merged.client_gone):

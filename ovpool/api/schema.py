@@ -30,12 +30,13 @@ _SAMPLING = ("temperature", "top_p", "min_p", "presence_penalty", "frequency_pen
 
 @dataclass(frozen=True)
 class Choice:
-    """One generation to run: its index in the response, its prompt (text or chat messages) and
-    SamplingParams keyword arguments."""
+    """One generation to run: its index in the response, its prompt (text or chat messages),
+    SamplingParams keyword arguments, and the SamplingParams they make (built once, here)."""
 
     index: int
     prompt: str | list[dict[str, Any]]
     sampling: dict[str, Any]
+    params: SamplingParams
 
 
 @dataclass(frozen=True)
@@ -114,16 +115,17 @@ def _generate(body: dict, chat: bool, prompts: list, max_tokens: int, logprobs: 
 
 
 def _choices(base: dict[str, Any], prompts: list, n: int) -> list[Choice]:
-    """n choices per prompt from the SamplingParams arguments ``base``, checked once here; with a
-    seed, choice j of a prompt has seed + j."""
+    """n choices per prompt from the SamplingParams arguments ``base``, checked once here (the
+    client sends these SamplingParams as they are); with a seed, choice j of a prompt has seed + j."""
     seed = base.pop("seed", None)
     params = SamplingParams(**base)
-    for name in ("response_format", "tools", "tool_choice"):  # canonical: checked again where the
-        base.pop(name, None)                                  # request is made
+    for name in ("response_format", "tools", "tool_choice"):  # canonical, as the params hold them
+        base.pop(name, None)
         if getattr(params, name) is not None:
             base[name] = getattr(params, name)
     seeds = [None if seed is None else (seed + j) % bounds.SEED_RANGE for j in range(n)]
-    return [Choice(i * n + j, prompt, {**base, "seed": seeds[j]})
+    seeded = [params if s is None else params.with_seed(s) for s in seeds]
+    return [Choice(i * n + j, prompt, {**base, "seed": seeds[j]}, seeded[j])
             for i, prompt in enumerate(prompts) for j in range(n)]
 
 
