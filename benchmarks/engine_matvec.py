@@ -27,7 +27,7 @@ def cpu_ms(packed: Packed, tokens: int, rng: np.random.Generator, precision: str
            calls: int = 200) -> float:
     rows, cols = packed.shape
     x = ops.parameter([-1, -1, cols], ov.Type.f32, name="x")
-    model = ov.Model([ops.result(Weight(packed, "w").linear(x.output(0)))], [x])
+    model = ov.Model([ops.result(Weight(packed, "w").linear(x.output(0))[0])], [x])
     config = {"INFERENCE_NUM_THREADS": 1, "INFERENCE_PRECISION_HINT": precision}
     if precision == "f32":
         config["DYNAMIC_QUANTIZATION_GROUP_SIZE"] = 0  # as ovpool compiles f32 (exact)

@@ -14,7 +14,7 @@ from test_gguf_quants import F16_FIELDS, random_blocks
 
 from ovpool.worker.gguf.blocks import unpack
 from ovpool.worker.gguf.quants import dequantize
-from ovpool.worker.graph.weights import Weight, rope_halves_order
+from ovpool.worker.graph.weights import Encoding, Weight, rope_halves_order
 
 ROWS, COLS = 48, 256
 
@@ -32,10 +32,33 @@ def test_linear_and_lookup_match_the_dequantized_matrix(qtype):
     packed = unpack(qtype, random_blocks(qtype, ROWS, COLS, seed=3), (ROWS, COLS))
     weight, dense = Weight(packed, "w"), dequantize(packed)
     x = np.random.default_rng(0).standard_normal((2, 5, COLS)).astype(np.float32)
-    y = run(weight.linear, x)
+    y = run(lambda x: weight.linear(x)[0], x)
     np.testing.assert_allclose(y, x @ dense.T, atol=1e-5 * np.abs(x @ dense.T).max())
     ids = np.array([[3, 0, 47], [5, 5, 1]], np.int64)
     np.testing.assert_allclose(run(weight.lookup, ids), dense[ids], atol=1e-6 * np.abs(dense).max())
+
+
+@pytest.mark.parametrize("qtype", [T.Q8_0, T.Q4_K, T.Q6_K, T.Q4_1])
+def test_a_spare_row_leaves_every_output_bit_as_it_was(qtype):
+    """``one_layout`` (f32) adds a zero row to a weight whose rows are a multiple of 32, so the
+    CPU plugin keeps one layout of it instead of two; no output bit may move, for passes of one
+    row, of 7-80 rows (where the plugin used its other layout) or more, split or whole."""
+    rows = 64
+    packed = unpack(qtype, random_blocks(qtype, rows, COLS, seed=5), (rows, COLS))
+    for n in (1, 8, 33, 100):
+        x = np.random.default_rng(n).standard_normal((1, n, COLS)).astype(np.float32)
+        for sizes in (None, [40, 24]):
+            plain, spare = (run(lambda x, w=w, sizes=sizes: ops.concat(w.linear(x, sizes), -1), x)
+                            for w in (Weight(packed, "w"), Weight(packed, "w", one_layout=True)))
+            assert plain.shape == (1, n, rows)
+            assert np.array_equal(spare, plain)
+
+
+def test_only_f32_compute_spares_a_row():
+    # bf16 or f16 compute (int8 activations, GPUs) lays each weight out once already.
+    settings = dict(kquant_requant="none", q4_storage="i4", zero_points="float")
+    assert Encoding.of(type("S", (), {**settings, "inference_precision": "f32"})).one_layout
+    assert not Encoding.of(type("S", (), {**settings, "inference_precision": "bf16"})).one_layout
 
 
 def test_a_looked_up_weight_frees_its_codes_without_a_garbage_collection():

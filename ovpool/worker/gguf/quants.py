@@ -72,6 +72,14 @@ def concat_rows(parts: list[Packed]) -> Packed | None:
                   cat([p.scale for p in parts]), cat([p.zero for p in parts]), cat([p.offset for p in parts]))
 
 
+def zero_row(p: Packed) -> Packed:
+    """One row of zeros in ``p``'s encoding (codes, scale, zero point and offset 0), to stack
+    under it (``concat_rows``)."""
+    row = lambda a: None if a is None else np.zeros((1, *a.shape[1:]), a.dtype)  # noqa: E731
+    return Packed(row(p.codes), p.element, (1, p.shape[1]), p.group, row(p.scale), row(p.zero),
+                  row(p.offset))
+
+
 def group_sums(p: Packed) -> Packed:
     """Rows in ``p``'s integer encoding (u4/u8 codes with integer zero points, as ``integer_zero``
     makes them) that sum a vector over each of ``p``'s column groups: row g has code 1 on group g's

@@ -145,7 +145,7 @@ def build_model(model: GGUFModel, graph: GraphConfig | Mapping[str, Any], attent
     x = _norm(ctx, x, "output_norm")
     head = embed if h.tied_embeddings else W.load(model, "output.weight", encoding=encoding,
                                                   arena=arena)
-    logits = ops.result(head.linear(x))
+    logits = ops.result(head.linear(x)[0])
     logits.output(0).get_tensor().set_names({"logits"})
     return ov.Model([logits, *ctx.results], ctx.sinks, list(params.values()), model.name)
 
@@ -201,12 +201,10 @@ def _projections(ctx: _Context, names: list[str], x: ov.Output, heads: list[int]
     stacked = W.load_stacked(ctx.model, [n + ".weight" for n in names], permutes, ctx.encoding,
                              ctx.arena)
     if stacked is None:
-        outs = [W.load(ctx.model, n + ".weight", p, ctx.encoding, ctx.arena).linear(x)
+        outs = [W.load(ctx.model, n + ".weight", p, ctx.encoding, ctx.arena).linear(x)[0]
                 for n, p in zip(names, permutes, strict=True)]
     else:
-        y = stacked.linear(x)
-        outs = [y] if len(names) == 1 else _split(y, [ctx.model.tensors[n + ".weight"].shape[0]
-                                                      for n in names])
+        outs = stacked.linear(x, [ctx.model.tensors[n + ".weight"].shape[0] for n in names])
     return [_bias(ctx, n, y, p) for n, y, p in zip(names, outs, permutes, strict=True)]
 
 

@@ -28,6 +28,7 @@ from ovpool.worker.gguf.quants import (
     requantize,
     rounded_zero,
     widen,
+    zero_row,
 )
 from ovpool.worker.graph.arena import ConstantArena
 
@@ -66,17 +67,19 @@ class Encoding:
     requant: str = "none"
     q4_storage: str = "i4"
     zero_points: str = "float"
+    one_layout: bool = False  # a spare row where the CPU plugin would lay a weight out twice
 
     @classmethod
     def of(cls, settings) -> Encoding:
-        return cls(settings.kquant_requant, settings.q4_storage, settings.zero_points)
+        return cls(settings.kquant_requant, settings.q4_storage, settings.zero_points,
+                   settings.inference_precision == "f32")
 
 
 def load(model: GGUFModel, name: str, head_size: int = 0, encoding: Encoding = Encoding(),
          arena: ConstantArena | None = None) -> Weight:
     """Tensor ``name`` as a Weight; ``head_size`` > 0 un-permutes llama's Q/K rows (see below);
     its constants go into ``arena`` (see ``constant``)."""
-    return Weight(_packed(model, name, head_size, encoding), name, arena)
+    return Weight(_packed(model, name, head_size, encoding), name, arena, encoding.one_layout)
 
 
 def load_stacked(model: GGUFModel, names: list[str], head_sizes: list[int],
@@ -85,7 +88,7 @@ def load_stacked(model: GGUFModel, names: list[str], head_sizes: list[int],
     MatMul kernel runs where there were several; None if their encodings differ."""
     parts = [_packed(model, n, hs, encoding) for n, hs in zip(names, head_sizes, strict=True)]
     packed = concat_rows(parts)
-    return None if packed is None else Weight(packed, "+".join(names), arena)
+    return None if packed is None else Weight(packed, "+".join(names), arena, encoding.one_layout)
 
 
 def _packed(model: GGUFModel, name: str, head_size: int, encoding: Encoding) -> Packed:
@@ -129,13 +132,16 @@ def rope_halves_order(rows: int, head_size: int) -> np.ndarray:
 class Weight:
     """One [rows, cols] weight as OpenVINO nodes; the f32 matrix is never materialised."""
 
-    def __init__(self, packed: Packed, name: str, arena: ConstantArena | None = None):
-        self.packed, self.name, self.arena = packed, name, arena
+    def __init__(self, packed: Packed, name: str, arena: ConstantArena | None = None,
+                 one_layout: bool = False):
+        self.packed, self.name, self.arena, self.one_layout = packed, name, arena, one_layout
         self.rows, self.cols = packed.shape
         self._matrix: ov.Output | None = None
         self._table: Weight | None = None
         self._sums: Weight | None = None
         self._offset: ov.Output | None = None
+        self._spared: Weight | None = None
+        self._looked_up = False
 
     def matrix(self) -> ov.Output:
         """The decompressed [rows, cols] f32 weight (a subgraph the plugin fuses, built once)."""
@@ -168,25 +174,54 @@ class Weight:
         x = ops.multiply(x, constant(p.scale[..., None].astype(np.float32), arena=self.arena))
         return ops.reshape(x, ops.constant(np.array([self.rows, self.cols], np.int64)), False).output(0)
 
-    def linear(self, x: ov.Output) -> ov.Output:
-        """x [..., cols] @ W.T → [..., rows]."""
+    def linear(self, x: ov.Output, sizes: list[int] | None = None) -> list[ov.Output]:
+        """x [..., cols] @ W.T, cut along its last axis into pieces of ``sizes`` (default: one of
+        ``rows``)."""
+        sizes = sizes or [self.rows]
         if self.packed.offset is None:
-            return ops.matmul(x, self.matrix(), False, True).output(0)
+            spare = self._spare_row(self.rows)
+            y = ops.matmul(x, (self._with_spare() if spare else self).matrix(), False, True)
+            return _cut(y, sizes + [1] * spare)[:len(sizes)]
         # The offsets' share: each group's offset times the sum of x over the group's columns. The
         # sums come out of the main MatMul, as rows of ones under the weight (quants.group_sums):
         # one ReduceSum node less per weight, faster at the same agreement (docs/performance.md,
         # weights.py). The int8 path quantizes x for those rows as for the others, an error far
         # below the offset's own share.
-        groups = self.cols // self.packed.group
-        both = ops.matmul(x, self._summing().matrix(), False, True)
-        y, sums = ops.variadic_split(both, ops.constant(np.int64(-1)),
-                                     ops.constant(np.array([self.rows, groups], np.int64))).outputs()
-        return ops.add(y, ops.matmul(sums, self._offsets(), False, True)).output(0)
+        summing = self._summing()
+        parts = [self.rows, self.cols // self.packed.group, summing.rows - self._summed_rows()]
+        both = ops.matmul(x, summing.matrix(), False, True)
+        y, sums = _cut(both, [p for p in parts if p])[:2]
+        return _cut(ops.add(y, ops.matmul(sums, self._offsets(), False, True)), sizes)
+
+    def _spare_row(self, rows: int) -> int:
+        """1 where a MatMul of ``rows`` rows of this weight gets a zero row more, else 0.
+
+        At f32 the CPU plugin (oneDNN's brgemm inner product) lays a compressed weight of fewer
+        than 4 M elements whose rows are a multiple of 32 out twice: in blocks of 32 rows for
+        passes of 7-80 rows, of 64 for the others. A row count that is not such a multiple gets
+        one layout (its last block padded), computing every row as before: one copy of the
+        weights in memory instead of two (docs/performance.md, "gemma3-270m against llama.cpp").
+        A looked-up table keeps its rows: its Gather and its MatMul share one constant."""
+        return int(self.one_layout and self.packed.group > 0 and not self._looked_up
+                   and rows % 32 == 0 and rows * self.cols < 4 << 20)
+
+    def _with_spare(self) -> Weight:
+        """This weight with a zero row under it (see ``_spare_row``), made once."""
+        if self._spared is None:
+            self._spared = Weight(concat_rows([self.packed, zero_row(self.packed)]), self.name, self.arena)
+        return self._spared
+
+    def _summed_rows(self) -> int:
+        return self.rows + self.cols // self.packed.group
 
     def _summing(self) -> Weight:
-        """This weight with the group-sum rows under it (see ``linear``), made once."""
+        """This weight with the group-sum rows under it (see ``linear``) and a spare zero row
+        where ``_spare_row`` wants one, made once."""
         if self._sums is None:
-            self._sums = Weight(concat_rows([self.packed, group_sums(self.packed)]), self.name, self.arena)
+            parts = [self.packed, group_sums(self.packed)]
+            if self._spare_row(self._summed_rows()):
+                parts.append(zero_row(parts[1]))
+            self._sums = Weight(concat_rows(parts), self.name, self.arena)
         return self._sums
 
     def _offsets(self) -> ov.Output:
@@ -197,7 +232,9 @@ class Weight:
 
     def lookup(self, ids: ov.Output) -> ov.Output:
         """Rows ``ids`` [...] → [..., cols] (the embedding table's lookup)."""
+        self._looked_up = True
         table = self._gather_table()
+        table._looked_up = True
         axis = ops.constant(np.int64(0))
         if table.packed.offset is None:
             return ops.gather(table.matrix(), ids, axis).output(0)
@@ -224,6 +261,14 @@ class Weight:
         lead = ops.gather(ops.shape_of(x), ops.constant(np.arange(rank - 1)), ops.constant(np.int64(0)))
         dims = ops.constant(np.array([self.cols // self.packed.group, self.packed.group], np.int64))
         return ops.reshape(x, ops.concat([lead, dims], 0), False).output(0)
+
+
+def _cut(y: ov.Node, sizes: list[int]) -> list[ov.Output]:
+    """y's last axis in pieces of ``sizes`` (one piece: y itself, no node)."""
+    if len(sizes) == 1:
+        return [y.output(0)]
+    axis = ops.constant(np.int64(-1))
+    return ops.variadic_split(y, axis, ops.constant(np.array(sizes, np.int64))).outputs()
 
 
 def _pack_zero(zero: np.ndarray) -> np.ndarray:
