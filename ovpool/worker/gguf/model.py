@@ -6,6 +6,7 @@ through ``GGUFModel.raw(name)``, a read-only memmap slice, and nothing else.
 
 from __future__ import annotations
 
+import mmap
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -98,6 +99,18 @@ class GGUFModel:
         if self._memmap is None:
             self._memmap = np.memmap(self.path, mode="r")
         return self._memmap[info.offset:info.offset + info.nbytes]
+
+    def release(self, name: str) -> None:
+        """Drop the pages of tensor ``name`` that this process has read (its constants are
+        copies): the page cache keeps them, and ``raw`` reads them again if asked. Without it a
+        build holds every weight twice at its end, the file's pages and the built constants
+        (gemma3-270m: ~250 MiB of a 557 MiB peak; docs/performance.md)."""
+        if self._memmap is None:
+            return
+        info, page = self.tensors[name], mmap.PAGESIZE
+        start = info.offset // page * page
+        end = min(-(-(info.offset + info.nbytes) // page) * page, self._memmap.size)
+        self._memmap._mmap.madvise(mmap.MADV_DONTNEED, start, end - start)
 
 
 def _architecture(metadata: dict[str, Any]) -> str:

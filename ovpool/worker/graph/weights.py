@@ -79,7 +79,9 @@ def load(model: GGUFModel, name: str, head_size: int = 0, encoding: Encoding = E
          arena: ConstantArena | None = None) -> Weight:
     """Tensor ``name`` as a Weight; ``head_size`` > 0 un-permutes llama's Q/K rows (see below);
     its constants go into ``arena`` (see ``constant``)."""
-    return Weight(_packed(model, name, head_size, encoding), name, arena, encoding.one_layout)
+    packed = _packed(model, name, head_size, encoding)
+    model.release(name)
+    return Weight(packed, name, arena, encoding.one_layout)
 
 
 def load_stacked(model: GGUFModel, names: list[str], head_sizes: list[int],
@@ -87,6 +89,8 @@ def load_stacked(model: GGUFModel, names: list[str], head_sizes: list[int],
     """Tensors sharing an input (Q, K, V; gate, up) as one Weight with their rows stacked, so one
     MatMul kernel runs where there were several; None if their encodings differ."""
     parts = [_packed(model, n, hs, encoding) for n, hs in zip(names, head_sizes, strict=True)]
+    for name in names:
+        model.release(name)
     packed = concat_rows(parts)
     return None if packed is None else Weight(packed, "+".join(names), arena, encoding.one_layout)
 
