@@ -52,7 +52,7 @@ class Scheduler:
 
     def __init__(self, *, num_blocks: int, block_size: int, prefill_chunk: int, max_running: int,
                  caching: bool = False, exact: bool = True, seed: bytes = b"", tier=None,
-                 copy_answers: bool = False, pass_cost: int = 32):
+                 copy_answers: bool = False, pass_cost: int = 24):
         if num_blocks < 1 or block_size < 1 or prefill_chunk < 1 or max_running < 1:
             raise ValueError("num_blocks, block_size, prefill_chunk and max_running must be >= 1")
         self.num_blocks, self.block_size = num_blocks, block_size
