@@ -1,0 +1,110 @@
+"""The chat workload replayed on the Scheduler alone, each pass priced by a cost model instead of
+run: a deterministic comparison of scheduling policies, whose differences a shared host's noise
+hides in live runs (benchmarks/chat_ttft.py is the live check).
+
+    .venv/bin/python benchmarks/chat_sim.py [--pass-cost 24,32] [--chats 8,16] [--turns 4]
+        [--new-tokens 32]
+
+The workload is chat_ttft.py's with ``--arrive-after 1``: a shared system prompt (1,025 tokens
+with the template), every chat's first turn at once, each next turn added after the pass that
+follows its answer and timed from the answer's end, a question of 25-33 tokens a turn, answers of
+``--new-tokens`` tokens, ``prefix_cache=on`` with answer copies, 32-position blocks and the 1 GiB
+KV cache of the live benchmark. A pass costs ``BASE + DECODE * decode rows + TOKEN * prompt
+tokens`` CPU seconds: the fit of a per-pass log of chat_ttft.py's 16-chat run (SmolLM2 at the f32
+default, AMX, contexts ~1,100 tokens; docs/performance.md, Chat TTFT). So the figures are model CPU
+seconds, for policies side by side, not a measurement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import statistics
+
+from ovpool.bench.stats import percentile
+from ovpool.worker.generate.scheduler import Scheduler
+
+BASE, DECODE, TOKEN = 0.027, 0.0052, 0.0028
+BLOCK, BLOCKS, SYSTEM = 32, 728, 1025
+
+
+def pass_cost(plan) -> float:
+    rows = [len(c.tokens) for c in plan.chunks]
+    return BASE + DECODE * rows.count(1) + TOKEN * sum(n for n in rows if n > 1)
+
+
+class Replay:
+    """One run of the workload on a Scheduler made with ``policy`` (its keyword arguments)."""
+
+    def __init__(self, chats: int, turns: int, new_tokens: int, policy: dict):
+        self.scheduler = Scheduler(num_blocks=BLOCKS, block_size=BLOCK, prefill_chunk=256,
+                                   max_running=chats, caching=True, copy_answers=True, **policy)
+        self.turns, self.new_tokens, self.ids = turns, new_tokens, itertools.count(10**6)
+        system = [next(self.ids) for _ in range(SYSTEM)]
+        self.history = {c: list(system) for c in range(chats)}
+        self.live: dict[str, list] = {}  # id: [chat, turn, sent, tokens so far]
+        self.due: list[tuple] = []  # (pass, chat, turn, sent)
+        self.ttfts: list[tuple[int, float]] = []
+        self.clock, self.passes, self.tokens = 0.0, 0, 0
+        for c in range(chats):
+            self._ask(c, 0, 0.0)
+
+    def _ask(self, chat: int, turn: int, sent: float) -> None:
+        self.history[chat] += [next(self.ids) for _ in range(25 + (chat * 7 + turn * 3) % 9)]
+        self.scheduler.add(f"{chat}-{turn}", list(self.history[chat]))
+        self.live[f"{chat}-{turn}"] = [chat, turn, sent, 0]
+
+    def run(self) -> dict:
+        while self.live or self.due:
+            plan = self.scheduler.plan()
+            self.clock += pass_cost(plan) if plan.chunks else 0.0
+            self.scheduler.commit()
+            for chunk in (c for c in plan.chunks if c.sample):
+                self._sampled(chunk.seq_id)
+            for item in [d for d in self.due if d[0] <= self.passes]:
+                self.due.remove(item)
+                self._ask(*item[1:])
+            self.passes += 1
+        return self._summary()
+
+    def _sampled(self, seq_id: str) -> None:
+        rec, token = self.live[seq_id], next(self.ids)
+        chat, turn, sent, count = rec
+        if count == 0:
+            self.ttfts.append((turn, self.clock - sent))
+        rec[3], self.tokens = count + 1, self.tokens + 1
+        self.history[chat].append(token)
+        if rec[3] < self.new_tokens:
+            self.scheduler.append(seq_id, token)
+            return
+        self.scheduler.finish(seq_id)
+        del self.live[seq_id]
+        self.history[chat].append(next(self.ids))  # the end-of-turn token
+        if turn + 1 < self.turns:
+            self.due.append((self.passes + 1, chat, turn + 1, self.clock))
+
+    def _summary(self) -> dict:
+        later = [t for turn, t in self.ttfts if turn > 0]
+        return {"later_p50": statistics.median(later), "later_p99": percentile(later, 99),
+                "turn2_p50": statistics.median(t for turn, t in self.ttfts if turn == 1),
+                "turn3on_p50": statistics.median(t for turn, t in self.ttfts if turn > 1),
+                "first_p50": statistics.median(t for turn, t in self.ttfts if turn == 0),
+                "tokens_per_s": self.tokens / self.clock, "passes": self.passes}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--pass-cost", default="24,32", help="Scheduler pass_cost values side by side")
+    p.add_argument("--chats", default="8,16")
+    p.add_argument("--turns", type=int, default=4)
+    p.add_argument("--new-tokens", type=int, default=32)
+    args = p.parse_args()
+    for chats in (int(x) for x in args.chats.split(",")):
+        for cost in (int(x) for x in args.pass_cost.split(",")):
+            r = Replay(chats, args.turns, args.new_tokens, {"pass_cost": cost}).run()
+            print(f"{chats} chats, pass_cost {cost}: " + ", ".join(
+                f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in r.items()))
+
+
+if __name__ == "__main__":
+    main()
