@@ -39,11 +39,16 @@ class Connection:
         self.down_since = now
 
     def unreachable(self) -> errors.BrokerUnavailableError:
-        """Why no connection came within connect_timeout_s, as far as this side can tell."""
+        """Why no connection came within connect_timeout_s, as far as this side can tell: a broker
+        this client was connected to is lost (BrokerLostError), else it was never reached."""
         b, t = self.broker, self.timeout_s
         if self._was_up:
-            what = f"lost the connection to the broker at {b} and it did not come back in {t:g} s"
-        elif self._tcp:
+            return errors.BrokerLostError(
+                f"lost the connection to the broker at {b} and it did not come back in {t:g} s: its"
+                " process exited or was killed (one stopped by SIGTERM or Ctrl-C would have said so);"
+                " start `ovpool serve` (or `ovpool broker`) again and resend (setting connect_timeout_s:"
+                " how long a restart may take)")
+        if self._tcp:
             what = f"{b} accepts connections but no ovpool handshake completed in {t:g} s"
         else:
             what = f"cannot reach the broker at {b}: no connection in {t:g} s"

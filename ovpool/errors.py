@@ -36,6 +36,7 @@ an error that every start would repeat (a worker stops on one with exit status E
         ├── ClientTooSlowError       request.client_too_slow  a stream unread for stream_stall_s
         ├── StreamGapError           request.stream_gap  a PARTIAL of a stream went missing
         ├── BrokerUnavailableError   request.broker_unavailable
+        │   ├── BrokerLostError      request.broker_unavailable.lost  died, or stopped answering
         │   └── NotActiveError       request.broker_unavailable.not_active  a standby broker: try its peer
         └── DrainingError            request.draining    the pool (or worker) is draining: retry
 """
@@ -182,6 +183,15 @@ class StreamGapError(RequestError):
 
 class BrokerUnavailableError(RequestError):
     code = "request.broker_unavailable"
+
+
+class BrokerLostError(BrokerUnavailableError):
+    """The broker this client had a connection to is gone: the connection dropped and did not come
+    back within connect_timeout_s (its process exited or was killed), or it stays connected but
+    answers no PING (stopped, e.g. SIGSTOP, or hung). What was outstanding may have run or not:
+    restart the broker and resend (a standby pair's client fails over instead, ovpool.failover)."""
+
+    code = "request.broker_unavailable.lost"
 
 
 class NotActiveError(BrokerUnavailableError):

@@ -243,9 +243,10 @@ class PendingRequests:
         # broker's refusal can take seconds beside busy processes, and is not silence).
         if self._conn.up and now - self._last_heard >= unavailable_s:
             if not self._failover.lost(now):
-                self.fail_all(errors.BrokerUnavailableError(
+                self.fail_all(errors.BrokerLostError(
                     f"the broker at {self._conn.broker} is connected but has not answered for"
-                    f" {unavailable_s:.1f} s: it is stopped or far behind"))
+                    f" {unavailable_s:.1f} s: its process is stopped (SIGSTOP, a debugger) or hung;"
+                    " check it and its log, restart it and resend"))
             return []
         out: list[Message] = []
         for rid in [r for r, p in self._pending.items() if now >= p.deadline]:

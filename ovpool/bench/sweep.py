@@ -18,7 +18,7 @@ from pathlib import Path
 
 from ovpool.bench.stats import RequestRun, summarize
 from ovpool.client import Client
-from ovpool.testing.pool import PoolProcess, broker, free_endpoint, wait_for_workers
+from ovpool.testing.pool import PoolProcess, broker, check_running, free_endpoint, wait_for_workers
 
 # Distinct openings so that no two requests of a level are the same sequence.
 PROMPTS = tuple(f"Tell me a short story about a {w}." for w in (
@@ -37,23 +37,27 @@ def pool(model: str, slots: int, *, sets: Sequence[str] = (), log: Path | None =
     with ExitStack() as stack:
         if log is None:
             log = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="ovpool-bench-"))) / "pool.log"
-        stack.enter_context(broker(endpoint, log=log, env=env))
+        processes = [stack.enter_context(broker(endpoint, log=log, env=env))]
         extra = [arg for item in sets for arg in ("--set", item)]
         for _ in range(workers):
-            stack.enter_context(PoolProcess("worker", "--broker", endpoint, "--model", model,
-                                            "--slots", str(slots), *extra, env=env, log=log))
+            processes.append(stack.enter_context(PoolProcess(
+                "worker", "--broker", endpoint, "--model", model, "--slots", str(slots), *extra, env=env,
+                log=log)))
         client = stack.enter_context(Client(endpoint))
-        wait_for_workers(client, workers, timeout=WORKER_START_S)
+        wait_for_workers(client, workers, timeout=WORKER_START_S, processes=processes)
         if "batching=interleaved" not in sets:
             _wait_for_line(log, ("continuous batching:", "continuous batching is off"), WORKER_START_S,
-                           count=workers)
+                           processes, count=workers)
         run_level(client, workers, 4)  # warm-up: first-use allocations are not part of any level
         yield client
 
 
-def _wait_for_line(log: Path, needles: Sequence[str], timeout: float, count: int = 1) -> None:
+def _wait_for_line(log: Path, needles: Sequence[str], timeout: float, processes: Sequence[PoolProcess],
+                   count: int = 1) -> None:
+    """Until ``log`` has ``count`` lines holding one of ``needles``; at once if a process ends."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        check_running(processes)
         lines = log.read_text(errors="replace").splitlines()
         if sum(any(n in line for n in needles) for line in lines) >= count:
             return
@@ -79,6 +83,8 @@ def run_level(client: Client, concurrency: int, max_tokens: int) -> list[Request
     start.wait()
     for t in threads:
         t.join()
+    if any(run.error for run in runs):  # a broker that is gone ends the bench with why (it raises)
+        client.status()
     return runs
 
 

@@ -53,7 +53,10 @@ def bench_command(model: str, device: str, levels: tuple[int, ...], max_tokens: 
     opts = Options(model=model, device=device, levels=levels, max_tokens=max_tokens,
                    scenarios=scenarios or SCENARIOS, genai=not no_genai, repeats=repeats, sets=sets,
                    conversations=conversations, turns=turns)
-    results = run(opts, say=lambda msg: click.echo(f"... {msg}", err=True))
+    try:
+        results = run(opts, say=lambda msg: click.echo(f"... {msg}", err=True))
+    except TimeoutError as exc:  # a pool that did not start in time: one line (others are OvpoolErrors)
+        raise click.ClickException(str(exc)) from None
     if plot_path and results.get("sweep"):
         results["plot"] = str(report.plot(results, plot_path))
     if as_json:

@@ -8,11 +8,11 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
-from ovpool import timing
+from ovpool import errors, timing
 from ovpool.client import Client
-from ovpool.errors import BrokerUnavailableError
 from ovpool.serve.child import terminate
 from ovpool.settings import child_environment, set_variable
 
@@ -63,6 +63,24 @@ class PoolProcess:
         self.proc.kill()
         self.proc.wait()
 
+    def exited(self) -> str | None:
+        """How this process ended, in words (None while it runs)."""
+        code = self.proc.poll() if self.proc is not None else None
+        if code is None:
+            return None
+        how = f"was killed by signal {-code}" if code < 0 else f"exited with status {code}"
+        where = f"; see {self.log}" if self.log else ""
+        return f"`ovpool {self.args[2]}` (pid {self.proc.pid}) {how}{where}"
+
+
+def check_running(processes: Iterable[PoolProcess]) -> None:
+    """Raise, naming it, if one of ``processes`` has ended: a pool's wait must not outlast its
+    broker (BrokerLostError) or a worker it waits for (WorkerLostError)."""
+    for process in processes:
+        if (why := process.exited()) is not None:
+            lost = errors.BrokerLostError if process.args[2] == "broker" else errors.WorkerLostError
+            raise lost(f"{why}: the pool cannot serve without it")
+
 
 def broker(endpoint: str, *extra: str, env: dict[str, str] | None = None,
            log: Path | None = None) -> PoolProcess:
@@ -76,14 +94,17 @@ def null_worker(endpoint: str, *, model: str = "null", slots: int = 4, token_del
                        "--slots", str(slots), "--token-delay", str(token_delay), *extra, env=env, log=log)
 
 
-def wait_for_workers(client: Client, count: int, timeout: float = 20.0) -> dict:
-    """The broker's status once ``count`` workers are registered; TimeoutError otherwise."""
+def wait_for_workers(client: Client, count: int, timeout: float = 20.0,
+                     processes: Iterable[PoolProcess] = ()) -> dict:
+    """The broker's status once ``count`` workers are registered; TimeoutError otherwise, and at
+    once the error of check_running should one of the pool's ``processes`` end first."""
     deadline = time.monotonic() + timeout
     seen = "no broker"
     while time.monotonic() < deadline:
+        check_running(processes)
         try:
             status = client.status(timeout=timeout)
-        except BrokerUnavailableError:  # still starting (a loaded machine can take seconds)
+        except errors.BrokerUnavailableError:  # still starting (a loaded machine can take seconds)
             continue
         if len(status["workers"]) == count:
             return status
