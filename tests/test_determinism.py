@@ -55,6 +55,17 @@ def test_tokens_do_not_depend_on_the_decode_graph_or_the_batch(tiny_model, weigh
         assert alone(eng) == before  # and again, after the batcher ran
 
 
+@pytest.mark.parametrize("weight_type", ["Q4_1", "Q4_K", "Q5_K", "Q2_K"])
+def test_offset_zero_points_keep_the_tokens_batched_and_alone(tiny_model, weight_type):
+    # zero_points=offset (opt-in) adds a ReduceSum and a small f32 MatMul beside each MatMul.
+    path = tiny_model("llama", weight_type, False, n_layers=2, n_embd=256, n_ff=768)
+    with Engine(path, settings={"decode_graph": "on", "prefill_chunk": 8, "zero_points": "offset"}) as eng:
+        before = alone(eng)
+        eng.warm_up()
+        assert alone(eng) == before
+        assert batched(eng) == before
+
+
 def test_a_preempted_sequence_recomputes_the_same_tokens(tiny_model):
     # Recomputing feeds the generated tokens one per pass again, as they were computed first.
     with Engine(tiny_model("llama", "Q4_K", False, n_layers=2, n_embd=256, n_ff=768)) as eng:

@@ -11,8 +11,10 @@ from gguf import GGMLQuantizationType as T
 
 from ovpool.worker.gguf.blocks import unpack
 from ovpool.worker.gguf.quants import (
+    centered,
     concat_rows,
     dequantize,
+    float_zero,
     gatherable,
     group_sums,
     integer_zero,
@@ -49,8 +51,10 @@ def test_quantized_blocks_dequantize_like_gguf(qtype):
     raw = random_blocks(qtype, rows, cols)
     packed = unpack(qtype, raw, (rows, cols))
     expected = quants.dequantize(raw.reshape(rows, -1), qtype)
-    # Equal up to float32 rounding: Q4_1/Q4_K add their offset in a different order.
-    np.testing.assert_allclose(dequantize(packed), expected, atol=1e-6 * np.abs(expected).max())
+    # Bit for bit: Q4_1/Q4_K/Q5_1/Q5_K/Q2_K keep the file's scale * q + offset, each exact in float32.
+    np.testing.assert_array_equal(dequantize(packed), expected)
+    # Their float zero point form (zero_points=float/integer) equals it up to float32 rounding.
+    np.testing.assert_allclose(dequantize(float_zero(packed)), expected, atol=1e-6 * np.abs(expected).max())
 
 
 @pytest.mark.parametrize("qtype,dtype", [(T.F32, np.float32), (T.F16, np.float16)])
@@ -74,7 +78,9 @@ def test_q4_1_keeps_its_minimum_exactly():
     x = (0.13 + 0.01 * (np.arange(32) % 16)).astype(np.float32).reshape(1, 32)
     raw = quants.quantize(x, T.Q4_1).reshape(-1)
     packed = unpack(T.Q4_1, raw, (1, 32))
-    assert packed.zero.dtype == np.float32 and packed.zero[0, 0] != np.round(packed.zero[0, 0])
+    assert packed.zero is None and packed.offset[0, 0] == raw[2:4].view(np.float16)[0]
+    zero = float_zero(packed).zero
+    assert zero.dtype == np.float32 and zero[0, 0] != np.round(zero[0, 0])
     np.testing.assert_allclose(dequantize(packed), x, atol=1e-4)
 
 
@@ -82,11 +88,22 @@ def test_q4_1_block_with_zero_scale_is_its_minimum():
     # All weights equal: llama.cpp stores scale 0 and the value as the minimum, whatever the codes.
     raw = random_blocks(T.Q4_1, 2, 64).reshape(4, -1)
     raw[1, 0:4] = np.array([0, -0.75], np.float16).view(np.uint8)
-    packed = unpack(T.Q4_1, raw.reshape(-1), (2, 64))
+    packed = float_zero(unpack(T.Q4_1, raw.reshape(-1), (2, 64)))
     expected = quants.dequantize(raw.reshape(2, -1), T.Q4_1)
     assert (expected[0, 32:] == np.float32(-0.75)).all()
     np.testing.assert_array_equal(dequantize(packed)[0, 32:], expected[0, 32:])
     np.testing.assert_allclose(dequantize(packed), expected, atol=1e-6 * np.abs(expected).max())
+
+
+@pytest.mark.parametrize("qtype,element", [(T.Q4_1, "i4"), (T.Q4_K, "i4"), (T.Q5_1, "i8"),
+                                           (T.Q5_K, "i8"), (T.Q2_K, "u2")])
+def test_centered_codes_mean_the_same_weights(qtype, element):
+    # zero_points=offset: signed codes with no zero point, the offset moved by center * scale.
+    packed = unpack(qtype, random_blocks(qtype, 4, 512), (4, 512))
+    moved = centered(packed)
+    assert moved.element == element and moved.zero is None and moved.offset.dtype == np.float32
+    exact = dequantize(packed)
+    np.testing.assert_allclose(dequantize(moved), exact, rtol=0, atol=1e-6 * np.abs(exact).max())
 
 
 def test_q4_0_needs_no_zero_point():
@@ -160,7 +177,7 @@ def test_q6_k_in_8_bit_groups_of_32_keeps_each_coarser_half_exactly(seed):
     assert (scale <= np.abs(exact).max((-1, -2), keepdims=True) / 95 * (1 + 1e-6)).all()
 
 
-@pytest.mark.parametrize("qtype,requant,element", [(T.Q4_0, None, "i8"), (T.Q4_1, None, "i8"),
+@pytest.mark.parametrize("qtype,requant,element", [(T.Q4_0, None, "i8"), (T.Q4_1, None, "u8"),
                                                    (T.Q4_K, "q4_asym32", "u8"), (T.Q8_0, None, "i8")])
 def test_widened_codes_mean_the_same_weights(qtype, requant, element):
     packed = unpack(qtype, random_blocks(qtype, 4, 256), (4, 256))

@@ -210,11 +210,13 @@ def test_auto_settings_resolve_to_the_device_defaults():
     assert bf16["INFERENCE_PRECISION_HINT"] == "bf16" and "DYNAMIC_QUANTIZATION_GROUP_SIZE" not in bf16
 
 
+@pytest.mark.parametrize("zero_points", ["offset", "integer"])
 @pytest.mark.parametrize("weight_type,tied", [("Q4_1", False), ("Q4_1", True), ("Q4_K", False),
                                               ("Q5_1", False), ("Q5_K", False), ("Q2_K", True)])
-def test_integer_zero_points_with_their_remainder_match_the_reference(tiny_model, weight_type, tied):
-    # The encoding the VNNI/AMX classes run at bf16, here at f32: as exact as the float zero point.
-    model, request = compile_graph(tiny_model("llama", weight_type, tied), zero_points="integer")
+def test_zero_point_forms_match_the_reference(tiny_model, weight_type, tied, zero_points):
+    # The forms beside the default float zero point (integer: what the VNNI/AMX classes run at
+    # bf16; offset: opt-in), here at f32: as exact as the default.
+    model, request = compile_graph(tiny_model("llama", weight_type, tied), zero_points=zero_points)
     ids = prompt(model)
     expected = Reference(model).logits(ids)
     np.testing.assert_allclose(score(request, ids), expected, atol=2e-4 * np.abs(expected).max())

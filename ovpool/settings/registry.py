@@ -159,12 +159,14 @@ _SETTINGS = [
             "weights take twice the memory and decode reads twice the bytes); auto: i4",
             choices=("auto", "i4", "i8"), scopes=(GRAPH,)),
     Setting("zero_points", str, "auto", "how Q4_1/Q4_K's per-block minimum enters the graph: float (an "
-            "exact float zero point) or integer (a rounded u4 zero point plus the exact remainder as a "
-            "small correction term, so the CPU plugin's int8 kernels take the MatMul), or rounded "
-            "(the rounded zero point alone, as OpenVINO GenAI reads Q4_1: faster, not exact: it agrees "
-            "less often with the f32 reference's top token, docs/performance.md); auto: "
+            "exact float zero point), integer (a rounded u4 zero point plus the exact remainder as a "
+            "small correction term, so the CPU plugin's int8 kernels take the MatMul), offset (codes "
+            "with no zero point plus the block offsets as that term: less CPU per decode step at "
+            "f32 on large Q4_K models, logits a little further from a float64 pass), or rounded "
+            "(the rounded zero point alone, as OpenVINO GenAI reads Q4_1: faster, not exact: it "
+            "agrees less often with the f32 reference's top token, docs/performance.md); auto: "
             "integer where the CPU quantizes activations to int8 (VNNI/AMX at bf16), float elsewhere",
-            choices=("auto", "float", "integer", "rounded"), scopes=(GRAPH,)),
+            choices=("auto", "offset", "float", "integer", "rounded"), scopes=(GRAPH,)),
 ]
 
 REGISTRY: dict[str, Setting] = {s.name: s for s in _SETTINGS}

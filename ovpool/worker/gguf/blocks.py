@@ -5,20 +5,18 @@ measurement (benchmarks/weight_types.py; docs/architecture.md has the table):
 
 - Q8_0, Q5_0, IQ4_NL: i8 codes, an f16 scale per 32 (Q5_0's codes are q - 16: there is no 5-bit
   element type; IQ4_NL's codes are its codebook's values, which all fit in i8).
-- Q4_0: i4 codes; Q4_1, Q4_K: i4 codes with an exact float zero point (below).
-- Q5_1, Q5_K: i8 codes q - 16 with an exact float zero point.
+- Q4_0: i4 codes.
+- Q4_1, Q4_K: u4 codes q with an exact offset (below); Q5_1, Q5_K: u8 codes q (0..31), the same.
 - Q6_K: i8 codes, an f32 scale per 16; IQ4_XS: codebook values as i8, an f32 scale per 32.
-- Q3_K: i4 codes (-4..3), an f32 scale per 16; Q2_K: u2 codes with f32 scales and zero points
+- Q3_K: i4 codes (-4..3), an f32 scale per 16; Q2_K: u2 codes with f32 scales and offsets
   per 16. (K-quant scales are an f16 times a 4..6-bit integer: f16 would round them.)
 
 Q4_1's and Q4_K's per-block minimum is any real number, not an integer zero point: rounding it to
-one (as GenAI does) shifts every weight by up to half a quant step. Here those formats become
-symmetric i4 codes (q - 8) with a float32 zero point, -(min + 8 * scale) / scale, which keeps the
-minimum to float32 rounding; the CPU plugin fuses a float zero point as it fuses a u4 one, so the
-exact weights cost no extra graph nodes, and the MatMul is no slower than GenAI's u4 + u4 zero
-point (an earlier separate ``groupsum(x) @ correction.T`` term cost extra nodes and CPU time;
-docs/performance.md, blocks.py). A group whose scale is 0 (all weights equal the minimum) gets
-codes 0, scale 1 and zero point -min, also exact.
+one (as GenAI does) shifts every weight by up to half a quant step. Here those formats keep the
+file's own formula, W = scale * q + offset, with the codes q unsigned and the offset (the minimum,
+an f16 or an f16 times a 6-bit integer) exact in float32, as is each scale * q. The graph takes
+this form (``zero_points=offset``) or the float zero point ``quants.float_zero`` derives from it
+(ovpool.worker.graph.weights).
 
 GGUF's Q4 blocks store elements 0..15 in low nibbles and 16..31 in high nibbles, so they are
 repacked into OpenVINO's order. Pure numpy.
@@ -51,33 +49,25 @@ def _f16(blocks: np.ndarray, start: int, rows: int) -> np.ndarray:
     return np.ascontiguousarray(blocks[:, start:start + 2]).view(np.float16).reshape(rows, -1)
 
 
-def _i4_from_split_nibbles(qs: np.ndarray, rows: int) -> np.ndarray:
-    """GGUF's nibble layout → OpenVINO i4 bytes of q - 8, straight from byte to byte.
+def _u4_from_split_nibbles(qs: np.ndarray, rows: int) -> np.ndarray:
+    """GGUF's nibble layout → OpenVINO u4 bytes of q, straight from byte to byte.
 
     Each row of ``qs`` holds 2*n elements in n bytes: elements 0..n-1 in the low nibbles and
     n..2n-1 in the high nibbles (n = 16 for Q4_0/Q4_1 blocks, 32 for each Q4_K chunk). OpenVINO
-    wants elements 2i, 2i+1 in byte i's low and high nibble; XOR 0x88 turns q into q - 8 in i4.
+    wants elements 2i, 2i+1 in byte i's low and high nibble (XOR 0x88 turns q into q - 8 in i4).
     """
     even, odd = qs[:, 0::2], qs[:, 1::2]
     low = (even & np.uint8(0x0F)) | (odd << np.uint8(4))
     high = (even >> np.uint8(4)) | (odd & np.uint8(0xF0))
-    return (np.concatenate([low, high], axis=1) ^ np.uint8(0x88)).reshape(rows, -1)
+    return np.concatenate([low, high], axis=1).reshape(rows, -1)
 
 
-def _affine(codes: np.ndarray, element: str, center: int, cols: int, scale: np.ndarray,
-            offset: np.ndarray, dtype) -> Packed:
-    """W = scale * q + offset (``codes`` = q - center, in ``element``) as scale * (codes - zero)
-    with a float32 zero point (module docstring: why not an integer one); one scale per group."""
-    scale64, offset64 = scale.astype(np.float64), offset.astype(np.float64)
-    flat = scale64 == 0
-    zero = np.where(flat, -offset64, -center - offset64 / np.where(flat, 1, scale64))
-    if flat.any():  # W = offset whatever the code: codes 0, scale 1, zero point -offset
-        codes = codes.reshape(*scale.shape, -1).copy()
-        codes[flat] = 0
-        codes = codes.reshape(scale.shape[0], -1)
-        scale = np.where(flat, 1, scale)
+def _affine(codes: np.ndarray, element: str, cols: int, scale: np.ndarray, offset: np.ndarray,
+            dtype) -> Packed:
+    """W = scale * q + offset, ``codes`` = q (unsigned, in ``element``), one scale and offset per
+    group: the file's formula, exact (module docstring)."""
     return Packed(codes, element, (codes.shape[0], cols), cols // scale.shape[1], scale.astype(dtype),
-                  zero.astype(np.float32))
+                  offset=offset.astype(np.float32))
 
 
 def _q8_0(blocks, rows, cols) -> Packed:
@@ -86,7 +76,7 @@ def _q8_0(blocks, rows, cols) -> Packed:
 
 
 def _q4_0(blocks, rows, cols) -> Packed:
-    codes = _i4_from_split_nibbles(blocks[:, 2:], rows)
+    codes = _u4_from_split_nibbles(blocks[:, 2:], rows) ^ np.uint8(0x88)
     return Packed(codes, "i4", (rows, cols), 32, _f16(blocks, 0, rows))
 
 
@@ -105,14 +95,14 @@ def _q5_0(blocks, rows, cols) -> Packed:
 
 
 def _q5_1(blocks, rows, cols) -> Packed:
-    codes = (_five_bit(blocks[:, 4:8], blocks[:, 8:]).view(np.int8) - np.int8(16)).reshape(rows, -1)
-    return _affine(codes, "i8", 16, cols, _f16(blocks, 0, rows), _f16(blocks, 2, rows), np.float16)
+    codes = _five_bit(blocks[:, 4:8], blocks[:, 8:]).reshape(rows, -1)
+    return _affine(codes, "u8", cols, _f16(blocks, 0, rows), _f16(blocks, 2, rows), np.float16)
 
 
 def _q4_1(blocks, rows, cols) -> Packed:
     d, m = _f16(blocks, 0, rows), _f16(blocks, 2, rows)
-    codes = _i4_from_split_nibbles(blocks[:, 4:], rows)
-    return _affine(codes, "i4", 8, cols, d, m, np.float16)
+    codes = _u4_from_split_nibbles(blocks[:, 4:], rows)
+    return _affine(codes, "u4", cols, d, m, np.float16)
 
 
 def _k_scale_min(scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -129,10 +119,10 @@ def _q4_k(blocks, rows, cols) -> Packed:
     dmin = _f16(blocks, 2, n).astype(np.float32)
     sc, mn = _k_scale_min(blocks[:, 4:16])
     # Each 64-element chunk: 32 bytes, elements 0..31 in low nibbles, 32..63 in high nibbles.
-    codes = _i4_from_split_nibbles(blocks[:, 16:].reshape(n * 4, 32), rows)
+    codes = _u4_from_split_nibbles(blocks[:, 16:].reshape(n * 4, 32), rows)
     scale = (d * sc).reshape(rows, -1)
     offset = -(dmin * mn).reshape(rows, -1)
-    return _affine(codes, "i4", 8, cols, scale, offset, np.float32)
+    return _affine(codes, "u4", cols, scale, offset, np.float32)
 
 
 def _q6_k(blocks, rows, cols) -> Packed:
@@ -148,7 +138,7 @@ def _q6_k(blocks, rows, cols) -> Packed:
 
 def _q5_k(blocks, rows, cols) -> Packed:
     """8 sub-blocks of 32: d*sc*q - dmin*m, q in 0..31 (Q4_K's nibbles and scales, plus a high bit
-    per element in ``qh``): q - 16 as i8 with an exact float zero point."""
+    per element in ``qh``): q as u8 with an exact offset."""
     n = blocks.shape[0]
     d, dmin = _f16(blocks, 0, n).astype(np.float32), _f16(blocks, 2, n).astype(np.float32)
     sc, mn = _k_scale_min(blocks[:, 4:16])
@@ -156,9 +146,8 @@ def _q5_k(blocks, rows, cols) -> Packed:
     low = (qs.reshape(n, 4, 1, 32) >> np.array([0, 4], np.uint8).reshape(1, 1, 2, 1)) & np.uint8(15)
     high = (qh.reshape(n, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(1, 8, 1)) & np.uint8(1)
     q = low.reshape(n, 8, 32) | (high << np.uint8(4))
-    codes = (q.view(np.int8) - np.int8(16)).reshape(rows, cols)
-    return _affine(codes, "i8", 16, cols, (d * sc).reshape(rows, -1), -(dmin * mn).reshape(rows, -1),
-                   np.float32)
+    return _affine(q.reshape(rows, cols), "u8", cols, (d * sc).reshape(rows, -1),
+                   -(dmin * mn).reshape(rows, -1), np.float32)
 
 
 def _q3_k(blocks, rows, cols) -> Packed:
@@ -182,14 +171,14 @@ def _q3_k(blocks, rows, cols) -> Packed:
 
 def _q2_k(blocks, rows, cols) -> Packed:
     """16 sub-blocks of 16: d*sc*q - dmin*m, q in 0..3, 4-bit sc and m: q as u2 (four to a byte,
-    which the CPU plugin's compressed MatMul reads) with f32 scales and an exact f32 zero point."""
+    which the CPU plugin's compressed MatMul reads) with f32 scales and exact f32 offsets."""
     n = blocks.shape[0]
     packed_scales, qs = blocks[:, :16], blocks[:, 16:80]
     d, dmin = _f16(blocks, 80, n).astype(np.float32), _f16(blocks, 82, n).astype(np.float32)
     q = (qs.reshape(n, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8).reshape(1, 1, 4, 1)) & np.uint8(3)
     scale = (d * (packed_scales & np.uint8(15))).reshape(rows, -1)
     offset = -(dmin * (packed_scales >> np.uint8(4))).reshape(rows, -1)
-    return _affine(pack_crumbs(q.reshape(rows, cols)), "u2", 0, cols, scale, offset, np.float32)
+    return _affine(pack_crumbs(q.reshape(rows, cols)), "u2", cols, scale, offset, np.float32)
 
 
 IQ4_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.int8)

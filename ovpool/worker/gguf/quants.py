@@ -177,14 +177,61 @@ def gatherable(p: Packed) -> Packed:
     return replace(p, codes=pack_nibbles(unpack_crumbs(p.codes)), element="u4")
 
 
+# The codes' midpoint in the float zero point form: u4 q → i4 q - 8; Q5's u8 q (0..31) → i8 q - 16.
+_CENTER = {"u4": 8, "u8": 16, "u2": 0}
+
+
+def float_zero(p: Packed) -> Packed:
+    """``p`` in its exact offset form (W = scale * q + offset, as ovpool.worker.gguf.blocks reads
+    Q4_1, Q4_K, Q5_1, Q5_K, Q2_K) as signed codes c = q - center with a float32 zero point,
+    -(center + offset / scale): one Subtract per weight, which the CPU plugin fuses into its kernels,
+    exact to float32 rounding. A group whose scale is 0 gets codes 0, scale 1 and zero point
+    -offset. Any other Packed is returned as it is."""
+    if p.offset is None or p.zero is not None:
+        return p
+    center = _CENTER[p.element]
+    scale64, offset64 = p.scale.astype(np.float64), p.offset.astype(np.float64)
+    flat = scale64 == 0
+    zero = np.where(flat, -offset64, -center - offset64 / np.where(flat, 1, scale64))
+    codes = _signed(p)
+    if flat.any():  # W = offset whatever the code
+        codes = codes.reshape(*p.scale.shape, -1).copy()
+        codes[flat] = 0
+        codes = codes.reshape(p.shape[0], -1)
+    return Packed(codes, p.element if center == 0 else "i" + p.element[1:], p.shape, p.group,
+                  np.where(flat, 1, p.scale).astype(p.scale.dtype), zero.astype(np.float32))
+
+
+def centered(p: Packed) -> Packed:
+    """``p`` in its exact offset form with signed codes c = q - center and the offset moved by
+    center * scale (computed in float64, rounded once to float32): the same weights, but the
+    MatMul's terms x * scale * c and the offsets' share are no longer both large and of opposite
+    sign, which lost precision in float32 (docs/performance.md, "Cost against model size").
+    Q2_K's u2 codes (no signed 2-bit type) stay as they are; any other Packed is returned as it is."""
+    if p.offset is None or p.zero is not None or _CENTER[p.element] == 0:
+        return p
+    center = _CENTER[p.element]
+    offset = p.offset.astype(np.float64) + center * p.scale.astype(np.float64)
+    return replace(p, codes=_signed(p), element="i" + p.element[1:], offset=offset.astype(np.float32))
+
+
+def _signed(p: Packed) -> np.ndarray:
+    """``p``'s unsigned codes q as q - center: i4 bytes (XOR 0x88), i8, or u2 as they are."""
+    if p.element == "u4":
+        return p.codes ^ np.uint8(0x88)
+    return p.codes.view(np.int8) - np.int8(_CENTER["u8"]) if p.element == "u8" else p.codes
+
+
 def integer_zero(p: Packed) -> Packed:
-    """``p`` with its float zero point (an exact block minimum: Q4_1, Q4_K, Q5_1, Q5_K, Q2_K) rounded
-    to an integer one, and the remainder kept as ``offset``: scale * (code - round(z)) + scale *
-    (round(z) - z) is the same weight, to float32 rounding. The codes become unsigned (i4 + 8 → u4,
-    i8 + 128 → u8, u2 → u4), as the CPU plugin's int8 path wants them: it quantizes activations to
-    int8 (dynamic quantization, on VNNI and AMX CPUs at bf16) only for u8/u4 weights with integer
-    zero points, and that path gives each row of a pass the same result whatever the other rows are
-    (ovpool.worker.graph.cpu_class). Q2_K pays for it with twice its code bytes."""
+    """``p`` with its float zero point (``float_zero`` of an exact block minimum: Q4_1, Q4_K, Q5_1,
+    Q5_K, Q2_K) rounded to an integer one, and the remainder kept as ``offset``: scale * (code -
+    round(z)) + scale * (round(z) - z) is the same weight, to float32 rounding. The codes become
+    unsigned (i4 + 8 → u4, i8 + 128 → u8, u2 → u4), as the CPU plugin's int8 path wants them: it
+    quantizes activations to int8 (dynamic quantization, on VNNI and AMX CPUs at bf16) only for
+    u8/u4 weights with integer zero points, and that path gives each row of a pass the same result
+    whatever the other rows are (ovpool.worker.graph.cpu_class). Q2_K pays for it with twice its
+    code bytes."""
+    p = float_zero(p)
     if p.zero is None or p.zero.dtype == np.uint8:
         return p
     p = gatherable(p)  # u2 → u4: the int8 path takes no u2 (the crumb form fails to compile there)

@@ -26,7 +26,11 @@ ovpool asks for exactness, and only for integer zero points (``dnnl_fullyconnect
   (``kquant_requant=q6_k_q8_sym32``, lossy; exact f32 keeps Q6_K as it is).
 * Every class: 4-bit codes stay 4-bit (``q4_storage=i4``): a byte per code reads twice the bytes
   per token for no faster decode.
-* AVX2 (and AVX-512 without VNNI) runs f32 with no int8 path, where the float zero point is exact.
+* Without the int8 path (f32 on every class, AVX2): Q4_1/Q4_K's exact minimum as a float zero
+  point. ``zero_points=offset`` (signed codes with no zero point, plus an offset term beside the
+  MatMul) took less CPU per decode step at 1.1B Q4_K_M on AMX, but its logits were further from a
+  float64 forward pass than the float zero point's on gemma3, and it was no faster on SmolLM2:
+  opt-in (docs/performance.md, "Cost against model size").
 * AMX at f32: no decode graph (``decode_graph=auto``). Its static copy of the paged graph saved
   little of a decode step's CPU there, for a second layout of the weights (a peak RSS above
   GenAI's with it, below without; docs/performance.md, ovpool/worker/graph/cpu_class.py); prompt

@@ -20,7 +20,9 @@ from ovpool.worker.gguf.blocks import unpack
 from ovpool.worker.gguf.model import GGUFModel
 from ovpool.worker.gguf.quants import (
     Packed,
+    centered,
     concat_rows,
+    float_zero,
     gatherable,
     group_sums,
     integer_zero,
@@ -98,6 +100,8 @@ def load_stacked(model: GGUFModel, names: list[str], head_sizes: list[int],
 def _packed(model: GGUFModel, name: str, head_size: int, encoding: Encoding) -> Packed:
     info = model.tensors[name]
     packed = unpack(info.ggml_type, model.raw(name), info.shape)
+    # float, integer, rounded start from the float zero point
+    packed = centered(packed) if encoding.zero_points == "offset" else float_zero(packed)
     if info.ggml_type in REQUANTIZED.get(encoding.requant, ()):
         packed = requantize(packed, encoding.requant.removeprefix("q6_k_"))
     if head_size:
@@ -182,9 +186,16 @@ class Weight:
         """x [..., cols] @ W.T, cut along its last axis into pieces of ``sizes`` (default: one of
         ``rows``)."""
         sizes = sizes or [self.rows]
-        if self.packed.offset is None:
+        if self.packed.offset is None or self.packed.zero is None:
             spare = self._spare_row(self.rows)
-            y = ops.matmul(x, (self._with_spare() if spare else self).matrix(), False, True)
+            w = self._with_spare() if spare else self
+            y = ops.matmul(x, w.matrix(), False, True)
+            if w.packed.offset is not None:
+                # zero_points=offset (scale * c + offset): codes with no zero point, one Subtract
+                # per weight less than a float zero point, and the offsets' share from x's group
+                # sums (docs/performance.md, "Cost against model size").
+                sums = ops.reduce_sum(self._grouped(x), ops.constant(np.int64(-1)), False)
+                y = ops.add(y, ops.matmul(sums, w._offsets(), False, True))
             return _cut(y, sizes + [1] * spare)[:len(sizes)]
         # The offsets' share: each group's offset times the sum of x over the group's columns. The
         # sums come out of the main MatMul, as rows of ones under the weight (quants.group_sums):
@@ -244,7 +255,8 @@ class Weight:
             return ops.gather(table.matrix(), ids, axis).output(0)
         # The rows and offsets ``linear`` reads (the group-sum rows under them are never looked
         # up), so that a tied vocabulary has one copy of its codes and offsets in the graph.
-        rows = ops.gather(table._summing().matrix(), ids, axis).output(0)
+        main = table if table.packed.zero is None else table._summing()
+        rows = ops.gather(main.matrix(), ids, axis).output(0)
         offsets = ops.gather(table._offsets(), ids, axis)
         offsets = ops.unsqueeze(offsets, ops.constant(np.int64(-1)))
         whole = ops.concat([ops.shape_of(ids), ops.constant(np.array([self.cols], np.int64))], 0)
