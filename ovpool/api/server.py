@@ -54,11 +54,13 @@ def run(config: Config, bind: str, stop: threading.Event) -> None:
     """
     import uvicorn  # not for `ovpool serve`, which only checks the bind
 
+    from ovpool.api.one_write import Http
+
     config.keys.warn_if_open(parse_bind(bind)[0])
     sock = listen(bind)
     app = create_app(config)
     server = uvicorn.Server(uvicorn.Config(
-        app, loop="uvloop", http="httptools", lifespan="on", log_config=None,
+        app, loop="uvloop", http=Http, lifespan="on", log_config=None,
         access_log=False, proxy_headers=False,
         timeout_graceful_shutdown=max(1, round(timing.SHUTDOWN_GRACE_S))))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="uvicorn")
