@@ -52,7 +52,7 @@ def test_writes_of_one_turn_leave_together_and_a_close_sends_what_waits_first():
         assert raw.writes == [] and one.get_write_buffer_size() == 9
         await asyncio.sleep(0)
         assert raw.writes == [b"head body"]
-        one.write(b"last")
+        one.writelines([b"la", b"st"])  # in order with write's, never around them
         one.close()
         await asyncio.sleep(0)  # the flush it had scheduled finds nothing left
         return raw

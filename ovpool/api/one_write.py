@@ -33,6 +33,14 @@ class OneWrite:
         if pending and not self._transport.is_closing():
             self._transport.write(pending[0] if len(pending) == 1 else b"".join(pending))
 
+    def writelines(self, chunks: Any) -> None:
+        for chunk in chunks:
+            self.write(chunk)
+
+    def write_eof(self) -> None:
+        self.flush()  # what waits goes first, as everything below that ends the output
+        self._transport.write_eof()
+
     def close(self) -> None:
         self.flush()
         self._transport.close()
