@@ -4,8 +4,9 @@
 
 CPU time rather than wall time so that other processes on a shared machine disturb it less.
 The encodings are those ovpool.worker.gguf.quants produces (i4 + exact float zero point for Q4_1/Q4_K, or
-u4 + rounded zero point + exact offset where the CPU has an int8 path, i8 for Q8_0/Q6_K) and GenAI's (u4 +
-rounded u4 zero point) for comparison. ``--precision bf16`` runs them as a VNNI/AMX CPU does by default
+u4 + rounded zero point + exact offset where the CPU has an int8 path, or i4 + an offset term beside the
+MatMul with ``zero_points=offset``; i8 for Q8_0/Q6_K) and GenAI's (u4 + rounded u4 zero point) for
+comparison. ``--precision bf16`` runs them as a VNNI/AMX CPU does by default
 (int8 activations where the zero point is an integer).
 """
 
@@ -55,10 +56,14 @@ def encodings(rows: int, cols: int, rng: np.random.Generator) -> dict[str, Packe
     return {
         "u4 + u4 zero point (GenAI Q4_1)": Packed(nibbles, "u4", shape, 32, scale, zero),
         "i4 + f32 zero point (ovpool Q4_1)": Packed(nibbles, "i4", shape, 32, scale, exact_zero),
+        "i4 + offset term (zero_points=offset)": Packed(nibbles, "i4", shape, 32, scale,
+                                                        offset=scale * exact_zero),
         "u4 + u4 zero point + offset (Q4_1, int8)": integer_zero(Packed(nibbles, "i4", shape, 32, scale,
                                                                         exact_zero)),
         "i4 symmetric (Q4_0)": Packed(nibbles, "i4", shape, 32, scale),
         "i8 symmetric (Q8_0)": Packed(bytes8, "i8", shape, 32, scale),
+        "i8, f32 scale per 16 (Q6_K)": Packed(bytes8, "i8", shape, 16,
+                                              np.repeat(scale, 2, axis=1).astype(np.float32)),
     }
 
 

@@ -18,6 +18,8 @@ from ovpool.worker.gguf.model import GGUFModel
 
 
 class Reference:
+    rope_dtype = np.float32  # its cos/sin tables (benchmarks/exactness.py's float64 pass: float64)
+
     def __init__(self, model: GGUFModel):
         self.model, self.h = model, model.hparams
         self._cache: dict[str, np.ndarray] = {}
@@ -64,8 +66,8 @@ class Reference:
         if "rope_freqs.weight" in self.model.tensors:
             inv_freq = inv_freq / self.weight("rope_freqs.weight")
         theta = pos[:, None] * inv_freq  # [seq, d/2]
-        cos = np.cos(theta)[:, None, :].astype(np.float32)
-        sin = np.sin(theta)[:, None, :].astype(np.float32)
+        cos = np.cos(theta)[:, None, :].astype(self.rope_dtype)
+        sin = np.sin(theta)[:, None, :].astype(self.rope_dtype)
         if self.model.architecture == "llama":
             a, b = x[..., 0::2], x[..., 1::2]
         else:
