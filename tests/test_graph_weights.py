@@ -40,18 +40,29 @@ def test_linear_and_lookup_match_the_dequantized_matrix(qtype):
 
 @pytest.mark.parametrize("qtype", [T.Q8_0, T.Q4_K, T.Q6_K, T.Q4_1])
 def test_a_spare_row_leaves_every_output_bit_as_it_was(qtype):
-    """``one_layout`` (f32) adds a zero row to a weight whose rows are a multiple of 32, so the
-    CPU plugin keeps one layout of it instead of two; no output bit may move, for passes of one
-    row, of 7-80 rows (where the plugin used its other layout) or more, split or whole."""
-    rows = 64
+    """``one_layout`` (f32) adds a zero row to a weight of 96 rows (its 64-row blocks are padded
+    anyway), so the CPU plugin keeps one layout of it instead of two; no output bit may move,
+    for passes of one row, of 7-80 rows (where the plugin used its other layout) or more."""
+    rows = 96
     packed = unpack(qtype, random_blocks(qtype, rows, COLS, seed=5), (rows, COLS))
+    plain, spare = Weight(packed, "w"), Weight(packed, "w", one_layout=True)
+    assert spare._spare_row(rows) and not plain._spare_row(rows)
     for n in (1, 8, 33, 100):
         x = np.random.default_rng(n).standard_normal((1, n, COLS)).astype(np.float32)
-        for sizes in (None, [40, 24]):
-            plain, spare = (run(lambda x, w=w, sizes=sizes: ops.concat(w.linear(x, sizes), -1), x)
-                            for w in (Weight(packed, "w"), Weight(packed, "w", one_layout=True)))
-            assert plain.shape == (1, n, rows)
-            assert np.array_equal(spare, plain)
+        for sizes in (None, [40, 56]):
+            a, b = (run(lambda x, w=w, sizes=sizes: ops.concat(w.linear(x, sizes), -1), x)
+                    for w in (plain, spare))
+            assert a.shape == (1, n, rows)
+            assert np.array_equal(a, b)
+
+
+@pytest.mark.parametrize("rows,cols,spared", [(96, 256, True), (4096, 640, True), (64, 256, False),
+                                              (1536, 640, False), (4096, 1024, False), (100, 256, False)])
+def test_a_spare_row_only_where_its_padding_is_cheap(rows, cols, spared):
+    # 4096 x 1024: 4 M elements, one layout already; 64 and 1536 rows: a whole 64-row block more.
+    packed = unpack(T.Q8_0, random_blocks(T.Q8_0, 1, cols, seed=1), (1, cols))
+    assert Weight(packed, "w", one_layout=True)._spare_row(rows) == spared
+    assert not Weight(packed, "w")._spare_row(rows)
 
 
 def test_only_f32_compute_spares_a_row():

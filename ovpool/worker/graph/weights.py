@@ -214,11 +214,14 @@ class Weight:
         At f32 the CPU plugin (oneDNN's brgemm inner product) lays a compressed weight of fewer
         than 4 M elements whose rows are a multiple of 32 out twice: in blocks of 32 rows for
         passes of 7-80 rows, of 64 for the others. A row count that is not such a multiple gets
-        one layout (its last block padded), computing every row as before: one copy of the
-        weights in memory instead of two (docs/performance.md, "gemma3-270m against llama.cpp").
-        A looked-up table keeps its rows: its Gather and its MatMul share one constant."""
+        one layout, its last block padded to 64 rows, every output bit as before: one copy of
+        the weights in memory instead of two. Each padded row is read at every pass, so only
+        where the padding adds at most 1/50 of the rows (a decode step took ~5% more CPU with a
+        spare row in every weight; docs/performance.md, "gemma3-270m against llama.cpp"). A
+        looked-up table keeps its rows: its Gather and its MatMul share one constant."""
+        padding = _in_blocks(rows + 1) - _in_blocks(rows)
         return int(self.one_layout and self.packed.group > 0 and not self._looked_up
-                   and rows % 32 == 0 and rows * self.cols < 4 << 20)
+                   and rows % 32 == 0 and rows * self.cols < 4 << 20 and padding * 50 <= rows)
 
     def _with_spare(self) -> Weight:
         """This weight with a zero row under it (see ``_spare_row``), made once."""
@@ -277,6 +280,11 @@ class Weight:
         lead = ops.gather(ops.shape_of(x), ops.constant(np.arange(rank - 1)), ops.constant(np.int64(0)))
         dims = ops.constant(np.array([self.cols // self.packed.group, self.packed.group], np.int64))
         return ops.reshape(x, ops.concat([lead, dims], 0), False).output(0)
+
+
+def _in_blocks(rows: int) -> int:
+    """``rows`` rounded up to the plugin's 64-row blocks."""
+    return -(-rows // 64) * 64
 
 
 def _cut(y: ov.Node, sizes: list[int]) -> list[ov.Output]:
