@@ -12,6 +12,7 @@ first character, and the text is not cut where such a token occurs (gemma3's 262
 from __future__ import annotations
 
 import heapq
+from collections.abc import Sequence
 from itertools import pairwise
 
 SPACE = "\u2581"
@@ -19,7 +20,7 @@ _CACHE_WORDS = 1 << 16  # a cache this full is emptied (distinct words of ~100k-
 
 
 class SentencePieceEncoder:
-    def __init__(self, vocab: dict[str, int], scores: list[float], byte_ids: dict[int, int],
+    def __init__(self, vocab: dict[str, int], scores: Sequence[float], byte_ids: dict[int, int],
                  unk_id: int | None):
         self._vocab = vocab
         self._scores = scores

@@ -8,6 +8,7 @@ this from metadata does little more than two dict comprehensions: it is on the s
 from __future__ import annotations
 
 import codecs
+from array import array
 from collections.abc import Iterable
 from typing import Any
 
@@ -65,7 +66,10 @@ class Tokenizer:
             self._bpe = BytePairEncoder(self._vocab, merges, ignore_merges, unk)
         else:
             scores = metadata.get(_K + "scores")
-            scores = [0.0] * self.vocab_size if scores is None else np.asarray(scores, float).tolist()
+            # An array, not a list of Python floats: 2 MiB instead of 8 for gemma3-270m's 262,144
+            # tokens; indexing gives the same floats.
+            scores = np.zeros(self.vocab_size) if scores is None else np.asarray(scores, float)
+            scores = array("d", scores.tobytes())
             byte_ids = {int(self.tokens[i][3:5], 16): i for i in np.flatnonzero(types == BYTE).tolist()}
             self._spm = SentencePieceEncoder(self._vocab, scores, byte_ids, unk)
 
