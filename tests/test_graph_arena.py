@@ -97,25 +97,44 @@ def test_releases_back_off_while_pages_come_back_slowly_and_not_in_a_burst():
     assert next_period(0.16, None, short, idle) == short  # residency unknown: release as often as ever
 
 
+class Waits(threading.Event):
+    """The release thread's waits, recorded, none waiting: ``signals`` says what each one returns
+    (True: ``burst`` was called); after the last, the arena stops."""
+
+    def __init__(self, arena: ConstantArena, signals: list[bool]):
+        super().__init__()
+        self.arena, self.signals, self.waits = arena, signals, []
+
+    def wait(self, timeout=None):
+        self.waits.append(timeout)
+        if len(self.waits) == len(self.signals):
+            self.arena._stop.set()
+        return self.signals[len(self.waits) - 1]
+
+
 def test_the_release_thread_waits_what_each_release_dropped_calls_for(monkeypatch):
-    class Stop(threading.Event):  # each wait is recorded, none waits; the fifth one stops the loop
-        def __init__(self):
-            super().__init__()
-            self.waits = []
-
-        def wait(self, timeout=None):
-            self.waits.append(timeout)
-            return len(self.waits) == 5
-
     mib = 1 << 20
     # file RSS before and after each release: a burst, then single pages, then a burst again.
     readings = iter([200 * mib, 100 * mib, 100 * mib + 4096, 100 * mib, 100 * mib, 100 * mib,
                      150 * mib, 100 * mib])
     monkeypatch.setattr(arena_module, "file_rss", lambda: next(readings))
     with ConstantArena.open() as arena:
-        arena._stop = Stop()
+        arena._burst = Waits(arena, [False] * 5)
         arena._releases()
-        assert arena._stop.waits == [0.02, 0.02, 0.04, 0.08, 0.02]
+        assert arena._burst.waits == [0.02, 0.02, 0.04, 0.08, 0.02]
+
+
+def test_a_burst_announced_cuts_the_long_wait_short(monkeypatch):
+    # A quiet spell grew the wait; a first pass is about to read every constant: from the
+    # announcement on, releases come at the short period again, not after the long wait.
+    monkeypatch.setattr(arena_module, "file_rss", lambda: 100 << 20)  # nothing ever dropped
+    with ConstantArena.open() as arena:
+        arena._burst = Waits(arena, [False, False, False, True, False, False])
+        arena._releases()
+        assert arena._burst.waits == [0.02, 0.04, 0.08, 0.16, 0.02, 0.04]
+    with ConstantArena.open() as arena:
+        arena.burst()
+        assert arena._burst.is_set()
 
 
 def test_file_rss_reads_the_shared_pages_of_statm(tmp_path):

@@ -58,6 +58,7 @@ class ConstantArena:
         self._size = self._used = 0
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self._burst = threading.Event()  # set by ``burst``: pages are about to come back
         self._thread: threading.Thread | None = None
         self.release_period_s: float | None = RELEASE_PERIOD_S  # None: only ``release`` calls
 
@@ -122,6 +123,12 @@ class ConstantArena:
             for view in self._adopted:
                 _dont_need(view)
 
+    def burst(self) -> None:
+        """Pages are about to come back in a burst (a first pass lays every weight out for the
+        kernels): release at the short period from now, not after the long wait a quiet spell has
+        grown to, which a first pass can outlast with every page it read still resident."""
+        self._burst.set()
+
     def _start(self) -> None:
         if self._thread is None and not self._stop.is_set() and self.release_period_s:
             self._thread = threading.Thread(target=self._releases, name="ovpool-arena", daemon=True)
@@ -129,7 +136,13 @@ class ConstantArena:
 
     def _releases(self) -> None:
         period = self.release_period_s
-        while not self._stop.wait(period):
+        while not self._stop.is_set():
+            if self._burst.wait(period):
+                self._burst.clear()
+                period = self.release_period_s
+                continue
+            if self._stop.is_set():
+                return
             before = file_rss()
             self.release()
             after = file_rss()
@@ -138,6 +151,7 @@ class ConstantArena:
 
     def close(self) -> None:
         self._stop.set()
+        self._burst.set()  # wakes the thread
         if self._thread is not None:
             self._thread.join()
         self._adopted.clear()
