@@ -21,7 +21,8 @@ from engine_graph import feeds
 
 from ovpool.settings import Settings, parse_assignments
 from ovpool.worker.gguf.model import GGUFModel
-from ovpool.worker.graph.builder import build_model, compile_config
+from ovpool.worker.graph.builder import build_model
+from ovpool.worker.graph.compile_settings import compile_config
 
 
 def name_matmuls(graph: ov.Model, model: GGUFModel) -> None:

@@ -17,7 +17,8 @@ import openvino as ov
 
 from ovpool.settings import Settings, parse_assignments
 from ovpool.worker.gguf.model import GGUFModel
-from ovpool.worker.graph.builder import build_model, compile_config
+from ovpool.worker.graph.builder import build_model
+from ovpool.worker.graph.compile_settings import compile_config
 from ovpool.worker.graph.cpu_class import CpuInfo
 
 

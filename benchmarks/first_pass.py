@@ -46,14 +46,14 @@ def compiled_blob(model_name: str, sets: dict[str, str]) -> tuple[bytes, dict]:
     from ovpool.config import GraphConfig
     from ovpool.models import resolve_model_path
     from ovpool.worker.gguf.model import GGUFModel
-    from ovpool.worker.graph import builder
+    from ovpool.worker.graph import builder, compile_settings
     from ovpool.worker.graph.weights import Encoding, int8_groups
 
     core = ov.Core()
     graph = GraphConfig.from_values({**GraphConfig().values(), **sets, "attention": "sdpa"})
-    settings = builder.resolve_auto(graph, "CPU", core)
+    settings = compile_settings.resolve_auto(graph, "CPU", core)
     model = GGUFModel.open(resolve_model_path(model_name))
-    config = builder.compile_config(graph, "CPU", core,
+    config = compile_settings.compile_config(graph, "CPU", core,
                                     int8_groups(model, Encoding.of(GraphConfig.from_values(settings))))
     out = io.BytesIO()
     core.compile_model(builder.build_model(model, settings), "CPU", config).export_model(out)

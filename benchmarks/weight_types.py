@@ -23,7 +23,8 @@ import openvino as ov
 from ovpool.settings import Settings, parse_assignments
 from ovpool.testing.tiny import TinySpec, tensor_plan
 from ovpool.worker.gguf.model import GGUFModel
-from ovpool.worker.graph.builder import build_model, compile_config, resolve_auto
+from ovpool.worker.graph.builder import build_model
+from ovpool.worker.graph.compile_settings import compile_config, resolve_auto
 from ovpool.worker.graph.weights import Encoding, int8_groups
 
 TYPES = "Q4_0,Q8_0,Q5_0,Q5_1,Q4_1,Q4_K,Q5_K,Q6_K,Q3_K,Q2_K,IQ4_NL,IQ4_XS"

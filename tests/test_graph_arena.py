@@ -19,7 +19,8 @@ from ovpool.worker.gguf.model import GGUFModel
 from ovpool.worker.graph import arena as arena_module
 from ovpool.worker.graph import loading
 from ovpool.worker.graph.arena import ConstantArena, file_rss, filesystem, next_period
-from ovpool.worker.graph.builder import build_model, compile_config
+from ovpool.worker.graph.builder import build_model
+from ovpool.worker.graph.compile_settings import compile_config
 
 IDS = np.array([[5, 9, 2, 7, 1, 3, 8]], np.int64)
 

@@ -17,7 +17,8 @@ from ovpool.worker.gguf.model import GGUFModel
 from ovpool.worker.gguf.quants import dequantize, rounded_zero
 from ovpool.worker.graph import cpu_class
 from ovpool.worker.graph import weights as W
-from ovpool.worker.graph.builder import build_model, compile_config, model_ports, port_spec, resolve_auto
+from ovpool.worker.graph.builder import build_model, model_ports, port_spec
+from ovpool.worker.graph.compile_settings import compile_config, resolve_auto
 
 EXACT = {"inference_precision": "f32", "kv_cache_precision": "f32"}
 

@@ -6,7 +6,7 @@ import openvino as ov
 import pytest
 
 from ovpool.worker.graph import cpu_class
-from ovpool.worker.graph.builder import compile_config, decode_config, decode_threads, resolve_auto
+from ovpool.worker.graph.compile_settings import compile_config, decode_config, decode_threads, resolve_auto
 from ovpool.worker.graph.cpu_class import CpuInfo, choose
 
 AVX2 = CpuInfo("Intel Core i7-6700", frozenset({"avx2"}), frozenset({"FP32", "INT8"}))

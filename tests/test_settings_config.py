@@ -49,7 +49,7 @@ def test_plain_values_are_parsed_and_a_setting_of_another_scope_is_named():
 
 
 def test_the_builder_never_reads_the_environment(monkeypatch):
-    from ovpool.worker.graph.builder import decode_threads, resolve_auto
+    from ovpool.worker.graph.compile_settings import decode_threads, resolve_auto
 
     monkeypatch.setenv("OVPOOL_ZERO_POINTS", "rounded")
     monkeypatch.setenv("OVPOOL_DECODE_THREADS", "3")

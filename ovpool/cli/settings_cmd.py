@@ -76,11 +76,11 @@ def resolved_autos(settings: Settings) -> tuple[dict[str, str], str]:
 
 def _resolve(config: WorkerConfig, core: ov.Core) -> tuple[dict[str, str], str]:
     from ovpool.worker.engine import exact_prefix_cache, resolve_prompt_lookup
-    from ovpool.worker.graph import builder, decode, loading
+    from ovpool.worker.graph import compile_settings, decode, loading
     from ovpool.worker.graph.cpu_class import CpuInfo
 
     cpu = CpuInfo.read(core)
-    graph = builder.resolve_auto(config.graph, config.device, core, cpu=cpu)
+    graph = compile_settings.resolve_auto(config.graph, config.device, core, cpu=cpu)
     autos = {name: str(graph[name]) for name, value in config.graph.values().items() if value == "auto"}
     if "attention" in autos:
         autos["attention"] = loading.choose_attention(config.graph, config.device, core, None)
@@ -94,7 +94,8 @@ def _resolve(config: WorkerConfig, core: ov.Core) -> tuple[dict[str, str], str]:
     if config.prompt_lookup == "auto":
         on = resolve_prompt_lookup("auto", graph) == "auto"
         autos["prompt_lookup"] = "on where its acceptance pays, one sequence at a time" if on else "off"
-    group = builder.compile_config(graph, config.device, core).get("DYNAMIC_QUANTIZATION_GROUP_SIZE", 32)
+    properties = compile_settings.compile_config(graph, config.device, core)
+    group = properties.get("DYNAMIC_QUANTIZATION_GROUP_SIZE", 32)
     int8 = "int8 in groups of 32 (16 with Q6_K weights)" if group and cpu.vnni else "off (f32 activations)"
     return autos, f"{config.device}: {cpu.describe()}; compressed MatMuls' int8 activations: {int8}"
 

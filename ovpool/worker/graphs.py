@@ -20,8 +20,7 @@ from ovpool.cache.loader import LoadResult
 from ovpool.config import WorkerConfig
 from ovpool.worker.generate.batch import PagedGraph
 from ovpool.worker.gguf.model import GGUFModel
-from ovpool.worker.graph import builder as graph
-from ovpool.worker.graph import loading
+from ovpool.worker.graph import compile_settings, loading
 
 
 class Graphs:
@@ -33,7 +32,8 @@ class Graphs:
         self.model, self.config, self.device, self.core = model, config, device, core
         self.cache_dir, self.cache_only = cache_dir, cache_only
         self.attention = loading.choose_attention(config.graph, device, core, cache_dir)
-        self.graph_settings = {**graph.resolve_auto(config.graph, device, core), "attention": self.attention}
+        self.graph_settings = {**compile_settings.resolve_auto(config.graph, device, core),
+                               "attention": self.attention}
         self.own = loading.load_graph(model, config.with_graph(attention=self.attention), device, core,
                                       cache_dir=cache_dir, cache_only=cache_only,
                                       hint=prefetch.hint_key(model.path, device, config.graph), early=early)

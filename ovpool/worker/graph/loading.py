@@ -36,6 +36,7 @@ from ovpool.devices import device_type
 from ovpool.errors import CacheError
 from ovpool.worker.gguf.model import GGUFModel
 from ovpool.worker.graph import builder as graph
+from ovpool.worker.graph import compile_settings
 from ovpool.worker.graph import decode as decode_graph
 from ovpool.worker.graph.arena import ConstantArena
 from ovpool.worker.graph.paged import PagedAttention, read_ir
@@ -60,13 +61,13 @@ def cache_identity(model: GGUFModel, config: WorkerConfig, device: str,
                    core: ov.Core, attention=None) -> tuple[GraphIdentity, dict]:
     """The cache identity and compile config of ``model`` on ``device``, without building the graph
     (also used by ``ovpool cache explain``); ``attention``: a graph variant, see graph.port_spec."""
-    graph_settings = graph.resolve_auto(config.graph, device, core)
+    graph_settings = compile_settings.resolve_auto(config.graph, device, core)
     ports = graph.port_spec(model.hparams, graph_settings, attention)
     identity = GraphIdentity.from_model(
         model, ports=ports, builder_hash=graph.BUILDER_HASH,
         settings=graph_settings, source_identity=config.source_identity)
     groups = int8_groups(model, Encoding.of(GraphConfig.from_values(graph_settings)))
-    return identity, graph.compile_config(graph_settings, device, core, groups)
+    return identity, compile_settings.compile_config(graph_settings, device, core, groups)
 
 
 def load_graph(model: GGUFModel, config: WorkerConfig, device: str, core: ov.Core, *,
@@ -124,8 +125,9 @@ def load_paged(model: GGUFModel, config: WorkerConfig, device: str, core: ov.Cor
         with GGUFModel.open(model.path) as again:  # imported from a cache: build it now
             return graph.build_model(again, values, attention, arena)
 
-    threads = graph.decode_threads(config.decode_threads, device)
-    decode = decode_graph.DecodeGraph(source, core, device, graph.decode_config(compile_config, threads))
+    threads = compile_settings.decode_threads(config.decode_threads, device)
+    decode = decode_graph.DecodeGraph(source, core, device,
+                                      compile_settings.decode_config(compile_config, threads))
     return dataclasses.replace(result, decode=decode)
 
 

@@ -1,0 +1,88 @@
+"""What a graph's settings resolve to on a device (every ``auto`` replaced), and the OpenVINO
+compile properties they give the dynamic graph and the decode graph."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import openvino as ov
+
+from ovpool.config import GraphConfig
+from ovpool.devices import device_type
+from ovpool.worker.graph import cpu_class
+from ovpool.worker.graph.cpu_class import CpuInfo
+
+
+def resolve_auto(graph: GraphConfig | Mapping[str, Any], device: str = "CPU", core: ov.Core | None = None,
+                 cpu: CpuInfo | None = None) -> dict:
+    """Effective graph settings: ``auto`` replaced by what the device runs by default (its own
+    choice: f16 on GPUs), except where ovpool measured a better choice: f32 compute on every CPU
+    (the plugin's bf16 with AMX/AVX-512 BF16 is neither exact nor batch-independent), the KV cache,
+    the weight encoding (ovpool.worker.graph.cpu_class, for ``cpu``, by default this host's)."""
+    values = GraphConfig.coerce(graph).values()
+    core = core or ov.Core()
+    on_cpu = device_type(device) == "CPU"
+    if values["inference_precision"] == "auto" and on_cpu:
+        values["inference_precision"] = cpu_class.precision(
+            _type_name(core.get_property("CPU", "INFERENCE_PRECISION_HINT")))
+    if values["kv_cache_precision"] == "auto" and on_cpu:
+        # The CPU plugin's own default, u8, spends decode time dequantizing, and its per-block
+        # scales make a sequence's numbers depend on how its blocks filled. f16 decodes 4-10%
+        # faster than u8 on SmolLM2 at a 512-token context, but at f32 compute it made a sampled
+        # SmolLM2 request differ batched and alone (AMX) and the SDPA seam differ from the paged
+        # graph (AVX2 kernels): f32 compute keeps f32 KV, exactly the reference's.
+        values["kv_cache_precision"] = "f32" if values["inference_precision"] == "f32" else "f16"
+    for name, prop in (("inference_precision", "INFERENCE_PRECISION_HINT"),
+                       ("kv_cache_precision", "KV_CACHE_PRECISION")):
+        if values[name] == "auto":
+            values[name] = _type_name(core.get_property(device_type(device), prop))
+    chosen = cpu_class.choose(cpu or CpuInfo.read(core), values["inference_precision"]) if on_cpu \
+        else cpu_class.Defaults("float", "i4", True, True, "none")
+    for name in ("zero_points", "q4_storage", "kquant_requant"):
+        if values[name] == "auto":
+            values[name] = getattr(chosen, name)
+    return values
+
+
+def compile_config(graph: GraphConfig | Mapping[str, Any], device: str = "CPU", core: ov.Core | None = None,
+                   weight_groups: Iterable[int] = ()) -> dict:
+    """OpenVINO compile properties for the ``graph`` settings on ``device``; ``weight_groups``: the
+    group sizes of the model's integer weights (ovpool.worker.graph.weights.int8_groups)."""
+    values = resolve_auto(graph, device, core)
+    config = {"INFERENCE_PRECISION_HINT": values["inference_precision"],
+              "KV_CACHE_PRECISION": values["kv_cache_precision"]}
+    if device_type(device) != "CPU":
+        return config
+    # Threads free to move between cores: a pinned one waits for its own core while other jobs
+    # hold it, and every node's barrier waits for it (docs/performance.md, gemma3-270m against
+    # llama.cpp).
+    config["ENABLE_CPU_PINNING"] = False
+    if values["inference_precision"] == "f32":
+        # f32 promises the reference's numbers: no int8 activations in the compressed MatMuls
+        # (the CPU plugin quantizes them where VNNI/AMX exist; on AVX2 this changes nothing).
+        config["DYNAMIC_QUANTIZATION_GROUP_SIZE"] = 0
+    elif (group := cpu_class.activation_group(weight_groups)) != 32:
+        config["DYNAMIC_QUANTIZATION_GROUP_SIZE"] = group
+    return config
+
+
+def decode_config(config: dict, threads: int = 0) -> dict:
+    """The decode graph's compile properties, given the dynamic graph's ``config`` (CPU): without
+    element-wise snippets except at f32, so that both graphs compute the same numbers; on
+    ``threads`` threads (0: the dynamic graph's, see decode_threads)."""
+    if threads:
+        config = {**config, "INFERENCE_NUM_THREADS": threads}
+    if config.get("INFERENCE_PRECISION_HINT") == "f32":
+        return config
+    return {**config, "SNIPPETS_MODE": "DISABLE"}
+
+
+def decode_threads(threads: int, device: str = "CPU") -> int:
+    """The decode graph's threads: ``threads`` (the ``decode_threads`` setting) on the CPU (0: the
+    plugin's own choice, every core, as for the dynamic graph); other devices take no thread count."""
+    return threads if device_type(device) == "CPU" else 0
+
+
+def _type_name(element) -> str:
+    return element.get_type_name() if isinstance(element, ov.Type) else str(element)
