@@ -104,7 +104,7 @@ class GGUFModel:
         """Drop the pages of tensor ``name`` that this process has read (its constants are
         copies): the page cache keeps them, and ``raw`` reads them again if asked. Without it a
         build holds every weight twice at its end, the file's pages and the built constants
-        (gemma3-270m: ~250 MiB of a 557 MiB peak; docs/performance.md)."""
+        (docs/performance.md, gemma3-270m against llama.cpp)."""
         if self._memmap is None:
             return
         info, page = self.tensors[name], mmap.PAGESIZE

@@ -216,8 +216,8 @@ class Weight:
         passes of 7-80 rows, of 64 for the others. A row count that is not such a multiple gets
         one layout, its last block padded to 64 rows, every output bit as before: one copy of
         the weights in memory instead of two. Each padded row is read at every pass, so only
-        where the padding adds at most 1/50 of the rows (a decode step took ~5% more CPU with a
-        spare row in every weight; docs/performance.md, "gemma3-270m against llama.cpp"). A
+        where the padding adds at most 1/50 of the rows (a spare row in every weight costs decode
+        CPU: docs/performance.md, "gemma3-270m against llama.cpp"). A
         looked-up table keeps its rows: its Gather and its MatMul share one constant."""
         padding = _in_blocks(rows + 1) - _in_blocks(rows)
         return int(self.one_layout and self.packed.group > 0 and not self._looked_up

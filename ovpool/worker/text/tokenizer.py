@@ -66,8 +66,8 @@ class Tokenizer:
             self._bpe = BytePairEncoder(self._vocab, merges, ignore_merges, unk)
         else:
             scores = metadata.get(_K + "scores")
-            # An array, not a list of Python floats: 2 MiB instead of 8 for gemma3-270m's 262,144
-            # tokens; indexing gives the same floats.
+            # An array, not a list of Python floats: 8 bytes a score instead of an object and its
+            # pointer (a large vocabulary's scores); indexing gives the same floats.
             scores = np.zeros(self.vocab_size) if scores is None else np.asarray(scores, float)
             scores = array("d", scores.tobytes())
             byte_ids = {int(self.tokens[i][3:5], 16): i for i in np.flatnonzero(types == BYTE).tolist()}
