@@ -8,13 +8,12 @@ refused. docs/api.md lists what is supported and what is refused.
 
 from __future__ import annotations
 
-import secrets
 from typing import Any
 
 from ovpool import bounds, errors
 from ovpool.api import anthropic_tools, sse
 from ovpool.api import errors as api_errors
-from ovpool.api.dialect import extensions, renamed
+from ovpool.api.dialect import extensions, renamed, reply_id
 from ovpool.api.schema import Generate, bad, body_object, parse_chat
 from ovpool.completion import Completion, Delta
 
@@ -149,7 +148,7 @@ def full(gen: Generate, completions: list[Completion]) -> dict[str, Any]:
 
 
 def _message_id() -> str:
-    return "msg_" + secrets.token_hex(12)
+    return reply_id("msg_")
 
 
 def _event(kind: str, **fields: Any) -> bytes:

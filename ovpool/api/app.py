@@ -34,7 +34,7 @@ from typing import Any
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from ovpool import errors, timing
@@ -42,6 +42,7 @@ from ovpool.api import anthropic, sse
 from ovpool.api import errors as api_errors
 from ovpool.api.dialect import ErrorShape
 from ovpool.api.generation import Generation, dialects
+from ovpool.api.json_response import JsonResponse
 from ovpool.api.keys import ApiKeys
 from ovpool.api.metrics import ApiMetrics
 from ovpool.api.operations import Operations
@@ -104,7 +105,7 @@ class _App(Starlette):
         await response(scope, receive, send)
 
 
-async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
+async def _http_error(request: Request, exc: HTTPException) -> JsonResponse:
     return _http_response(exc, _shape_of(request.url.path))
 
 
@@ -113,12 +114,12 @@ def _shape_of(path: str) -> ErrorShape:
     return anthropic if path.startswith("/v1/messages") else api_errors
 
 
-def _http_response(exc: HTTPException, shape: ErrorShape) -> JSONResponse:
-    return JSONResponse(shape.http_body(exc.status_code, exc.detail), exc.status_code)
+def _http_response(exc: HTTPException, shape: ErrorShape) -> JsonResponse:
+    return JsonResponse(shape.http_body(exc.status_code, exc.detail), exc.status_code)
 
 
-def _error(exc: errors.OvpoolError, shape: ErrorShape) -> JSONResponse:
-    return JSONResponse(shape.body(exc), api_errors.classify(exc)[0], api_errors.headers(exc))
+def _error(exc: errors.OvpoolError, shape: ErrorShape) -> JsonResponse:
+    return JsonResponse(shape.body(exc), api_errors.classify(exc)[0], api_errors.headers(exc))
 
 
 class _Api(Generation, Operations):
@@ -164,7 +165,8 @@ class _Api(Generation, Operations):
         started = request.state.started = time.perf_counter()
         self.in_flight += 1
         try:
-            self.config.keys.check(request.headers.get("authorization"), request.headers.get("x-api-key"))
+            if self.config.keys:  # none configured: its headers need not be parsed
+                self.config.keys.check(request.headers.get("authorization"), request.headers.get("x-api-key"))
             if self.draining and endpoint != "admin":
                 raise errors.DrainingError("this HTTP API is draining (it is stopping) and takes no new"
                                            " request; retry in a moment or on another replica")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from starlette.exceptions import HTTPException
-from starlette.requests import ClientDisconnect, Request
+from starlette.requests import Request
 
 from ovpool import errors
 from ovpool.api.schema import MAX_BODY_BYTES, parse_json
@@ -18,16 +18,19 @@ async def read_json(request: Request, empty: bytes | None = None) -> Any:
     declared = request.headers.get("content-length", "")
     if declared.isascii() and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
         raise _too_large()
-    chunks, size = [], 0
-    try:
-        async for chunk in request.stream():
+    chunks, size, receive = [], 0, request.receive
+    while True:  # Request.stream()'s loop, without an async generator's cost per request
+        message = await receive()
+        if message["type"] == "http.disconnect":  # gone before its body was all sent: no answer
+            raise ClientGone()
+        if message["type"] == "http.request":
+            chunk = message.get("body", b"")
             size += len(chunk)
             if size > MAX_BODY_BYTES:
                 raise _too_large()
             chunks.append(chunk)
-    except ClientDisconnect:  # gone before its body was all sent: no answer, no traceback
-        raise ClientGone() from None
-    return parse_json(b"".join(chunks) or empty or b"")
+            if not message.get("more_body", False):
+                return parse_json(b"".join(chunks) or empty or b"")
 
 
 def _too_large() -> HTTPException:

@@ -9,6 +9,7 @@ errors: ``renamed`` maps the core's ``param`` back to the dialect's.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -17,6 +18,12 @@ from typing import Any, Protocol
 from ovpool import errors
 from ovpool.api.schema import Generate
 from ovpool.completion import Completion, Delta
+
+
+def reply_id(prefix: str) -> str:
+    """A response's (or message's) id: ``prefix`` and 24 random hex digits. It names, it guards
+    nothing: the random module's bits, not secrets' (a getrandom call per response)."""
+    return f"{prefix}{random.getrandbits(96):024x}"
 
 
 class Writer(Protocol):

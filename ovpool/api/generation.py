@@ -10,13 +10,14 @@ import asyncio
 from collections.abc import Awaitable, Callable
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import Response, StreamingResponse
 
 from ovpool import errors
 from ovpool.api import anthropic, openai_responses, responses, sse
 from ovpool.api import errors as api_errors
 from ovpool.api.body import read_json
 from ovpool.api.dialect import Dialect
+from ovpool.api.json_response import JsonResponse
 from ovpool.api.schema import Generate, parse_chat, parse_completion
 from ovpool.api.streams import ClientGone, Merged, fail_pending
 from ovpool.completion import Completion
@@ -55,11 +56,11 @@ class Generation:
             return await self._stream(request, gen, dialect)
         completions = await self._complete(request, gen)
         self.metrics.counted(dialect.endpoint, responses.usage(gen, enumerate(completions)))
-        return JSONResponse(dialect.full(gen, completions))
+        return JsonResponse(dialect.full(gen, completions))
 
     async def _count_tokens(self, request: Request) -> Response:
         (completion,) = await self._complete(request, anthropic.parse_count(await read_json(request)))
-        return JSONResponse({"input_tokens": completion.usage.prompt_tokens})
+        return JsonResponse({"input_tokens": completion.usage.prompt_tokens})
 
     async def _complete(self, request: Request, gen: Generate) -> list[Completion]:
         futures = [self.client.submit(c.prompt, model=gen.model, timeout=gen.timeout,

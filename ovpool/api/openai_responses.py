@@ -7,14 +7,13 @@ stored: ``previous_response_id`` is refused and ``store`` ignored.
 
 from __future__ import annotations
 
-import secrets
 import time
 from typing import Any
 
 from ovpool import bounds, errors
 from ovpool.api import errors as api_errors
 from ovpool.api import responses_tools, sse
-from ovpool.api.dialect import extensions, renamed
+from ovpool.api.dialect import extensions, renamed, reply_id
 from ovpool.api.schema import Generate, bad, body_object, parse_chat
 from ovpool.completion import Completion, Delta
 from ovpool.tools import ToolCall, ToolCallDelta
@@ -126,7 +125,7 @@ class _Response:
 
     def __init__(self, gen: Generate):
         self.gen = gen
-        self.id, self.item_id = "resp_" + secrets.token_hex(12), "msg_" + secrets.token_hex(12)
+        self.id, self.item_id = reply_id("resp_"), reply_id("msg_")
         self.created_at = int(time.time())
 
     def object(self, c: Completion | None, output: list[dict[str, Any]] | None = None) -> dict[str, Any]:
@@ -190,7 +189,7 @@ class ResponseWriter:
     def _text(self, text: str) -> bytes:
         out = b""
         if self._open is None or self._items[self._open]["type"] != "message":
-            item_id = self.response.item_id if not self._items else "msg_" + secrets.token_hex(12)
+            item_id = self.response.item_id if not self._items else reply_id("msg_")
             out = self._add(_item(item_id, "in_progress", []))
             self._items[self._open]["content"].append(_part_of(""))
             out += self._event("response.content_part.added", **self._at(self._open), content_index=0,

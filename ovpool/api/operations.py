@@ -13,12 +13,13 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 
 from ovpool import errors
 from ovpool.api import errors as api_errors
 from ovpool.api import gateway_metrics, models
 from ovpool.api.body import admin_body
+from ovpool.api.json_response import JsonResponse
 
 
 class Operations:
@@ -45,14 +46,14 @@ class Operations:
         try:
             status = await self.client.status(self.config.status_timeout_s)
         except errors.OvpoolError as exc:
-            return JSONResponse({"status": "unavailable", "reason": str(exc), "link": link}, 503)
+            return JsonResponse({"status": "unavailable", "reason": str(exc), "link": link}, 503)
         workers = status.get("workers")
         if not isinstance(workers, list) or not workers:  # a broker's STATUS reply is its word
-            return JSONResponse({"status": "unavailable", "reason": "no worker is registered",
+            return JsonResponse({"status": "unavailable", "reason": "no worker is registered",
                                  "link": link}, 503)
         if (status.get("draining") or {}).get("pool"):
             return _draining_response("the pool is draining (shutting down or restarting)", link)
-        return JSONResponse({"status": "ok", "workers": len(workers), "link": link})
+        return JsonResponse({"status": "ok", "workers": len(workers), "link": link})
 
     async def admin_drain(self, request: Request) -> Response:
         return await self._serve(request, "admin", self._drain)
@@ -68,16 +69,16 @@ class Operations:
         drained = (await self.client.drain(worker, timeout_s, self.config.status_timeout_s))["draining"]
         if worker and not drained["workers"]:
             raise errors.InvalidRequestError(f"no worker named {worker!r} is registered", param="worker")
-        return JSONResponse({"draining": drained})
+        return JsonResponse({"draining": drained})
 
     async def live(self, request: Request) -> Response:
         """Liveness: the broker client reads replies. A broker or worker outage leaves it live (a
         restart of this process would not help); a stopped client does not."""
         link = self.client.link_state()
         if not link.reading:
-            return JSONResponse({"status": "unavailable", "reason": link.stopped or "the broker client"
+            return JsonResponse({"status": "unavailable", "reason": link.stopped or "the broker client"
                                  " stopped", "link": dataclasses.asdict(link)}, 503)
-        return JSONResponse({"status": "ok", "link": dataclasses.asdict(link)})
+        return JsonResponse({"status": "ok", "link": dataclasses.asdict(link)})
 
     async def metrics_page(self, request: Request) -> Response:
         """This API's metrics, and the inference gateway's gauges of the pool (gateway_metrics)."""
@@ -90,22 +91,22 @@ class Operations:
 
     async def _models(self, request: Request) -> Response:
         status = await self.client.status(self.config.status_timeout_s)
-        return JSONResponse({"object": "list", "data": models.listed(status)})
+        return JsonResponse({"object": "list", "data": models.listed(status)})
 
     async def _model(self, request: Request) -> Response:
         status = await self.client.status(self.config.status_timeout_s)
-        return JSONResponse(models.one(status, request.path_params["model_id"]))
+        return JsonResponse(models.one(status, request.path_params["model_id"]))
 
     async def _order(self, request: Request, action: str) -> Response:
         """202 with the model's state now: serve loads (or unloads, once idle) it within a poll."""
         model_id = request.path_params["model_id"]
         await admin_body(request)  # none, or a JSON object (its fields are not read)
         status = await self.client.model_order(model_id, action, self.config.status_timeout_s)
-        return JSONResponse({**models.ordered(status, model_id, action), "action": action}, 202)
+        return JsonResponse({**models.ordered(status, model_id, action), "action": action}, 202)
 
 
-def _draining_response(reason: str, link: dict) -> JSONResponse:
-    return JSONResponse({"status": "draining", "reason": reason, "link": link}, 503,
+def _draining_response(reason: str, link: dict) -> JsonResponse:
+    return JsonResponse({"status": "draining", "reason": reason, "link": link}, 503,
                         {"Retry-After": str(api_errors.RETRY_AFTER_S)})
 
 

@@ -3,7 +3,6 @@ dicts, from ovpool Completions and Deltas. Pure functions."""
 
 from __future__ import annotations
 
-import secrets
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -11,6 +10,7 @@ from typing import Any
 
 from ovpool import errors
 from ovpool.api import chat_tools, sse
+from ovpool.api.dialect import reply_id
 from ovpool.api.schema import Generate
 from ovpool.completion import Completion, Delta, Logprob, TokenLogprobs
 from ovpool.tools import ToolCallDelta
@@ -29,7 +29,7 @@ class Reply:
     offsets: dict[int, int] = field(default_factory=dict)  # completions' text_offset, per choice
 
     def __post_init__(self) -> None:
-        self.id = ("chatcmpl-" if self.gen.chat else "cmpl-") + secrets.token_hex(12)
+        self.id = reply_id("chatcmpl-" if self.gen.chat else "cmpl-")
         self.created = int(time.time())
 
     @property
