@@ -119,6 +119,7 @@ def test_the_release_thread_waits_what_each_release_dropped_calls_for(monkeypatc
     readings = iter([200 * mib, 100 * mib, 100 * mib + 4096, 100 * mib, 100 * mib, 100 * mib,
                      150 * mib, 100 * mib])
     monkeypatch.setattr(arena_module, "file_rss", lambda: next(readings))
+    monkeypatch.setattr(arena_module, "RELEASE_PERIOD_S", 0.02)  # the waits below are its multiples
     with ConstantArena.open() as arena:
         arena._burst = Waits(arena, [False] * 5)
         arena._releases()
@@ -129,6 +130,7 @@ def test_a_burst_announced_cuts_the_long_wait_short(monkeypatch):
     # A quiet spell grew the wait; a first pass is about to read every constant: from the
     # announcement on, releases come at the short period again, not after the long wait.
     monkeypatch.setattr(arena_module, "file_rss", lambda: 100 << 20)  # nothing ever dropped
+    monkeypatch.setattr(arena_module, "RELEASE_PERIOD_S", 0.02)
     with ConstantArena.open() as arena:
         arena._burst = Waits(arena, [False, False, False, True, False, False])
         arena._releases()

@@ -24,6 +24,7 @@ from ovpool.config import WorkerConfig
 from ovpool.devices import device_type
 from ovpool.sampling_params import SamplingParams
 from ovpool.settings import Settings
+from ovpool.worker import heap
 from ovpool.worker.generate.batch import PagedGraph, PagedRunner, PagedSession
 from ovpool.worker.generate.batcher import Batcher
 from ovpool.worker.generate.constraint import Constraint, Vocabulary
@@ -76,6 +77,7 @@ class Engine:
                              cache_only=cache_only, early=early)
         # The compiled model holds its own weights: unmapping the file frees its pages (~its size).
         self.model.close()
+        heap.trim()  # the build's freed temporaries, before the warm-up's layouts raise the peak
         if self.graphs.own.outcome.endswith("wrote"):
             self._keep_cache_within()
         phases["compiled model"] = self.graphs.own.seconds

@@ -37,7 +37,7 @@ import openvino as ov
 CHUNK = 64 << 20  # bytes mapped at a time (a constant larger than this gets a mapping of its own)
 # Short while a burst of reads lasts: what a compile read stays resident until the next release,
 # and the peak RSS of a load rises with this period.
-RELEASE_PERIOD_S = 0.02
+RELEASE_PERIOD_S = 0.005
 IDLE_PERIOD_S = 0.64  # the longest wait: looked-up rows stay resident that long at most
 # Pages coming back faster than this are a burst (a compile or an export reads constants at
 # tens of MiB/s; a decode step looks up one embedding row).
