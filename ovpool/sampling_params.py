@@ -103,7 +103,7 @@ class SamplingParams:
 
     def to_dict(self) -> dict[str, Any]:
         """The wire form (msgpack and JSON safe): ``stop`` a list, ``logit_bias`` {str(id): bias}."""
-        d = {name: getattr(self, name) for name in _FIELD_NAMES}
+        d = dict(self.__dict__)  # a dataclass's __dict__: its fields, in their order (as _FIELD_NAMES)
         d["stop"] = list(self.stop)
         d["logit_bias"] = {str(token): bias for token, bias in self.logit_bias}
         return d

@@ -3,6 +3,8 @@ msgpack (logit_bias ids as ints or strings) and round-trips through SUBMIT."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from ovpool import errors
@@ -103,3 +105,12 @@ def test_with_seed_equals_building_with_that_seed_and_checks_only_the_seed():
         with pytest.raises(errors.InvalidRequestError) as built:
             SamplingParams(max_tokens=4, seed=bad)
         assert str(copied.value) == str(built.value) and copied.value.param == "seed"
+
+
+def test_the_wire_form_holds_every_field_in_order_seeded_copies_too():
+    """A SUBMIT's params map: each field once, in declaration order (msgpack keeps it), and a
+    with_seed copy's own seed."""
+    p = SamplingParams(seed=3, stop="x", logprobs=True).with_seed(5)
+    wire = p.to_dict()
+    assert list(wire) == [f.name for f in dataclasses.fields(SamplingParams)]
+    assert (wire["seed"], wire["stop"], wire["logprobs"]) == (5, ["x"], 0)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 from starlette.requests import Request
 
@@ -29,14 +29,9 @@ class Disconnects:
     def __init__(self) -> None:
         self._waiting: dict[int, tuple[Request, Callable[[], None]]] = {}
 
-    @contextlib.contextmanager
-    def watch(self, request: Request, on_gone: Callable[[], None]) -> Iterator[None]:
-        key = id(request)
-        self._waiting[key] = (request, on_gone)
-        try:
-            yield
-        finally:
-            self._waiting.pop(key, None)
+    def watch(self, request: Request, on_gone: Callable[[], None]) -> _Watch:
+        """``with disconnects.watch(request, on_gone):`` the request is checked while in the block."""
+        return _Watch(self._waiting, request, on_gone)
 
     async def run(self) -> None:
         while True:
@@ -45,6 +40,22 @@ class Disconnects:
                 if await request.is_disconnected():
                     self._waiting.pop(key, None)
                     on_gone()
+
+
+class _Watch:
+    """Disconnects.watch's block: a class, not @contextmanager, whose generator costs ~1 us more
+    per request."""
+
+    __slots__ = ("_waiting", "_key", "_entry")
+
+    def __init__(self, waiting: dict, request: Request, on_gone: Callable[[], None]):
+        self._waiting, self._key, self._entry = waiting, id(request), (request, on_gone)
+
+    def __enter__(self) -> None:
+        self._waiting[self._key] = self._entry
+
+    def __exit__(self, *exc: object) -> None:
+        self._waiting.pop(self._key, None)
 
 
 def fail_pending(futures: list[asyncio.Future], exc: Exception) -> None:
