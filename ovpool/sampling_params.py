@@ -103,7 +103,7 @@ class SamplingParams:
 
     def to_dict(self) -> dict[str, Any]:
         """The wire form (msgpack and JSON safe): ``stop`` a list, ``logit_bias`` {str(id): bias}."""
-        d = dict(self.__dict__)  # a dataclass's __dict__: its fields, in their order (as _FIELD_NAMES)
+        d = dict(self.__dict__)  # a dataclass's __dict__: its fields, in declaration order
         d["stop"] = list(self.stop)
         d["logit_bias"] = {str(token): bias for token, bias in self.logit_bias}
         return d
@@ -182,5 +182,4 @@ def _check(check: tuple, value: Any) -> None:
         raise InvalidRequestError(f"sampling: {name} {why} (got {bounds.describe(value)})", param=name)
 
 
-_FIELD_NAMES = tuple(SamplingParams.__dataclass_fields__)
-_FIELDS = frozenset(_FIELD_NAMES)
+_FIELDS = frozenset(SamplingParams.__dataclass_fields__)

@@ -40,6 +40,7 @@ class PoolProcess:
     """One ``ovpool`` subcommand as a child process; stopped (SIGTERM, then SIGKILL) on exit."""
 
     def __init__(self, *args: str, env: dict[str, str] | None = None, log: Path | None = None):
+        self.command = args[0]  # the subcommand: broker, worker, api...
         self.args = ["-m", "ovpool", *args]
         self.env = child_environment(env)
         self.log = log
@@ -70,7 +71,7 @@ class PoolProcess:
             return None
         how = f"was killed by signal {-code}" if code < 0 else f"exited with status {code}"
         where = f"; see {self.log}" if self.log else ""
-        return f"`ovpool {self.args[2]}` (pid {self.proc.pid}) {how}{where}"
+        return f"`ovpool {self.command}` (pid {self.proc.pid}) {how}{where}"
 
 
 def check_running(processes: Iterable[PoolProcess]) -> None:
@@ -78,7 +79,7 @@ def check_running(processes: Iterable[PoolProcess]) -> None:
     broker (BrokerLostError) or a worker it waits for (WorkerLostError)."""
     for process in processes:
         if (why := process.exited()) is not None:
-            lost = errors.BrokerLostError if process.args[2] == "broker" else errors.WorkerLostError
+            lost = errors.BrokerLostError if process.command == "broker" else errors.WorkerLostError
             raise lost(f"{why}: the pool cannot serve without it")
 
 
