@@ -65,19 +65,20 @@ class Config:
 
 
 def create_app(config: Config) -> Starlette:
-    api = _Api(config)
-    generate = {f"/v1/{name}": api.generate(name) for name in api.dialects}
-    routes = [Route("/v1/models", api.models, methods=["GET"]),
-              Route("/v1/models/{model_id:path}", api.model, methods=["GET"]),
-              *(Route(f"/v1/models/{{model_id:path}}/{action}", api.model_order(action), methods=["POST"])
+    api = Api(config)
+    gen, ops = Generation(api, dialects(config.max_tokens)), Operations(api)
+    generate = {f"/v1/{name}": gen.generate(name) for name in gen.dialects}
+    routes = [Route("/v1/models", ops.models, methods=["GET"]),
+              Route("/v1/models/{model_id:path}", ops.model, methods=["GET"]),
+              *(Route(f"/v1/models/{{model_id:path}}/{action}", ops.model_order(action), methods=["POST"])
                 for action in ("load", "unload")),
               *(Route(path, route, methods=["POST"]) for path, route in generate.items()),
-              Route("/v1/messages/count_tokens", api.count_tokens, methods=["POST"]),
-              Route("/health", api.health, methods=["GET"]),
-              Route("/health/ready", api.health, methods=["GET"]),
-              Route("/admin/drain", api.admin_drain, methods=["POST"]),
-              Route("/health/live", api.live, methods=["GET"]),
-              Route("/metrics", api.metrics_page, methods=["GET"])]
+              Route("/v1/messages/count_tokens", gen.count_tokens, methods=["POST"]),
+              Route("/health", ops.health, methods=["GET"]),
+              Route("/health/ready", ops.health, methods=["GET"]),
+              Route("/admin/drain", ops.admin_drain, methods=["POST"]),
+              Route("/health/live", ops.live, methods=["GET"]),
+              Route("/metrics", ops.metrics_page, methods=["GET"])]
     app = _App(generate, routes=routes, lifespan=api.lifespan,
                exception_handlers={HTTPException: _http_error})
     app.state.api = api  # server.run drains through it
@@ -87,7 +88,7 @@ def create_app(config: Config) -> Starlette:
 class _App(Starlette):
     """Starlette, with a direct way to the generation routes: a POST to one of them skips the
     middleware stack and the route scan (their cost: docs/performance.md, HTTP API overhead). Their handler,
-    _Api._serve, answers every error itself; anything else it raises is uvicorn's 500, as the
+    Api.serve, answers every error itself; anything else it raises is uvicorn's 500, as the
     middleware's would be. Every other request goes through Starlette. ``direct``: those routes,
     by path; each app its own."""
 
@@ -122,9 +123,9 @@ def _error(exc: errors.OvpoolError, shape: ErrorShape) -> JsonResponse:
     return JsonResponse(shape.body(exc), api_errors.classify(exc)[0], api_errors.headers(exc))
 
 
-class _Api(Generation, Operations):
-    """The routes' state (the broker client, metrics, the drain) and the path every route shares;
-    the routes themselves are in generation.py and operations.py."""
+class Api:
+    """The routes' state (the broker client, metrics, the drain) and the path every route shares,
+    ``serve``; the routes themselves are in generation.py and operations.py, composed with it."""
 
     def __init__(self, config: Config):
         self.config = config
@@ -134,7 +135,6 @@ class _Api(Generation, Operations):
         self.disconnects = Disconnects()
         self.draining = False  # server.run's drain: new requests get 503 + Retry-After
         self.in_flight = 0  # requests between their key check and their last byte
-        self.dialects = dialects(config.max_tokens)  # by route: /v1/<name>
 
     @contextlib.asynccontextmanager
     async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
@@ -159,7 +159,7 @@ class _Api(Generation, Operations):
 
     # -- the shared path ------------------------------------------------------------------------
 
-    async def _serve(self, request: Request, endpoint: str, handler: Callable[[Request], Awaitable[Response]],
+    async def serve(self, request: Request, endpoint: str, handler: Callable[[Request], Awaitable[Response]],
                      shape: ErrorShape = api_errors) -> Response:
         """Key check, the handler, its errors in ``shape``'s JSON, and the request's metrics."""
         started = request.state.started = time.perf_counter()

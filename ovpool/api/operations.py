@@ -1,7 +1,7 @@
 """The HTTP API's routes besides generation: health and liveness probes, metrics, the model list
 and its load and unload orders, and the admin drain.
 
-A mixin of app.py's _Api (its client, config and metrics, and ``_serve``, the path every route shares).
+Composed with app.py's Api: its client, config and metrics, and ``serve``, the path every route shares.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import dataclasses
 import json
 import math
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -21,30 +21,36 @@ from ovpool.api import gateway_metrics, models
 from ovpool.api.body import admin_body
 from ovpool.api.json_response import JsonResponse
 
+if TYPE_CHECKING:  # app.py composes this module's routes
+    from ovpool.api.app import Api
+
 
 class Operations:
-    """Part of _Api: what operators and their tools call (probes, scrapers, admins)."""
+    """What operators and their tools call (probes, scrapers, admins), on ``api``'s shared path."""
+
+    def __init__(self, api: Api):
+        self.api = api
 
     async def models(self, request: Request) -> Response:
-        return await self._serve(request, "models", self._models)
+        return await self.api.serve(request, "models", self._models)
 
     async def model(self, request: Request) -> Response:
-        return await self._serve(request, "models", self._model)
+        return await self.api.serve(request, "models", self._model)
 
     def model_order(self, action: str) -> Callable[[Request], Awaitable[Response]]:
         async def route(request: Request) -> Response:
-            return await self._serve(request, "admin", lambda r: self._order(r, action))
+            return await self.api.serve(request, "admin", lambda r: self._order(r, action))
 
         return route
 
     async def health(self, request: Request) -> Response:
         """Readiness: the broker answers a STATUS and lists a worker, and neither this API nor the
         pool drains (load balancers then stop sending at once)."""
-        link = dataclasses.asdict(self.client.link_state())
-        if self.draining:
+        link = dataclasses.asdict(self.api.client.link_state())
+        if self.api.draining:
             return _draining_response("this HTTP API is draining (it is stopping)", link)
         try:
-            status = await self.client.status(self.config.status_timeout_s)
+            status = await self.api.client.status(self.api.config.status_timeout_s)
         except errors.OvpoolError as exc:
             return JsonResponse({"status": "unavailable", "reason": str(exc), "link": link}, 503)
         workers = status.get("workers")
@@ -56,17 +62,18 @@ class Operations:
         return JsonResponse({"status": "ok", "workers": len(workers), "link": link})
 
     async def admin_drain(self, request: Request) -> Response:
-        return await self._serve(request, "admin", self._drain)
+        return await self.api.serve(request, "admin", self._drain)
 
     async def _drain(self, request: Request) -> Response:
         """``{"worker": NAME, "timeout_s": N}`` (both optional; no worker: the whole pool)."""
         body = await admin_body(request)
-        worker, timeout = body.get("worker", ""), body.get("timeout_s", self.config.shutdown_timeout_s)
+        worker, timeout = body.get("worker", ""), body.get("timeout_s", self.api.config.shutdown_timeout_s)
         if not isinstance(worker, str):
             raise errors.InvalidRequestError("the body is {\"worker\": NAME, \"timeout_s\": SECONDS}, "
                                              "both optional (no worker: the whole pool)", param="worker")
         timeout_s = _seconds(timeout)
-        drained = (await self.client.drain(worker, timeout_s, self.config.status_timeout_s))["draining"]
+        status = await self.api.client.drain(worker, timeout_s, self.api.config.status_timeout_s)
+        drained = status["draining"]
         if worker and not drained["workers"]:
             raise errors.InvalidRequestError(f"no worker named {worker!r} is registered", param="worker")
         return JsonResponse({"draining": drained})
@@ -74,7 +81,7 @@ class Operations:
     async def live(self, request: Request) -> Response:
         """Liveness: the broker client reads replies. A broker or worker outage leaves it live (a
         restart of this process would not help); a stopped client does not."""
-        link = self.client.link_state()
+        link = self.api.client.link_state()
         if not link.reading:
             return JsonResponse({"status": "unavailable", "reason": link.stopped or "the broker client"
                                  " stopped", "link": dataclasses.asdict(link)}, 503)
@@ -83,25 +90,25 @@ class Operations:
     async def metrics_page(self, request: Request) -> Response:
         """This API's metrics, and the inference gateway's gauges of the pool (gateway_metrics)."""
         try:
-            status = await self.client.status(min(1.0, self.config.status_timeout_s))
+            status = await self.api.client.status(min(1.0, self.api.config.status_timeout_s))
         except errors.OvpoolError:
             status = None
-        return Response(self.metrics.render() + gateway_metrics.render(status),
-                        media_type=self.metrics.content_type)
+        return Response(self.api.metrics.render() + gateway_metrics.render(status),
+                        media_type=self.api.metrics.content_type)
 
     async def _models(self, request: Request) -> Response:
-        status = await self.client.status(self.config.status_timeout_s)
+        status = await self.api.client.status(self.api.config.status_timeout_s)
         return JsonResponse({"object": "list", "data": models.listed(status)})
 
     async def _model(self, request: Request) -> Response:
-        status = await self.client.status(self.config.status_timeout_s)
+        status = await self.api.client.status(self.api.config.status_timeout_s)
         return JsonResponse(models.one(status, request.path_params["model_id"]))
 
     async def _order(self, request: Request, action: str) -> Response:
         """202 with the model's state now: serve loads (or unloads, once idle) it within a poll."""
         model_id = request.path_params["model_id"]
         await admin_body(request)  # none, or a JSON object (its fields are not read)
-        status = await self.client.model_order(model_id, action, self.config.status_timeout_s)
+        status = await self.api.client.model_order(model_id, action, self.api.config.status_timeout_s)
         return JsonResponse({**models.ordered(status, model_id, action), "action": action}, 202)
 
 
