@@ -1,16 +1,13 @@
 """Runs the chosen ``ovpool bench`` scenarios in one process run and computes the ratios.
 
 Start-up and broker overhead are the scripts benchmarks/cache_startup.py and
-benchmarks/broker_overhead.py (run as they are, ``--json``), so their numbers mean the same here
-as when run alone; they need a source checkout. In the sweep each level runs ovpool through the
-broker and then GenAI's continuous-batching pipeline, so background load hits both alike.
+benchmarks/broker_overhead.py, run by ovpool.bench.scripts; they need a source checkout. In the
+sweep each level runs ovpool through the broker and then GenAI's continuous-batching pipeline,
+so background load hits both alike.
 """
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,12 +15,16 @@ from pathlib import Path
 import openvino as ov
 
 from ovpool.bench import chat, local, peers, sweep
+from ovpool.bench.scripts import run_script
 from ovpool.worker.engine import Engine
 from ovpool.worker.gguf.model import resolve_model_path
 from ovpool.worker.graph.cpu_class import CpuInfo
 
 SCENARIOS = ("startup", "single", "sweep", "overhead", "agreement", "chat")
 _BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+# Generous bounds for a loaded 2-core host (each start compiles cold); a stop is caught sooner.
+STARTUP_S = 1800.0  # per repeat
+OVERHEAD_S = 900.0
 
 
 @dataclass
@@ -48,11 +49,13 @@ def run(opts: Options, say: Callable[[str], None] = lambda _: None) -> dict:
     path = str(resolve_model_path(opts.model))
     if "startup" in opts.scenarios:
         say("start-up (benchmarks/cache_startup.py)")
-        results["startup"] = script("cache_startup.py", "--model", opts.model, "--device", opts.device,
-                                    "--repeats", str(opts.repeats), *([] if genai else ["--no-genai"]))
+        results["startup"] = run_script(_BENCHMARKS / "cache_startup.py", "--model", opts.model, "--device",
+                                        opts.device, "--repeats", str(opts.repeats),
+                                        *([] if genai else ["--no-genai"]), limit_s=STARTUP_S * opts.repeats)
     if "overhead" in opts.scenarios:
         say("broker overhead (benchmarks/broker_overhead.py)")
-        results["overhead"] = script("broker_overhead.py", "--requests", "5000", "--samples", "500")
+        results["overhead"] = run_script(_BENCHMARKS / "broker_overhead.py", "--requests", "5000",
+                                         "--samples", "500", limit_s=OVERHEAD_S)
     if {"single", "agreement"} & set(opts.scenarios):
         results.update(_local(opts, path, genai, say))
     if "sweep" in opts.scenarios:
@@ -115,14 +118,3 @@ def ratios(rows: Sequence[dict]) -> dict:
             "vs_genai_cb": ours / r["genai_cb"]["tokens_per_s"] if "genai_cb" in r else None,
             "vs_single": ours / base if base else None}
     return out
-
-
-def script(name: str, *args: str) -> dict:
-    """Run benchmarks/<name> --json and return what it printed (or why it could not run)."""
-    path = _BENCHMARKS / name
-    if not path.is_file():
-        return {"skipped": f"{path} not found: run ovpool bench from a source checkout"}
-    proc = subprocess.run([sys.executable, str(path), *args, "--json"], capture_output=True, text=True)
-    if proc.returncode != 0:
-        return {"failed": f"exit {proc.returncode}: {proc.stderr.strip()[-2000:]}"}
-    return json.loads(proc.stdout[proc.stdout.index("{"):])

@@ -44,6 +44,7 @@ from typing import BinaryIO
 
 import numpy as np
 
+from ovpool import proc_state
 from ovpool.cache.manifest import Entry, Manifest
 from ovpool.errors import CacheCorruptError, CacheLockedError
 from ovpool.settings import variable
@@ -152,7 +153,7 @@ class CacheStore:
             who = f"pid {h['pid']} on {h['host']}, for {time.time() - h['since']:.0f} s"
         except (OSError, ValueError, KeyError, TypeError):
             return "another process"
-        if h["host"] == socket.gethostname() and _stopped(h["pid"]):
+        if h["host"] == socket.gethostname() and proc_state.stopped(h["pid"]):
             who += " (it is stopped: SIGSTOP or a debugger)"
         return who
 
@@ -303,14 +304,6 @@ def stream_chunks(stream: BinaryIO) -> Iterator[bytes]:
     stream.seek(0)
     while block := stream.read(CHUNK_BYTES):
         yield block
-
-
-def _stopped(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
-    except (OSError, IndexError):
-        return False
 
 
 def _fsync_dir(path: Path) -> None:

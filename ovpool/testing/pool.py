@@ -11,10 +11,12 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
-from ovpool import errors, timing
+from ovpool import errors, proc_state, timing
 from ovpool.client import Client
 from ovpool.serve.child import terminate
 from ovpool.settings import child_environment, set_variable
+
+BROKER_START_S = 60.0  # a broker loads no model: seconds to answer, even on a loaded host
 
 
 @contextlib.contextmanager
@@ -64,21 +66,30 @@ class PoolProcess:
         self.proc.kill()
         self.proc.wait()
 
-    def exited(self) -> str | None:
-        """How this process ended, in words (None while it runs)."""
-        code = self.proc.poll() if self.proc is not None else None
-        if code is None:
+    def trouble(self) -> str | None:
+        """Why this process will not answer, in words: it ended, or it is stopped (None while it runs)."""
+        if self.proc is None:
             return None
-        how = f"was killed by signal {-code}" if code < 0 else f"exited with status {code}"
-        where = f"; see {self.log}" if self.log else ""
-        return f"`ovpool {self.command}` (pid {self.proc.pid}) {how}{where}"
+        if (code := self.proc.poll()) is not None:
+            how = f"was killed by signal {-code}" if code < 0 else f"exited with status {code}"
+        elif proc_state.stopped(self.proc.pid):
+            how = f"is stopped (SIGSTOP or a debugger; `kill -CONT {self.proc.pid}` resumes it)"
+        else:
+            return None
+        return f"{self.name()} {how}{self.where()}"
+
+    def name(self) -> str:
+        return f"`ovpool {self.command}` (pid {self.proc.pid if self.proc else '-'})"
+
+    def where(self) -> str:
+        return f"; see {self.log}" if self.log else ""
 
 
 def check_running(processes: Iterable[PoolProcess]) -> None:
-    """Raise, naming it, if one of ``processes`` has ended: a pool's wait must not outlast its
-    broker (BrokerLostError) or a worker it waits for (WorkerLostError)."""
+    """Raise, naming it, if one of ``processes`` has ended or is stopped: a pool's wait must not
+    outlast its broker (BrokerLostError) or a worker it waits for (WorkerLostError)."""
     for process in processes:
-        if (why := process.exited()) is not None:
+        if (why := process.trouble()) is not None:
             lost = errors.BrokerLostError if process.command == "broker" else errors.WorkerLostError
             raise lost(f"{why}: the pool cannot serve without it")
 
@@ -98,17 +109,39 @@ def null_worker(endpoint: str, *, model: str = "null", slots: int = 4, token_del
 def wait_for_workers(client: Client, count: int, timeout: float = 20.0,
                      processes: Iterable[PoolProcess] = ()) -> dict:
     """The broker's status once ``count`` workers are registered; TimeoutError otherwise, and at
-    once the error of check_running should one of the pool's ``processes`` end first."""
-    deadline = time.monotonic() + timeout
+    once the error of check_running should one of the pool's ``processes`` end or stop first.
+    A broker among them must answer within BROKER_START_S and stay answering (_broker_silent)."""
+    processes = list(processes)
+    started = time.monotonic()
+    deadline = started + timeout
     seen = "no broker"
     while time.monotonic() < deadline:
         check_running(processes)
         try:
-            status = client.status(timeout=timeout)
-        except errors.BrokerUnavailableError:  # still starting (a loaded machine can take seconds)
+            status = client.status(timeout=min(timeout, BROKER_START_S))
+        except errors.BrokerUnavailableError as exc:
+            _broker_silent(exc, processes, time.monotonic() - started)
             continue
         if len(status["workers"]) == count:
             return status
         seen = f"{len(status['workers'])} workers"
         time.sleep(0.05)
-    raise TimeoutError(f"{seen} registered after {timeout}s, expected {count}")
+    logs = sorted({str(p.log) for p in processes if p.log})
+    raise TimeoutError(f"{seen} registered after {timeout}s, expected {count}"
+                       + (f" (see {', '.join(logs)})" if logs else ""))
+
+
+def _broker_silent(exc: errors.BrokerUnavailableError, processes: list[PoolProcess], waited_s: float) -> None:
+    """Return if the broker may still be starting. Raise, naming our broker process and its log,
+    once it is running but lost (connected, then silent: hung) or never answered in BROKER_START_S.
+    Without our broker among ``processes`` one elsewhere may be restarting: only the timeout ends it."""
+    check_running(processes)  # an ended or stopped process says best what is wrong
+    ours = next((p for p in processes if p.command == "broker"), None)
+    if ours is None:
+        return
+    if isinstance(exc, errors.BrokerLostError):
+        raise errors.BrokerLostError(f"{ours.name()} runs but stopped answering{ours.where()}: {exc}")
+    if waited_s >= BROKER_START_S:
+        raise errors.BrokerUnavailableError(
+            f"{ours.name()} runs but has not answered in {waited_s:.0f} s (it loads no model, so it is"
+            f" hung){ours.where()}: {exc}")
