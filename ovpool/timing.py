@@ -40,5 +40,10 @@ SHUTDOWN_GRACE_S: float = HEARTBEAT_EXPIRY_S
 # for its model) fails after the same grace.
 BROKER_GRACE_S: float = HEARTBEAT_EXPIRY_S * 5
 
+# An HTTP request (head and body) must arrive within this long of its connection being ready
+# for it (ovpool.api.read_bounds): longer than any honest client takes, short enough that slow
+# senders cannot hold connections for ever.
+HTTP_READ_TIMEOUT_S: float = HEARTBEAT_EXPIRY_S * 20
+
 # A client fails its requests with BrokerUnavailable after hearing nothing for this long.
 CLIENT_UNAVAILABLE_S: float = HEARTBEAT_EXPIRY_S * 10

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from ovpool.api.read_bounds import BoundedRead
 
 
 class OneWrite:
@@ -52,8 +52,9 @@ class OneWrite:
         return getattr(self._transport, name)
 
 
-class Http(HttpToolsProtocol):
-    """uvicorn's httptools protocol on a OneWrite transport (uvicorn.Config's ``http``)."""
+class Http(BoundedRead):
+    """uvicorn's httptools protocol, bounded (read_bounds.py), on a OneWrite transport
+    (uvicorn.Config's ``http``)."""
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(OneWrite(transport, self.loop))  # type: ignore[arg-type]

@@ -1,0 +1,94 @@
+"""What one HTTP connection may make the API read and wait for, below the app: uvicorn bounds
+neither. A request's head (request line and headers) is at most MAX_HEAD_BYTES (431 past it: the
+parser would otherwise hold an endless URL or header in memory), and a request, head and body,
+arrives within timing.HTTP_READ_TIMEOUT_S of the connection opening or the previous response
+ending (408 past it: uvicorn times no head, and a byte now and then cancels its keep-alive
+timeout, so a slow sender could hold a connection, and with enough of them every descriptor).
+The wait for the app's own response is not bounded here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+
+from ovpool import timing
+from ovpool.api.errors import http_body
+
+MAX_HEAD_BYTES = 64 * 1024  # as much as nginx's default large_client_header_buffers, twice over
+
+
+class BoundedRead(HttpToolsProtocol):
+    """uvicorn's httptools protocol with the bounds above (a connection's state is its own)."""
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._in_head, self._head_bytes, self._message_done, self._ended_a_part = True, 0, False, False
+        self._read_timer: asyncio.TimerHandle | None = None
+        self._time_the_read()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._stop_clock()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        self._ended_a_part = False
+        super().data_received(data)
+        # A read that ends a head or a body is not counted (one read at most, what uvloop reads at
+        # once); one that ends inside a head counts whole.
+        if self._in_head and not self._ended_a_part and not self.transport.is_closing():
+            self._head_bytes += len(data)
+            if self._head_bytes > MAX_HEAD_BYTES:
+                self._refuse(431, f"the request line and headers are over {MAX_HEAD_BYTES:,} bytes, the"
+                                  " most this API reads; send a shorter URL and fewer or shorter headers")
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._message_done = False
+        self._time_the_read()
+
+    def on_headers_complete(self) -> None:
+        self._in_head, self._head_bytes, self._ended_a_part = False, 0, True
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        # What comes next is the next request's head.
+        self._in_head, self._message_done, self._ended_a_part = True, True, True
+        self._time_the_read()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self._time_the_read()
+
+    def _time_the_read(self) -> None:
+        """The clock runs while the client owes bytes: a request's head or body, or the next
+        request once the last one is answered; it stops only while the app answers a whole
+        request, and a running clock keeps its deadline."""
+        answering = self._message_done and self.cycle is not None and not self.cycle.response_complete
+        if answering or self.transport.is_closing():
+            self._stop_clock()
+        elif self._read_timer is None:
+            self._read_timer = self.loop.call_later(timing.HTTP_READ_TIMEOUT_S, self._read_too_slow)
+
+    def _stop_clock(self) -> None:
+        if self._read_timer is not None:
+            self._read_timer.cancel()
+            self._read_timer = None
+
+    def _read_too_slow(self) -> None:
+        self._read_timer = None
+        if not self.transport.is_closing():
+            self._refuse(408, f"the request did not arrive whole within {timing.HTTP_READ_TIMEOUT_S:g} s"
+                              " of the connection being ready for it; send it at once")
+
+    def _refuse(self, status: int, message: str) -> None:
+        """Answer ``status`` with ``message`` in the API's error JSON, and close the connection
+        (an app waiting on the body sees the client gone)."""
+        body = json.dumps(http_body(status, message)).encode()
+        self.transport.write(b"".join([
+            STATUS_LINE[status], b"content-type: application/json\r\n",
+            b"content-length: %d\r\n" % len(body), b"connection: close\r\n\r\n", body]))
+        self.transport.close()

@@ -1,0 +1,130 @@
+"""A hostile HTTP peer against a real `ovpool api` process (ovpool/api/read_bounds.py): an endless
+URL or header is refused at MAX_HEAD_BYTES (before, the API held all of it: 152 MB sent made
+its RSS 309 MB), and a request sent slowly, or a connection that sends nothing, is closed after
+HTTP_READ_TIMEOUT_S (before, for ever) with an answer that says why, while honest clients,
+keep-alive connections, large bodies and streams longer than that timeout are served."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from serve_helpers import wait_for
+
+from ovpool import timing
+from ovpool.api.read_bounds import MAX_HEAD_BYTES
+from ovpool.testing.pool import PoolProcess, broker, fast_heartbeats, free_endpoint, null_worker
+
+pytestmark = pytest.mark.slow  # processes
+
+_SLACK_S = 5.0
+
+
+@pytest.fixture(scope="module")
+def api():
+    """(host, port, pid) of an API process with a broker and a null worker (0.1 s a token) behind it."""
+    endpoint, port = free_endpoint(), int(free_endpoint().rsplit(":", 1)[1])
+    with fast_heartbeats(0.1), broker(endpoint), null_worker(endpoint, token_delay=0.1), \
+            PoolProcess("api", "--broker", endpoint, "--bind", f"127.0.0.1:{port}") as process:
+        wait_for(lambda: _health(port) == 200, 60, "the API and its worker")
+        yield "127.0.0.1", port, process.proc.pid, timing.HTTP_READ_TIMEOUT_S  # 6 s here
+
+
+def _health(port: int) -> int | None:
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code
+    except httpx.TransportError:
+        return None
+
+
+def _rss_kb(pid: int) -> int:
+    line = next(x for x in Path(f"/proc/{pid}/status").read_text().splitlines() if x.startswith("VmRSS"))
+    return int(line.split()[1])
+
+
+def _answer(sock: socket.socket) -> tuple[int, dict]:
+    """The status and JSON body of the one answer before the server closes the connection."""
+    data = b""
+    while chunk := sock.recv(65536):
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    return int(head.split()[1]), json.loads(body)
+
+
+def _flood(sock: socket.socket, start: bytes, filler: bytes, most: int) -> int:
+    """Send ``start`` then ``filler`` until the server closes or ``most`` bytes went; bytes sent."""
+    sent = 0
+    try:
+        sock.sendall(start)
+        while sent < most:
+            sock.sendall(filler)
+            sent += len(filler)
+    except (BrokenPipeError, ConnectionResetError):
+        pass
+    return sent
+
+
+@pytest.mark.parametrize("start, filler", [
+    (b"GET /", b"a" * 65536),  # an endless URL
+    (b"GET /health HTTP/1.1\r\nHost: x\r\n", b"X-Junk: " + b"a" * 990 + b"\r\n"),  # endless headers
+    (b"GET /health HTTP/1.1\r\nHost: x\r\nX-Junk: ", b"a" * 65536),  # one endless header
+])
+def test_a_head_over_the_cap_is_refused_431_and_memory_stays_bounded(api, start, filler):
+    host, port, pid, _ = api
+    before = _rss_kb(pid)
+    with socket.create_connection((host, port)) as sock:
+        sent = _flood(sock, start, filler, 64 << 20)
+        status, body = _answer(sock)
+    assert status == 431
+    assert body["error"]["message"] == (
+        f"the request line and headers are over {MAX_HEAD_BYTES:,} bytes, the most this API reads; send a"
+        " shorter URL and fewer or shorter headers")
+    assert sent < 16 << 20  # closed long before the 64 MB were sent (socket buffers hold a few MB)
+    assert _rss_kb(pid) - before < 32 << 10  # kB; without the cap it grew by what was sent
+    assert _health(port) == 200
+
+
+@pytest.mark.parametrize("start, trickle", [
+    (b"", b""),  # connects and sends nothing
+    (b"GET /health HTTP/1.1\r\n", b"X"),  # a header a byte at a time
+    (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+     b'Content-Length: 900\r\n\r\n{"model": "null", "prompt": "', b"a"),  # a body a byte at a time
+])
+def test_a_request_sent_too_slowly_is_answered_408_and_closed(api, start, trickle):
+    host, port, _, timeout_s = api
+    with socket.create_connection((host, port)) as sock:
+        started = time.monotonic()
+        sock.sendall(start)
+        while trickle and time.monotonic() - started < timeout_s + _SLACK_S:
+            try:
+                sock.sendall(trickle)
+            except (BrokenPipeError, ConnectionResetError):
+                break
+            time.sleep(0.5)  # a byte now and then: each would cancel uvicorn's keep-alive timeout
+        status, body = _answer(sock)
+        seconds = time.monotonic() - started
+    assert status == 408 and body["error"]["message"] == (
+        f"the request did not arrive whole within {timeout_s:g} s of the connection being ready for it;"
+        " send it at once")
+    assert timeout_s <= seconds < timeout_s + _SLACK_S + 1
+    assert _health(port) == 200
+
+
+def test_keep_alive_large_bodies_and_a_stream_longer_than_the_timeout_are_served(api):
+    host, port, _, timeout_s = api
+    body = {"model": "null", "prompt": "x" * 1_000_000, "max_tokens": 2}  # a ~1 MB body, many reads
+    with httpx.Client(base_url=f"http://{host}:{port}", timeout=120) as http:
+        assert http.post("/v1/completions", json=body).status_code == 200
+        tokens = int(timeout_s / 0.1) + 20  # ~8 s of tokens at 0.1 s each, past the 6 s timeout
+        streamed = {"model": "null", "prompt": "p", "max_tokens": tokens, "stream": True}
+        with http.stream("POST", "/v1/completions", json=streamed) as stream:
+            assert stream.status_code == 200
+            chunks = [json.loads(x[6:]) for x in stream.iter_lines() if x.startswith("data: {")]
+        assert [c["choices"][0]["finish_reason"] for c in chunks] == [None] * tokens + ["length"]
+        time.sleep(1.0)  # idle on the same connection (below uvicorn's 5 s keep-alive), then again
+        assert http.post("/v1/completions", json=body).status_code == 200
+        assert http.get("/health").status_code == 200
