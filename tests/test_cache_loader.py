@@ -153,7 +153,15 @@ def missing_blob(cache, entry):
     cache.blob_path(entry).unlink()
 
 
-FAULTS = [flip_middle_bit, truncate, garbage_manifest, other_openvino, missing_blob]
+def port_not_a_shape(cache, entry):
+    """Valid JSON, a port row lookups cannot parse (this used to escape as an AttributeError)."""
+    path = cache.manifest_path(entry.id.split("-")[0])
+    doc = json.loads(path.read_text())
+    doc["entries"][entry.id]["ports"][0]["partial_shape"] = None
+    path.write_text(json.dumps(doc))
+
+
+FAULTS = [flip_middle_bit, truncate, garbage_manifest, other_openvino, missing_blob, port_not_a_shape]
 
 
 @pytest.mark.parametrize("fault", FAULTS, ids=lambda f: f.__name__)

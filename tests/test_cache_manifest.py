@@ -1,3 +1,5 @@
+import json
+
 import pytest
 
 from ovpool.cache.manifest import Entry, Manifest, covers, differences, is_static, nearest, parse_bounds
@@ -56,6 +58,30 @@ def test_manifest_round_trips_and_garbage_is_a_corrupt_error():
             Manifest.from_json(garbage, "fam")
     with pytest.raises(CacheCorruptError):
         Manifest.from_json(m.to_json(), "other-family")
+
+
+@pytest.mark.parametrize("ports", [
+    [None], ["x"], [{}], [{**port("a", "[?]"), "partial_shape": None}], [{**port("a", "[?]"), "name": 1}],
+    [{**port("a", "[?]"), "direction": []}], [port("a", "[a]")], [port("a", "not a shape")], {"a": 1},
+])
+def test_a_manifest_whose_port_rows_are_not_rows_of_text_and_shapes_is_corrupt(ports):
+    """Lookups sort, compare and parse the rows: each of these escaped them as a TypeError,
+    AttributeError or ValueError, which a worker's start does not catch."""
+    m = Manifest("fam", {"openvino": "x"}, ["/m.gguf"]).with_entry(entry("fam-a", DYNAMIC))
+    doc = json.loads(m.to_json())
+    doc["entries"]["fam-a"]["ports"] = ports
+    with pytest.raises(CacheCorruptError, match="manifest of family fam is unreadable"):
+        Manifest.from_json(json.dumps(doc), "fam")
+
+
+@pytest.mark.parametrize("field, value", [("blob", ".."), ("blob", ["x"]), ("size", True), ("checksum", 5),
+                                          ("created", "now"), ("device", None)])
+def test_a_manifest_entry_field_of_the_wrong_type_is_corrupt(field, value):
+    m = Manifest("fam", {"openvino": "x"}, ["/m.gguf"]).with_entry(entry("fam-a", DYNAMIC))
+    doc = json.loads(m.to_json())
+    doc["entries"]["fam-a"][field] = value
+    with pytest.raises(CacheCorruptError, match="manifest of family fam is unreadable"):
+        Manifest.from_json(json.dumps(doc), "fam")
 
 
 def test_differences_name_each_part_in_the_promised_form():

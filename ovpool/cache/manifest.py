@@ -18,6 +18,7 @@ from ovpool.errors import CacheCorruptError
 
 SCHEMA = 1
 Bounds = list[tuple[int, int | None]] | None  # per dimension (low, high or None); None: any rank
+_PORT_KEYS = {"name", "direction", "element_type", "partial_shape"}
 
 
 @dataclass(frozen=True)
@@ -33,10 +34,19 @@ class Entry:
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> Entry:
+        """An entry as a manifest file holds it; every field of the wrong type or form (its ports'
+        too: lookups compare and parse them) is a TypeError or ValueError."""
         entry = cls(**{k: raw[k] for k in cls.__dataclass_fields__})
-        if not (isinstance(entry.size, int) and entry.size > 0 and isinstance(entry.ports, list)
-                and "/" not in entry.blob):
+        texts = (entry.id, entry.blob, entry.checksum, entry.openvino, entry.device)
+        if not (all(isinstance(t, str) for t in texts) and type(entry.size) is int and entry.size > 0
+                and isinstance(entry.created, int | float) and isinstance(entry.ports, list)
+                and "/" not in entry.blob and entry.blob not in ("", ".", "..")):
             raise TypeError("bad field types")
+        for p in entry.ports:
+            if not (isinstance(p, dict) and set(p) >= _PORT_KEYS
+                    and all(isinstance(v, str) for v in p.values())):
+                raise TypeError(f"a port is not a row of {sorted(_PORT_KEYS)} as text: {p!r:.80}")
+            parse_bounds(p["partial_shape"])  # ValueError if it is not a shape
         return entry
 
 
