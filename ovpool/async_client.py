@@ -21,7 +21,7 @@ import zmq.asyncio
 from zmq.utils.monitor import recv_monitor_message
 
 from ovpool import errors, timing
-from ovpool.client_base import ClientBase
+from ovpool.client_link import ClientLink, LinkState
 from ovpool.completion import Completion, Delta
 from ovpool.protocol import Cancel, Drain, Message, ModelOrder, Status, Submit, recv_frames, send_frames
 from ovpool.sampling_params import SamplingParams
@@ -49,19 +49,18 @@ class AsyncStream(StreamBase):
         await self._deltas.aclose()
 
 
-class AsyncClient(ClientBase):
+class AsyncClient:
     def __init__(self, broker: str | None = None, *, model: str = "", timeout: float | None = None,
                  settings: Settings | dict | None = None):
-        super().__init__(broker, model, timeout, settings)
-        self._open(zmq.asyncio.Context())
+        self._link = ClientLink(broker, model, timeout, settings, zmq.asyncio.Context())
         # The DEALER's plain twin: non-blocking sends and receives return at once, no future each.
-        self._raw = zmq.Socket.shadow(self._socket.underlying)
+        self._raw = zmq.Socket.shadow(self._link.socket.underlying)
         self._readable = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
         self._outbox: list[list[bytes]] = []  # encoded, to leave at the end of this loop turn
 
     async def __aenter__(self) -> AsyncClient:
-        coros = (self._read(self._raw), self._timers(), self._watch(self._monitor))
+        coros = (self._read(self._raw), self._timers(), self._watch(self._link.monitor))
         self._tasks = [self._task(coro) for coro in coros]
         return self
 
@@ -72,11 +71,19 @@ class AsyncClient(ClientBase):
 
     def _task_done(self, task: asyncio.Task) -> None:
         """A task of the I/O loop ended: by aclose (cancelled), or by a bug that must not leave
-        anyone waiting (ClientBase._loop_failed)."""
+        anyone waiting (ClientLink.loop_failed)."""
         if task not in self._tasks:  # the reader or watcher of a socket left in a failover
             return
-        if not task.cancelled() and task.exception() is not None and not self._stopped:
-            self._loop_failed(task.exception())
+        if not task.cancelled() and task.exception() is not None and not self._link.stopped:
+            self._link.loop_failed(task.exception())
+
+    @property
+    def healthy(self) -> bool:
+        """Whether this client can take requests: its I/O loop runs (False once closed)."""
+        return self._reading()
+
+    def link_state(self) -> LinkState:
+        return self._link.state(self._reading())
 
     def _reading(self) -> bool:
         return bool(self._tasks) and not any(task.done() for task in self._tasks)
@@ -91,19 +98,19 @@ class AsyncClient(ClientBase):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)  # one may have failed: said already
         self._tasks = []
-        left = self._pending.close()
+        left = self._link.pending.close()
         self._send(left)
         self._flush()
-        self._socket.disable_monitor()
-        self._monitor.close()
+        self._link.socket.disable_monitor()
+        self._link.monitor.close()
         # Long enough for the CANCELs to leave on a live connection, never long on a dead one.
-        self._socket.close(linger=int(timing.HEARTBEAT_INTERVAL_S * 1000) if left else 0)
-        self._context.term()
+        self._link.socket.close(linger=int(timing.HEARTBEAT_INTERVAL_S * 1000) if left else 0)
+        self._link.context.term()
 
     def submit(self, prompt: str | list, *, model: str | None = None, timeout: float | None = None,
                params: SamplingParams | None = None, **sampling: Any) -> asyncio.Future:
         """Send a request now; await the returned Future for the Completion (sampling as Client.submit)."""
-        msg = self._submit_msg(prompt, model, timeout, sampling, params=params)
+        msg = self._link.submit_msg(prompt, model, timeout, sampling, params=params)
         future = asyncio.get_running_loop().create_future()
         future.request_id = msg.request_id
         self._start(msg, FutureSink(future))
@@ -119,7 +126,7 @@ class AsyncClient(ClientBase):
                params: SamplingParams | None = None, **sampling: Any) -> AsyncStream:
         """``async for delta in client.stream(...)``; leaving the loop early (or ``aclose()``)
         cancels the request; ``.completion`` is the finished Completion once the loop ended."""
-        msg = self._submit_msg(prompt, model, timeout, sampling, STREAM_WINDOW, params)
+        msg = self._link.submit_msg(prompt, model, timeout, sampling, STREAM_WINDOW, params)
         items: asyncio.Queue = asyncio.Queue()
         reader = StreamReader(msg.request_id, StreamSink(items.put_nowait), STREAM_WINDOW)
         self._start(msg, reader.sink)
@@ -132,27 +139,28 @@ class AsyncClient(ClientBase):
                 self._send(reader.credit())
         finally:
             if reader.left_early:
-                self._send(self._pending.abandon(reader.request_id))
+                self._send(self._link.pending.abandon(reader.request_id))
 
     async def cancel(self, request: str | asyncio.Future) -> None:
         self._send([Cancel(getattr(request, "request_id", request))])
 
     async def status(self, timeout: float = 10.0, ask_with: Message | None = None) -> dict:
         """The broker's STATUS (``ask_with``: another command it answers with one, e.g. DRAIN)."""
-        self._check_reading()
+        self._link.check_reading()
         future = asyncio.get_running_loop().create_future()
         ask = ask_with or Status()
-        self._pending.add_status_waiter(FutureSink(future), time.monotonic(), ask)
+        self._link.pending.add_status_waiter(FutureSink(future), time.monotonic(), ask)
         self._send([ask])
         try:
             return await asyncio.wait_for(future, timeout)
         except asyncio.TimeoutError as exc:
-            raise errors.BrokerUnavailableError(f"no status reply from {self.broker} in {timeout}s") from exc
+            raise errors.BrokerUnavailableError(
+                f"no status reply from {self._link.broker} in {timeout}s") from exc
 
     def give_up(self, exc: errors.OvpoolError) -> None:
         """Fail every request still outstanding with ``exc`` and cancel it at the broker (an HTTP
         API whose drain ran out of time: its clients read why, never a cut connection)."""
-        self._send(self._pending.close(exc))
+        self._send(self._link.pending.close(exc))
 
     async def drain(self, worker: str = "", timeout_s: float = 30.0, timeout: float = 10.0) -> dict:
         """As Client.drain."""
@@ -166,13 +174,13 @@ class AsyncClient(ClientBase):
     def _start(self, msg: Submit, sink: Any) -> None:
         if not self._tasks:
             raise errors.BrokerUnavailableError("use `async with AsyncClient(...)` before sending")
-        self._send(self._track(msg, sink, time.monotonic()))
+        self._send(self._link.track(msg, sink, time.monotonic()))
 
     def _send(self, msgs: list[Message]) -> None:
         """Encoded now (one that cannot be fails at once), sent with the others of this turn of
         the event loop: libzmq then wakes its I/O thread about once per turn, not per message."""
         for msg in msgs:
-            if (frames := self._encoded(msg)) is not None:
+            if (frames := self._link.encoded(msg)) is not None:
                 if not self._outbox:
                     asyncio.get_running_loop().call_soon(self._flush)
                 self._outbox.append(frames)
@@ -214,13 +222,13 @@ class AsyncClient(ClientBase):
                 frames = recv_frames(self._raw)
             except zmq.Again:
                 return False
-            self._send(self._on_frames(frames, time.monotonic()))
+            self._send(self._link.on_frames(frames, time.monotonic()))
         return True
 
     async def _timers(self) -> None:
         while True:
-            self._send(self._pending.tick(time.monotonic()))
-            if self._pending.wants_failover(time.monotonic()):
+            self._send(self._link.pending.tick(time.monotonic()))
+            if self._link.pending.wants_failover(time.monotonic()):
                 self._fail_over()
             await asyncio.sleep(timing.POLL_INTERVAL_S)
 
@@ -232,11 +240,11 @@ class AsyncClient(ClientBase):
         self._tasks = [timers]
         reader.cancel()
         watcher.cancel()
-        resend = self._switch(time.monotonic())
-        self._raw = zmq.Socket.shadow(self._socket.underlying)
-        self._tasks = [self._task(self._read(self._raw)), timers, self._task(self._watch(self._monitor))]
+        resend = self._link.switch(time.monotonic())
+        self._raw = zmq.Socket.shadow(self._link.socket.underlying)
+        self._tasks = [self._task(self._read(self._raw)), timers, self._task(self._watch(self._link.monitor))]
         self._send(resend)
 
     async def _watch(self, monitor: zmq.Socket) -> None:
         while True:
-            self._on_monitor(await recv_monitor_message(monitor), time.monotonic())
+            self._link.on_monitor(await recv_monitor_message(monitor), time.monotonic())

@@ -4,9 +4,9 @@ Both talk to the broker through one DEALER socket and share ``PendingRequests`` 
 logic and ovpool.stream_reader for a stream's. ``Client`` owns a background I/O thread (zmq
 sockets are not thread-safe, so API calls hand it work through a queue and a wake-up pipe);
 ``AsyncClient`` runs the same in the event loop.
-Remote errors are raised as the same ovpool error classes the broker or worker raised. What they
-share is ovpool.client_base: no message stops either's loop, and ``healthy`` / ``link_state()``
-say whether it runs.
+Remote errors are raised as the same ovpool error classes the broker or worker raised. Each holds
+an ovpool.client_link.ClientLink, what they share: no message stops either's loop, and ``healthy`` /
+``link_state()`` say whether it runs.
 
 Flow control: a stream starts with ``STREAM_WINDOW`` tokens of credit and its reader returns half
 of it each time it has taken that many, so the broker never sends a stream more than its reader
@@ -31,7 +31,7 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from ovpool import errors, timing
-from ovpool.client_base import ClientBase, LinkState, dealer
+from ovpool.client_link import ClientLink, LinkState, dealer
 from ovpool.completion import Completion, Delta
 from ovpool.protocol import Cancel, Drain, Message, Status, Submit, Supervised, recv_frames, send_frames
 from ovpool.sampling_params import SamplingParams
@@ -39,7 +39,7 @@ from ovpool.settings import Settings
 from ovpool.sinks import FutureSink
 from ovpool.stream_reader import STREAM_WINDOW, StreamBase, StreamReader, StreamSink, unwrap
 
-__all__ = ["Client", "LinkState", "Stream", "dealer"]  # dealer and LinkState: from client_base
+__all__ = ["Client", "LinkState", "Stream", "dealer"]  # dealer and LinkState: from client_link
 
 _READ_BATCH = 256  # messages read between the loop's other duties (~2 ms of decoding)
 
@@ -60,13 +60,12 @@ class Stream(StreamBase):
         self._deltas.close()
 
 
-class Client(ClientBase):
+class Client:
     """``with Client("tcp://127.0.0.1:5555") as c: c.complete("Hello", max_tokens=16)``."""
 
     def __init__(self, broker: str | None = None, *, model: str = "", timeout: float | None = None,
                  settings: Settings | dict | None = None):
-        super().__init__(broker, model, timeout, settings)
-        self._open(zmq.Context())
+        self._link = ClientLink(broker, model, timeout, settings, zmq.Context())
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._wake_r, self._wake_w = os.pipe()
         self._woken = False
@@ -90,13 +89,13 @@ class Client(ClientBase):
         self._wake()
         self._thread.join()  # from here on this thread owns the socket
         self._run_commands(time.monotonic())  # those queued after the loop's last turn
-        left = self._pending.close()
+        left = self._link.pending.close()
         self._send(left)
-        self._socket.disable_monitor()
-        self._monitor.close()
+        self._link.socket.disable_monitor()
+        self._link.monitor.close()
         # Long enough for the CANCELs to leave on a live connection, never long on a dead one.
-        self._socket.close(linger=int(timing.HEARTBEAT_INTERVAL_S * 1000) if left else 0)
-        self._context.term()
+        self._link.socket.close(linger=int(timing.HEARTBEAT_INTERVAL_S * 1000) if left else 0)
+        self._link.context.term()
         os.close(self._wake_r)
         os.close(self._wake_w)
 
@@ -106,7 +105,7 @@ class Client(ClientBase):
                params: SamplingParams | None = None, **sampling: Any) -> concurrent.futures.Future:
         """Send a request; the Future's result is a Completion (``future.request_id`` names it).
         Sampling: SamplingParams' fields as keywords, or ``params``, a SamplingParams built before."""
-        msg = self._submit_msg(prompt, model, timeout, sampling, params=params)
+        msg = self._link.submit_msg(prompt, model, timeout, sampling, params=params)
         future: concurrent.futures.Future = concurrent.futures.Future()
         future.request_id = msg.request_id
         self._start(msg, FutureSink(future))
@@ -121,7 +120,7 @@ class Client(ClientBase):
     def _wait(self, future: concurrent.futures.Future, timeout: float | None) -> Completion:
         """``future``'s Completion, never waiting much past the request's timeout: its local deadline
         fails it at timeout + half a heartbeat, and this bound holds even if that cannot run."""
-        limit = timeout if timeout is not None else self.timeout
+        limit = timeout if timeout is not None else self._link.timeout
         try:
             return future.result(limit + timing.HEARTBEAT_INTERVAL_S if limit else None)
         except concurrent.futures.TimeoutError:
@@ -134,7 +133,7 @@ class Client(ClientBase):
                params: SamplingParams | None = None, **sampling: Any) -> Stream:
         """Tokens as they arrive; leaving the loop early (or ``close()``) cancels the request;
         ``.completion`` is the finished Completion once the loop ended."""
-        msg = self._submit_msg(prompt, model, timeout, sampling, STREAM_WINDOW, params)
+        msg = self._link.submit_msg(prompt, model, timeout, sampling, STREAM_WINDOW, params)
         items: queue.SimpleQueue = queue.SimpleQueue()
         reader = StreamReader(msg.request_id, StreamSink(items.put), STREAM_WINDOW)
         self._start(msg, reader.sink)
@@ -148,7 +147,7 @@ class Client(ClientBase):
                     self._call(lambda now: credit)
         finally:
             if reader.left_early and not self._closed.is_set():
-                self._call(lambda now: self._pending.abandon(reader.request_id))
+                self._call(lambda now: self._link.pending.abandon(reader.request_id))
 
     def cancel(self, request: str | concurrent.futures.Future) -> None:
         """Cancel a request; its Future then fails with ovpool.errors.CancelledError."""
@@ -161,14 +160,15 @@ class Client(ClientBase):
 
         def ask(now: float) -> list[Message]:
             ask = ask_with or Status()
-            self._pending.add_status_waiter(FutureSink(future), now, ask)
+            self._link.pending.add_status_waiter(FutureSink(future), now, ask)
             return [ask]
 
         self._call(ask)
         try:
             return future.result(timeout)
         except concurrent.futures.TimeoutError as exc:
-            raise errors.BrokerUnavailableError(f"no status reply from {self.broker} in {timeout}s") from exc
+            raise errors.BrokerUnavailableError(
+                f"no status reply from {self._link.broker} in {timeout}s") from exc
 
     def drain(self, worker: str = "", timeout_s: float = 30.0, timeout: float = 10.0) -> dict:
         """Drain the pool (``worker`` "") or the workers ``worker`` names (protocol.Drain); the
@@ -182,7 +182,7 @@ class Client(ClientBase):
     # -- I/O thread -----------------------------------------------------------------------------
 
     def _start(self, msg: Submit, sink: Any) -> None:
-        self._call(lambda now: self._track(msg, sink, now))
+        self._call(lambda now: self._link.track(msg, sink, now))
 
     def _call(self, command: Callable[[float], list[Message]]) -> None:
         if self._closed.is_set():
@@ -191,7 +191,15 @@ class Client(ClientBase):
         self._wake()
         # Checked after queueing: a loop that stopped before this ran its last drain later, so
         # either that drain failed what the command added, or this raises (_loop).
-        self._check_reading()
+        self._link.check_reading()
+
+    @property
+    def healthy(self) -> bool:
+        """Whether this client can take requests: its I/O loop runs (False once closed)."""
+        return self._reading()
+
+    def link_state(self) -> LinkState:
+        return self._link.state(self._reading())
 
     def _reading(self) -> bool:
         return self._thread.is_alive() and not self._closed.is_set()
@@ -207,19 +215,19 @@ class Client(ClientBase):
         try:
             self._serve()
         except BaseException as exc:  # a bug: whoever waits, or calls later, learns it at once
-            self._loop_failed(exc)
+            self._link.loop_failed(exc)
             with contextlib.suppress(queue.Empty):
                 while True:  # what was queued before _stopped was set: tracked, then failed
                     command = self._commands.get_nowait()
                     with contextlib.suppress(Exception):
                         command(time.monotonic())
-            self._pending.fail_all(errors.BrokerUnavailableError(self._stopped))
+            self._link.pending.fail_all(errors.BrokerUnavailableError(self._link.stopped))
 
     def _serve(self) -> None:
         poller = zmq.Poller()
-        poller.register(self._socket, zmq.POLLIN)
+        poller.register(self._link.socket, zmq.POLLIN)
         poller.register(self._wake_r, zmq.POLLIN)
-        poller.register(self._monitor, zmq.POLLIN)
+        poller.register(self._link.monitor, zmq.POLLIN)
         next_tick = 0.0
         more = False  # messages were left unread: poll without waiting
         while True:
@@ -231,21 +239,21 @@ class Client(ClientBase):
                 os.read(self._wake_r, 4096)
                 self._woken = False
                 self._run_commands(now)
-            more = self._socket in ready and self._receive(now)
-            if self._monitor in ready:
-                self._on_monitor(recv_monitor_message(self._monitor), now)
+            more = self._link.socket in ready and self._receive(now)
+            if self._link.monitor in ready:
+                self._link.on_monitor(recv_monitor_message(self._link.monitor), now)
             if now >= next_tick:
                 next_tick = now + timing.POLL_INTERVAL_S
-                self._send(self._pending.tick(now))
-                if self._pending.wants_failover(now):
+                self._send(self._link.pending.tick(now))
+                if self._link.pending.wants_failover(now):
                     self._fail_over(poller, now)
 
     def _fail_over(self, poller: zmq.Poller, now: float) -> None:
-        poller.unregister(self._socket)
-        poller.unregister(self._monitor)
-        resend = self._switch(now)
-        poller.register(self._socket, zmq.POLLIN)
-        poller.register(self._monitor, zmq.POLLIN)
+        poller.unregister(self._link.socket)
+        poller.unregister(self._link.monitor)
+        resend = self._link.switch(now)
+        poller.register(self._link.socket, zmq.POLLIN)
+        poller.register(self._link.monitor, zmq.POLLIN)
         self._send(resend)
 
     def _run_commands(self, now: float) -> None:
@@ -257,14 +265,14 @@ class Client(ClientBase):
         """Handle up to _READ_BATCH messages; whether more may be waiting."""
         for _ in range(_READ_BATCH):
             try:
-                frames = recv_frames(self._socket)
+                frames = recv_frames(self._link.socket)
             except zmq.Again:
                 return False
-            self._send(self._on_frames(frames, now))
+            self._send(self._link.on_frames(frames, now))
         return True
 
     def _send(self, msgs: list[Message]) -> None:
         for msg in msgs:
-            if (frames := self._encoded(msg)) is not None:
+            if (frames := self._link.encoded(msg)) is not None:
                 with contextlib.suppress(zmq.Again):
-                    send_frames(self._socket, frames, zmq.NOBLOCK)
+                    send_frames(self._link.socket, frames, zmq.NOBLOCK)

@@ -27,7 +27,7 @@ PACKAGE = Path(ovpool.__file__).parent
 # Everything else outside ovpool.worker (the wire, the clients, the broker, the cache, the shared
 # records, the HTTP API, serve's supervisor) must not.
 ABOVE_THE_WORKER = ("ovpool.cli", "ovpool.bench", "ovpool.testing")
-CLIENTS = ("ovpool.client", "ovpool.async_client", "ovpool.client_base", "ovpool.pending",
+CLIENTS = ("ovpool.client", "ovpool.async_client", "ovpool.client_link", "ovpool.pending",
            "ovpool.stream_reader")
 # (importer, what it must not import): each rule's reason is its assertion's message.
 RULES = {

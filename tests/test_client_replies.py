@@ -11,7 +11,7 @@ import pytest
 from fake_broker import DRIVERS, FakeBroker, completion, raw
 
 from ovpool import errors
-from ovpool.client_base import LinkState
+from ovpool.client_link import LinkState
 from ovpool.protocol import Cancel, Final, Partial, Pong, Submit
 
 WAIT_S = 10  # a bound for an answer already on its way, never a timing assumption
@@ -130,8 +130,8 @@ def test_an_unencodable_request_is_forgotten_so_never_resent(client, broker, mon
     # Past make_submit's checks (any encoder error): the request fails and is untracked, so a PONG
     # naming it (the broker restarted and forgot) resends only the others.
     good = client.submit("good")
-    real = __import__("ovpool.client_base", fromlist=["make_submit"]).make_submit
-    monkeypatch.setattr("ovpool.client_base.make_submit",
+    real = __import__("ovpool.client_link", fromlist=["make_submit"]).make_submit
+    monkeypatch.setattr("ovpool.client_link.make_submit",
                         lambda *a, **k: Submit(real(*a, **k).request_id, "", {"seed": 2**64}, "x"))
     bad = client.submit("bad")
     monkeypatch.undo()
@@ -152,7 +152,7 @@ def test_a_stopped_io_loop_fails_what_waits_and_every_later_call(client, broker,
     def broken(now: float) -> list:
         raise RuntimeError("a bug")
 
-    monkeypatch.setattr(client.client._pending, "tick", broken)  # the loop's periodic duty
+    monkeypatch.setattr(client.client._link.pending, "tick", broken)  # the loop's periodic duty
     with pytest.raises(errors.BrokerUnavailableError, match=r"I/O loop stopped \(RuntimeError: a bug\)"):
         waiting.result(WAIT_S)
     state = client.client.link_state()

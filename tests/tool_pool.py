@@ -24,7 +24,7 @@ from starlette.testclient import TestClient
 from ovpool.api import app as app_module
 from ovpool.api.app import Config, create_app
 from ovpool.api.keys import ApiKeys
-from ovpool.client_base import LinkState
+from ovpool.client_link import LinkState
 from ovpool.completion import Completion, Delta, Usage
 from ovpool.sampling_params import SamplingParams
 from ovpool.settings import Settings

@@ -1,6 +1,6 @@
 """The generation routes of the HTTP API: a dialect's body in, whole Completions or a stream out.
 
-Composed with app.py's Api: its client, metrics and disconnect sweep, and ``serve``, the path every
+Composed with core.py's Api: its client, metrics and disconnect sweep, and ``serve``, the path every
 route shares. ``dialects`` is the table of routes to dialects (dialect.py) the app serves.
 """
 
@@ -23,8 +23,8 @@ from ovpool.api.schema import Generate, parse_chat, parse_completion
 from ovpool.api.streams import ClientGone, Merged, fail_pending
 from ovpool.completion import Completion
 
-if TYPE_CHECKING:  # app.py composes this module's routes
-    from ovpool.api.app import Api
+if TYPE_CHECKING:
+    from ovpool.api.core import Api
 
 
 def dialects(max_tokens: int) -> dict[str, Dialect]:

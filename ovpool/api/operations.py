@@ -1,7 +1,7 @@
 """The HTTP API's routes besides generation: health and liveness probes, metrics, the model list
 and its load and unload orders, and the admin drain.
 
-Composed with app.py's Api: its client, config and metrics, and ``serve``, the path every route shares.
+Composed with core.py's Api: its client, config and metrics, and ``serve``, the path every route shares.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from ovpool.api import gateway_metrics, models
 from ovpool.api.body import admin_body
 from ovpool.api.json_response import JsonResponse
 
-if TYPE_CHECKING:  # app.py composes this module's routes
-    from ovpool.api.app import Api
+if TYPE_CHECKING:
+    from ovpool.api.core import Api
 
 
 class Operations:

@@ -1,5 +1,5 @@
-"""What Client (threads) and AsyncClient (asyncio) share: the DEALER, its monitor, and one I/O loop's
-handling of each message, whichever loop runs it.
+"""ClientLink: what Client (threads) and AsyncClient (asyncio) each hold, composed: the DEALER, its
+monitor, and one I/O loop's handling of each message, whichever loop runs it.
 
 No message from the broker stops a client's loop: one that cannot be decoded or used fails only
 the request it names and is counted (``LinkState.malformed``); a SUBMIT that cannot be encoded
@@ -8,7 +8,7 @@ everything waiting fails at once with the reason, later calls raise it, and ``he
 
 ``broker`` may list a standby pair's endpoints, comma-separated: the client talks to one at a time
 and, when PendingRequests asks (a refusal, a lost or silent broker), moves to the next with a
-fresh DEALER (``_switch``) and sends it what is unfinished.
+fresh DEALER (``switch``) and sends it what is unfinished.
 """
 
 from __future__ import annotations
@@ -70,124 +70,118 @@ class LinkState:
     stopped: str  # why the I/O loop stopped ("" while it runs or after a plain close)
 
 
-class ClientBase:
+class ClientLink:
+    """A client's link to its broker: ``model`` and ``timeout`` are its requests' defaults; it owns
+    ``context`` (terminated if the DEALER cannot be made), the DEALER and its monitor socket; its
+    facade's loop closes them."""
+
     def __init__(self, broker: str | None, model: str, timeout: float | None,
-                 settings: ClientConfig | Settings | dict | None):
+                 settings: ClientConfig | Settings | dict | None, context: zmq.Context):
         self.config = ClientConfig.coerce(settings)  # the public facades' top: see ClientConfig.coerce
         self.brokers = endpoint.split(endpoint.check(broker or self.config.broker))
         self.broker = self.brokers[0]  # the one this client talks to now
         self.model = model
         self.timeout = timeout
         s = self.config
-        self._pending = PendingRequests(time.monotonic(), broker=self.broker,
-                                        connect_timeout_s=s.connect_timeout_s,
-                                        curve=bool(s.curve_secret_key or s.curve_server_key),
-                                        endpoints=len(self.brokers))
+        self.pending = PendingRequests(time.monotonic(), broker=self.broker,
+                                       connect_timeout_s=s.connect_timeout_s,
+                                       curve=bool(s.curve_secret_key or s.curve_server_key),
+                                       endpoints=len(self.brokers))
         self._handshake = HandshakeWatch(self.broker)
-        self._stopped = ""  # why the I/O loop stopped by an error
-
-    def _open(self, context: zmq.Context) -> None:
-        """The context, the DEALER connected to the broker and its monitor socket."""
-        self._context = context
+        self.stopped = ""  # why the I/O loop stopped by an error
+        self.context = context
         try:
-            self._socket = dealer(context, self.broker, self.config, LINK_EVENTS)
+            self.socket = dealer(context, self.broker, self.config, LINK_EVENTS)
         except BaseException:
             context.term()
             raise
-        self._monitor = self._socket.get_monitor_socket()  # the one attached before connecting
+        self.monitor = self.socket.get_monitor_socket()  # the one attached before connecting
 
-    def _switch(self, now: float) -> list[Message]:
+    def switch(self, now: float) -> list[Message]:
         """Move to the next endpoint of the pair: a new DEALER there; what to send it. A broker
         left while connected (it refused) is told to cancel what it may have taken meanwhile (it
         turned active mid-batch): else that request id stays its under this departed socket."""
-        cancels = self._pending.cancels() if self._pending.connected else []
-        raw = zmq.Socket.shadow(self._socket.underlying)  # a plain send, for AsyncClient's socket too
+        cancels = self.pending.cancels() if self.pending.connected else []
+        raw = zmq.Socket.shadow(self.socket.underlying)  # a plain send, for AsyncClient's socket too
         for msg in cancels:
             with contextlib.suppress(zmq.ZMQError):
                 send_frames(raw, encode(msg), zmq.NOBLOCK)
-        self._socket.disable_monitor()
-        self._monitor.close()
-        self._socket.close(linger=int(timing.POLL_INTERVAL_S * 1000) if cancels else 0)
+        self.socket.disable_monitor()
+        self.monitor.close()
+        self.socket.close(linger=int(timing.POLL_INTERVAL_S * 1000) if cancels else 0)
         old = self.broker
         self.broker = self.brokers[(self.brokers.index(old) + 1) % len(self.brokers)]
         self._handshake = HandshakeWatch(self.broker)
-        self._socket = dealer(self._context, self.broker, self.config, LINK_EVENTS)
-        self._monitor = self._socket.get_monitor_socket()
-        resend = self._pending.switched(self.broker, now)
+        self.socket = dealer(self.context, self.broker, self.config, LINK_EVENTS)
+        self.monitor = self.socket.get_monitor_socket()
+        resend = self.pending.switched(self.broker, now)
         _log.warning("failing over from the broker at %s to %s with %d unfinished request(s)", old,
                      self.broker, len(resend))
         return resend
 
     # -- health ---------------------------------------------------------------------------------
 
-    @property
-    def healthy(self) -> bool:
-        """Whether this client can take requests: its I/O loop runs (False once closed)."""
-        return self._reading()
-
-    def link_state(self) -> LinkState:
-        p = self._pending
+    def state(self, reading: bool) -> LinkState:
+        """The link's state, for a facade whose I/O loop runs (``reading``) or not."""
+        p = self.pending
         heard = None if p.heard_at is None else round(time.monotonic() - p.heard_at, 3)
-        return LinkState(self._reading(), p.connected, heard, p.malformed, self._stopped)
+        return LinkState(reading, p.connected, heard, p.malformed, self.stopped)
 
-    def _reading(self) -> bool:
-        raise NotImplementedError
+    def check_reading(self) -> None:
+        if self.stopped:
+            raise errors.BrokerUnavailableError(self.stopped)
 
-    def _check_reading(self) -> None:
-        if self._stopped:
-            raise errors.BrokerUnavailableError(self._stopped)
-
-    def _loop_failed(self, exc: BaseException) -> None:
+    def loop_failed(self, exc: BaseException) -> None:
         """The I/O loop ended by an error: fail what waits (and from now on, every later call)."""
-        self._stopped = (f"this client's I/O loop stopped ({type(exc).__name__}: {exc}); no reply can"
+        self.stopped = (f"this client's I/O loop stopped ({type(exc).__name__}: {exc}); no reply can"
                          " arrive: close the client and create a new one")
-        _log.error("%s", self._stopped)
+        _log.error("%s", self.stopped)
         _log.debug("the client's I/O loop stopped", exc_info=exc)
-        self._pending.fail_all(errors.BrokerUnavailableError(self._stopped))
+        self.pending.fail_all(errors.BrokerUnavailableError(self.stopped))
 
     # -- one message each way -------------------------------------------------------------------
 
-    def _on_frames(self, frames: list[bytes], now: float) -> list[Message]:
+    def on_frames(self, frames: list[bytes], now: float) -> list[Message]:
         """One message from the broker; what to send back. No message, however malformed, raises."""
         try:
             msg = decode(frames)
         except errors.ProtocolError as exc:  # a newer broker's message, or a broken one
-            return self._pending.malformed_reply(request_id_of(frames), "message", exc)
-        return self._pending.on_message(msg, now)
+            return self.pending.malformed_reply(request_id_of(frames), "message", exc)
+        return self.pending.on_message(msg, now)
 
-    def _encoded(self, msg: Message) -> list[bytes] | None:
+    def encoded(self, msg: Message) -> list[bytes] | None:
         """``msg``'s frames; None if it cannot be encoded (a SUBMIT then fails alone, untracked)."""
         try:
             return encode(msg)
         except Exception as exc:  # msgpack raises several types: ints over 64 bits, lone surrogates
-            self._pending.unsendable(msg, exc)
+            self.pending.unsendable(msg, exc)
             return None
 
-    def _track(self, msg: Submit, sink: Any, now: float) -> list[Message]:
+    def track(self, msg: Submit, sink: Any, now: float) -> list[Message]:
         """Wait for ``msg``'s answers; what to send for it: nothing once the broker refused this
         peer's handshake, which it does at connect time, usually before any request exists."""
-        self._pending.add(msg, sink, now)
+        self.pending.add(msg, sink, now)
         if self._handshake.refused is not None:
-            self._pending.fail_all(self._handshake.refused)
+            self.pending.fail_all(self._handshake.refused)
             return []
         return [msg]
 
-    def _on_monitor(self, event: dict, now: float) -> None:
+    def on_monitor(self, event: dict, now: float) -> None:
         """A socket-monitor event: the connection's state, and a refused handshake, which fails
         the requests now (libzmq does not retry it) instead of after connect_timeout_s."""
         kind = event["event"]
         if kind == zmq.EVENT_CONNECTED:
-            self._pending.link(False, now, tcp=True)
+            self.pending.link(False, now, tcp=True)
         elif kind == zmq.EVENT_DISCONNECTED:
-            self._pending.link(False, now)
+            self.pending.link(False, now)
         else:
-            self._pending.link(kind == zmq.EVENT_HANDSHAKE_SUCCEEDED, now)
+            self.pending.link(kind == zmq.EVENT_HANDSHAKE_SUCCEEDED, now)
             if self._handshake.on_event(event) is not None:
-                self._pending.fail_all(self._handshake.refused)
+                self.pending.fail_all(self._handshake.refused)
 
-    def _submit_msg(self, prompt: str | list, model: str | None, timeout: float | None,
+    def submit_msg(self, prompt: str | list, model: str | None, timeout: float | None,
                     sampling: dict[str, Any], window: int = 0,
                     params: SamplingParams | None = None) -> Submit:
-        self._check_reading()
+        self.check_reading()
         return make_submit(prompt, model if model is not None else self.model,
                            timeout if timeout is not None else self.timeout, sampling, window, params)
