@@ -2,13 +2,13 @@
 run: a deterministic comparison of scheduling policies, whose differences a shared host's noise
 hides in live runs (benchmarks/chat_ttft.py is the live check).
 
-    .venv/bin/python benchmarks/chat_sim.py [--pass-cost 24,32] [--chats 8,16] [--turns 4]
-        [--new-tokens 32]
+    .venv/bin/python benchmarks/chat_sim.py [--pass-cost 24,32] [--tails on,off] [--chats 8,16]
+        [--turns 4] [--new-tokens 32]
 
 The workload is chat_ttft.py's with ``--arrive-after 1``: a shared system prompt (1,025 tokens
 with the template), every chat's first turn at once, each next turn added after the pass that
 follows its answer and timed from the answer's end, a question of 25-33 tokens a turn, answers of
-``--new-tokens`` tokens, ``prefix_cache=on`` with answer copies, 32-position blocks and the 1 GiB
+``--new-tokens`` tokens, ``prefix_cache=on`` with answer copies (and tails), 32-position blocks and the 1 GiB
 KV cache of the live benchmark. A pass costs ``BASE + DECODE * decode rows + TOKEN * prompt
 tokens`` CPU seconds: the fit of a per-pass log of chat_ttft.py's 16-chat run (SmolLM2 at the f32
 default, AMX, contexts ~1,100 tokens; docs/performance.md, Chat TTFT). So the figures are model CPU
@@ -75,7 +75,7 @@ class Replay:
         rec[3], self.tokens = count + 1, self.tokens + 1
         self.history[chat].append(token)
         if rec[3] < self.new_tokens:
-            self.scheduler.append(seq_id, token)
+            self.scheduler.append(seq_id, token, left=self.new_tokens - rec[3])
             return
         self.scheduler.finish(seq_id)
         del self.live[seq_id]
@@ -95,14 +95,16 @@ class Replay:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--pass-cost", default="24,32", help="Scheduler pass_cost values side by side")
+    p.add_argument("--tails", default="on,off", help="answer tails (Scheduler copy_tails) on, off")
     p.add_argument("--chats", default="8,16")
     p.add_argument("--turns", type=int, default=4)
     p.add_argument("--new-tokens", type=int, default=32)
     args = p.parse_args()
     for chats in (int(x) for x in args.chats.split(",")):
-        for cost in (int(x) for x in args.pass_cost.split(",")):
-            r = Replay(chats, args.turns, args.new_tokens, {"pass_cost": cost}).run()
-            print(f"{chats} chats, pass_cost {cost}: " + ", ".join(
+        for cost, tails in itertools.product(map(int, args.pass_cost.split(",")), args.tails.split(",")):
+            policy = {"pass_cost": cost, "copy_tails": tails == "on"}
+            r = Replay(chats, args.turns, args.new_tokens, policy).run()
+            print(f"{chats} chats, pass_cost {cost}, tails {tails}: " + ", ".join(
                 f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in r.items()))
 
 

@@ -109,6 +109,7 @@ class WorkerConfig(_Config):
     kv_cache_mb: int = _default("kv_cache_mb")
     prefix_cache: str = _default("prefix_cache")
     answer_copies: bool = _default("answer_copies")
+    answer_tails: bool = _default("answer_tails")
     prompt_lookup: str = _default("prompt_lookup")
     prompt_lookup_tokens: int = _default("prompt_lookup_tokens")
     kv_tier: bool = _default("kv_tier")

@@ -31,20 +31,26 @@ def system(n: int, salt: int = 0) -> list[int]:
     return [10 + (7 * i + salt) % 90 for i in range(n)]
 
 
-def batcher(engine, caching: str, num_blocks: int = 0, prefill_chunk: int = 16, copies=True) -> Batcher:
+def batcher(engine, caching: str, num_blocks: int = 0, prefill_chunk: int = 16, copies=True,
+            tails=True) -> Batcher:
     runner = PagedRunner(engine.compiled, num_blocks=num_blocks) if num_blocks else \
         PagedRunner(engine.compiled, kv_cache_mb=16)
     return engine.batcher(runner, max_running=4, prefill_chunk=prefill_chunk, prefix_cache=caching,
-                          answer_copies=copies)
+                          answer_copies=copies, answer_tails=tails)
 
 
 def conversations(engine, caching: str, turns: int, num_blocks: int = 0, params=GREEDY, prefill_chunk=16,
-                  copies: bool = True):
+                  copies: bool = True, tails: bool = True, questions=None, same_start: bool = False):
     """Three chats sharing a 70-token system prompt, ``turns`` turns each, all chats' turns side by
     side; each turn resends the history (prompt, answer, 3 new tokens). Returns (answers, batcher).
-    ``prefill_chunk`` 16 is under a block: no answer copies (test_answers_copied_...)."""
-    b = batcher(engine, caching, num_blocks, prefill_chunk, copies)
+    ``prefill_chunk`` 16 is under a block: no answer copies (test_answers_copied_...).
+    ``questions(chat, turn)``: the new tokens after a turn's answer (default: 3 of the turn's own);
+    ``same_start``: chats 0 and 1 begin alike (so their first answers are equal too)."""
+    b = batcher(engine, caching, num_blocks, prefill_chunk, copies, tails)
+    questions = questions or (lambda chat, turn: system(3, salt=turn))
     history = {f"chat{c}": system(70) + system(5 + c, salt=c) for c in range(3)}
+    if same_start:
+        history["chat1"] = list(history["chat0"])
     answers = {}
     for turn in range(turns):
         reqs = [(f"{chat}/{turn}", list(ids), params) for chat, ids in history.items()]
@@ -53,7 +59,7 @@ def conversations(engine, caching: str, turns: int, num_blocks: int = 0, params=
         for chat in history:
             completion = done[f"{chat}/{turn}"]
             answers[f"{chat}/{turn}"] = (completion.token_ids, completion.logprobs)
-            history[chat] += completion.token_ids + system(3, salt=turn)
+            history[chat] += completion.token_ids + questions(chat, turn)
     return answers, b
 
 
@@ -83,13 +89,45 @@ def test_answers_copied_beside_the_decodes_serve_the_next_turns_exactly(engine):
     # Answers of 40 tokens after prompts of ~75 fill a block each turn (positions 64-95, then
     # 96-127): with a block of prefill budget, a batched decode pass computes it again as a
     # prompt chunk, and the chat's next turn starts on it instead of computing it.
-    cached, on = conversations(engine, caching="on", turns=3, params=LONG, prefill_chunk=32)
+    cached, on = conversations(engine, caching="on", turns=3, params=LONG, prefill_chunk=32, tails=False)
     _, plain = conversations(engine, caching="on", turns=3, params=LONG, prefill_chunk=32, copies=False)
     fresh, _ = conversations(engine, caching="off", turns=3, params=LONG, prefill_chunk=32)
     same_answers(cached, fresh)
     block = on.runner.block_size
     assert on.cached_prompt_tokens == plain.cached_prompt_tokens + 2 * 3 * block  # a block a turn
     assert on.scheduler.free_blocks == on.runner.num_blocks
+
+
+def test_answer_tails_serve_the_next_turns_exactly(engine):
+    # Near each answer's end a pass that gives no first token also computes the partial block the
+    # answer ends in as a prompt chunk; the next turn continues it.
+    cached, on = conversations(engine, caching="on", turns=3, params=LONG, prefill_chunk=32)
+    _, copies = conversations(engine, caching="on", turns=3, params=LONG, prefill_chunk=32, tails=False)
+    fresh, _ = conversations(engine, caching="off", turns=3, params=LONG, prefill_chunk=32)
+    same_answers(cached, fresh)
+    assert on.cached_prompt_tokens > copies.cached_prompt_tokens  # tails were continued
+    assert on.scheduler.free_blocks == on.runner.num_blocks
+
+
+def test_a_tail_two_prompts_continue_serves_one_and_both_answer_exactly(engine):
+    # Two chats' first turns end in tails; then two prompts resend chat 0's history at once with
+    # different questions: one claims the tail and writes its own tokens after it, the other
+    # computes that block itself (a tail shared would be overwritten under it).
+    answers, cached = {}, {}
+    for mode in ("on", "off"):
+        b = batcher(engine, mode, prefill_chunk=32)
+        chats = [system(70) + system(5 + c, salt=c) for c in range(2)]
+        done, _, failed = drain(b, {0: [(f"c{c}", list(p), LONG) for c, p in enumerate(chats)]})
+        history = chats[0] + done["c0"].token_ids
+        asks = [(f"q{q}", history + system(4, salt=20 + q), GREEDY) for q in range(2)]
+        done, _, more = drain(b, {0: asks})
+        assert not failed and not more
+        answers[mode] = {rid: (c.token_ids, c.logprobs) for rid, c in done.items()}
+        cached[mode] = sorted(c.usage.cached_prompt_tokens for c in done.values())
+    same_answers(answers["on"], answers["off"])
+    block = 32
+    claimed, computed = cached["on"][1], cached["on"][0]
+    assert computed % block == 0 and claimed % block and claimed > computed  # one continued a tail
 
 
 def test_preemption_and_eviction_under_pressure_keep_answers_exact(engine):

@@ -108,6 +108,10 @@ _SETTINGS = [
             "computes one full block of a running answer as a prompt pass would, cached for the chat's "
             "next turn, which then reuses its last answer too, with the same tokens; the same work, "
             "moved out of the next turn's time to first token (docs/prefix-caching.md)", scopes=(WORKER,)),
+    Setting("answer_tails", bool, True, "with answer_copies: near an answer's end, a pass that gives no "
+            "first token also computes the partial block the answer ends in as a prompt pass would, "
+            "cached for the chat's next turn, which continues it, with the same tokens "
+            "(docs/prefix-caching.md)", scopes=(WORKER,)),
     Setting("prompt_lookup", str, "auto", "prompt-lookup speculative decoding: a decode step also "
             "verifies the tokens that followed the latest earlier occurrence of the text's last tokens "
             "(in its prompt or its answer so far), in the same pass; the tokens are those without it: "

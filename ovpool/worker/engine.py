@@ -133,14 +133,15 @@ class Engine:
 
     def batcher(self, runner: PagedRunner | None = None, *, max_running: int,
                 prefill_chunk: int | None = None, prefix_cache: str | None = None,
-                answer_copies: bool | None = None) -> Batcher:
+                answer_copies: bool | None = None, answer_tails: bool | None = None) -> Batcher:
         """A Batcher of this engine's requests on ``runner`` (default: the paged graph with
         ``kv_cache_mb`` of blocks); unset values come from the engine's config."""
         options = {"max_running": max_running, "prefix_cache": prefix_cache or self.prefix_cache,
                    "prefill_chunk": prefill_chunk or self.config.prefill_chunk,
                    "warm_up": self._warm_up_paged, "prompt_lookup": self.prompt_lookup,
                    "lookup_tokens": self.config.prompt_lookup_tokens,
-                   "answer_copies": self.config.answer_copies if answer_copies is None else answer_copies}
+                   "answer_copies": self.config.answer_copies if answer_copies is None else answer_copies,
+                   "answer_tails": self.config.answer_tails if answer_tails is None else answer_tails}
         if runner is not None:
             return Batcher(self.intake, runner, identity=self.graphs.paged_identity,
                            tier=self._kv_tier(self.load_result.entry, options["prefix_cache"]), **options)

@@ -12,7 +12,8 @@ that only decode (one block a pass, so a decode step grows by at most one block'
 
 A copy holds no block between passes: once computed it is an ordinary cached block (evicted least
 recently used first, so a copy never makes room for itself by preempting anyone), and the next
-copy takes the chain again; a chain evicted meanwhile ends that sequence's copies.
+copy takes the chain again; a chain evicted meanwhile ends that sequence's copies. The block an
+answer ends in is partial: answer_tails copies it in the pass that decodes the answer's last token.
 """
 
 from __future__ import annotations
@@ -20,7 +21,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from ovpool.worker.generate.answer_tails import AnswerTails
 from ovpool.worker.generate.blocks import BlockPool, chain_hash
+from ovpool.worker.generate.plan import Chunk, Plan
+
+# A tail is copied in a pass that gives no first token while its answer has at most this many
+# tokens left to sample (so it covers all but those): chat_sim.py's replay, docs/performance.md.
+TAIL_WINDOW = 8
 
 
 @dataclass
@@ -30,15 +37,53 @@ class _Copies:
     parent: bytes | None = None  # the block in flight's parent address and tokens (BlockPool.register)
     tokens: Sequence[int] = ()
     ended: bool = False  # its chain was evicted
+    tailed: bool = False  # its tail was copied (answer_tails)
 
 
 class AnswerCopies:
     """Copies of the full blocks past each running sequence's prompt blocks in ``pool``; ``seed``:
-    the first block's parent address (the Scheduler's)."""
+    the first block's parent address (the Scheduler's); ``tails``: answer tails too (or None)."""
 
-    def __init__(self, pool: BlockPool, seed: bytes, block_size: int):
-        self.pool, self.seed, self.block_size = pool, seed, block_size
+    def __init__(self, pool: BlockPool, seed: bytes, block_size: int, tails: AnswerTails | None = None):
+        self.pool, self.seed, self.block_size, self.tails = pool, seed, block_size, tails
         self._seqs: dict[str, _Copies] = {}
+        self._ended = 0  # sequences ended since the last pass: their next turns arrive during this one
+
+    def ride(self, plan: Plan, running: Sequence) -> None:
+        """Add to a batched ``plan`` (a lone decode keeps its one-token graph) the tail of a sequence
+        near its answer's end (``_tail``), and if it only decodes, one block of the oldest decoding
+        sequence with a block to copy; a spare block per ``running`` sequence stays free."""
+        planned, reserve = {c.seq_id for c in plan.chunks}, len(running) + 1
+        only_decodes = len(plan.chunks) > 1 and all(len(c.tokens) == 1 + c.draft for c in plan.chunks)
+        if self.tails is not None:
+            self.tails.drop()  # a copy whose pass failed
+            if len(plan.chunks) > 1:
+                self._tail(plan, [s for s in running if s.id in planned], reserve)
+            self._ended = 0
+        for seq in running if only_decodes else ():
+            if seq.id in planned and (chunk := self.next_chunk(seq, reserve)) is not None:
+                plan.chunks.append(Chunk(seq.id, *chunk, sample=False))
+                return
+
+    def _tail(self, plan: Plan, decoding: list, reserve: int) -> None:
+        """Add one tail copy (answer_tails) of a sequence with at most TAIL_WINDOW tokens left, once
+        per sequence, in a pass that gives nobody's first token: none finishes a prompt in it and
+        no sequence ended since the last pass (its next turn arrives during this one). In a pass
+        that does, the copy would delay that turn by what it saves the next one."""
+        if self._ended or any(c.sample and len(c.tokens) > 1 + c.draft for c in plan.chunks):
+            return
+        for seq in (s for s in decoding if 0 < s.left <= TAIL_WINDOW):
+            copies = self._seqs.setdefault(seq.id, _Copies())
+            if not copies.tailed and (chunk := self.tails.next_chunk(seq, self._chain(seq), reserve)):
+                plan.chunks.append(Chunk(seq.id, *chunk, sample=False))
+                copies.tailed = True
+                return
+
+    def _chain(self, seq) -> list[bytes]:
+        """The exact addresses of ``seq``'s full blocks computed so far: its prompt's, then copies."""
+        own, copies = seq.prompt // self.block_size, self._seqs.get(seq.id)
+        done = copies.addresses[:len(copies.addresses) - bool(copies.held)] if copies else []
+        return [*seq.addresses[:own], *done]
 
     def next_chunk(self, seq, reserve: int) -> tuple[int, list[int], list[int]] | None:
         """(start, tokens, block table) of ``seq``'s next block to copy, its blocks taken (the new
@@ -72,7 +117,9 @@ class AnswerCopies:
         return None
 
     def commit(self, seq_id: str) -> None:
-        """The pass that computed ``seq_id``'s copy in flight has run: cache the copy."""
+        """The pass that computed ``seq_id``'s copy in flight has run: cache the copy (and a tail)."""
+        if self.tails is not None:
+            self.tails.commit()
         copies = self._seqs.get(seq_id)
         if copies is not None and copies.held:
             self.pool.register(copies.held[-1], copies.addresses[-1], copies.parent, copies.tokens)
@@ -89,3 +136,4 @@ class AnswerCopies:
             copies.held = []
         if forget:
             self._seqs.pop(seq_id, None)
+            self._ended += 1

@@ -56,12 +56,14 @@ class Batcher:
     ``prompt_lookup``: off, on or auto, with up to ``lookup_tokens`` proposed tokens verified per
     decode (ovpool.worker.generate.lookup; not for a constrained request nor one that asks for
     log-probabilities); ``answer_copies``: with prefix_cache=on, batched decode passes also
-    compute answers' blocks as prompt passes would (the Scheduler's ``copy_answers``)."""
+    compute answers' blocks as prompt passes would (the Scheduler's ``copy_answers``), and with
+    ``answer_tails`` the partial block an answer ends in (``copy_tails``)."""
 
     def __init__(self, intake: Intake, runner: PagedRunner, *, max_running: int, prefill_chunk: int,
                  prefix_cache: str = "off", identity: bytes = b"",
                  warm_up: Callable[[], None] | None = None, tier: BlockTier | None = None,
-                 prompt_lookup: str = "off", lookup_tokens: int = 4, answer_copies: bool = True):
+                 prompt_lookup: str = "off", lookup_tokens: int = 4, answer_copies: bool = True,
+                 answer_tails: bool = True):
         self.intake, self.runner = intake, runner
         self.drafts = Drafts(prompt_lookup, lookup_tokens)
         # The lower tier holds exact blocks only (ovpool.worker.generate.kv_tier): with prefix_cache=on.
@@ -70,7 +72,7 @@ class Batcher:
                                    prefill_chunk=prefill_chunk, max_running=max_running,
                                    caching=prefix_cache != "off", exact=prefix_cache == "on",
                                    seed=_graph_seed(identity, runner), tier=self.tier,
-                                   copy_answers=answer_copies)
+                                   copy_answers=answer_copies, copy_tails=answer_tails)
         self._generations: dict[str, Generation] = {}
         self._preparer = Preparer()
         self._unprepared: dict[str, tuple[SamplingParams, tuple[bytes, ...]]] = {}
@@ -94,7 +96,7 @@ class Batcher:
                    prefill_chunk: int, prefix_cache: str = "off",
                    warm_up: Callable[[], None] | None = None, tier: BlockTier | None = None,
                    prompt_lookup: str = "off", lookup_tokens: int = 4,
-                   answer_copies: bool = True) -> Batcher:
+                   answer_copies: bool = True, answer_tails: bool = True) -> Batcher:
         """A Batcher on ``graph`` with ``kv_cache_mb`` of KV blocks."""
         runner = PagedRunner(graph.compiled, kv_cache_mb, decode=graph.decode)
         log.info("continuous batching: %d KV blocks of %d positions (%.0f MiB), graph %s in %.1f s",
@@ -102,7 +104,8 @@ class Batcher:
                  graph.seconds)
         return cls(intake, runner, max_running=max_running, prefill_chunk=prefill_chunk,
                    prefix_cache=prefix_cache, identity=graph.identity, warm_up=warm_up, tier=tier,
-                   prompt_lookup=prompt_lookup, lookup_tokens=lookup_tokens, answer_copies=answer_copies)
+                   prompt_lookup=prompt_lookup, lookup_tokens=lookup_tokens, answer_copies=answer_copies,
+                   answer_tails=answer_tails)
 
     @property
     def active(self) -> int:
@@ -276,7 +279,7 @@ class Batcher:
         if draft:
             self.scheduler.verified(request_id, tokens)
         else:
-            self.scheduler.append(request_id, tokens[0])
+            self.scheduler.append(request_id, tokens[0], left=gen.params.max_tokens - len(gen.token_ids))
         return events
 
     def _exhausted(self, request_id: str) -> Event:

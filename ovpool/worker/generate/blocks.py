@@ -8,6 +8,10 @@ A block is in one of three states:
   recently used first when the pool needs room;
 - empty: ``refs == 0`` and nothing worth keeping.
 
+A cached block may also hold a block's first positions only (an answer's tail,
+ovpool.worker.generate.answer_tails): a sequence ``claim``s it whole, its address dropped, and
+writes the positions after them; such blocks are not announced in ``events``.
+
 ``available`` (empty + cached) is what the scheduler can allocate, so the cache lives inside
 ``kv_cache_mb``: caching never takes a block a sequence needs. A full block's address chains the
 address of everything before it (``chain_hash``), so equal addresses mean equal prefixes, and the
@@ -88,6 +92,7 @@ class BlockPool:
         self._address: dict[int, bytes] = {}  # block -> content address, for full computed blocks
         self._by_address: dict[bytes, int] = {}
         self._lru: OrderedDict[int, None] = OrderedDict()  # cached blocks, least recently used first
+        self._quiet: set[int] = set()  # blocks whose address was not announced (no Removed either)
         self.evictions = 0
         self.events: deque[Stored | Removed] = deque(maxlen=_EVENTS_MAX)
 
@@ -113,11 +118,26 @@ class BlockPool:
             block = self._empty.popleft()
         else:
             block, _ = self._lru.popitem(last=False)
-            address = self._address.pop(block)
-            del self._by_address[address]
+            self._forget(block)
             self.evictions += 1
-            if self.recording:
-                self.events.append(Removed(address))
+        self._refs[block] = 1
+        return block
+
+    def _forget(self, block: int) -> None:
+        address = self._address.pop(block)
+        del self._by_address[address]
+        if self.recording and block not in self._quiet:
+            self.events.append(Removed(address))
+        self._quiet.discard(block)
+
+    def claim(self, address: bytes) -> int | None:
+        """The cached block holding ``address``, now the caller's alone (refs 1, address dropped:
+        the caller writes it); None if no block holds it or someone holds it."""
+        block = self._by_address.get(address)
+        if block is None or self._refs[block]:
+            return None
+        del self._lru[block]
+        self._forget(block)
         self._refs[block] = 1
         return block
 
@@ -140,16 +160,20 @@ class BlockPool:
         return n
 
     def register(self, block: int, address: bytes, parent: bytes | None = None,
-                 tokens: Sequence[int] = ()) -> None:
-        """``block`` (in use) now holds the full, computed content ``address``, the ``tokens``
-        after the block ``parent`` (for ``events``, while ``recording``). If another block already
-        holds it (two sequences computed the same prefix side by side), that one stays the cached
-        copy and this one is emptied when freed."""
-        if self.caching and address not in self._by_address and block not in self._address:
-            self._address[block] = address
-            self._by_address[address] = block
-            if self.recording:
-                self.events.append(Stored(address, parent, tuple(tokens)))
+                 tokens: Sequence[int] = (), announce: bool = True) -> bool:
+        """``block`` (in use) now holds the computed content ``address``, the ``tokens`` after the
+        block ``parent`` (for ``events``, while ``recording`` and ``announce``); False if another
+        block already holds it (two sequences computed the same prefix side by side: that one stays
+        the cached copy and this one is emptied when freed) or this one has an address."""
+        if not self.caching or address in self._by_address or block in self._address:
+            return False
+        self._address[block] = address
+        self._by_address[address] = block
+        if not announce:
+            self._quiet.add(block)
+        elif self.recording:
+            self.events.append(Stored(address, parent, tuple(tokens)))
+        return True
 
     def drain(self) -> list[Stored | Removed]:
         """The events since the last drain, oldest first."""

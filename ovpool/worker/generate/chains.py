@@ -18,10 +18,11 @@ from ovpool.worker.generate.plan import Seq
 class Chains:
     """The chains of sequences in ``pool``; ``seed``: the first block's parent address; ``exact``:
     only blocks computed as the new sequence would compute them (see blocks.chain_hashes);
-    ``tier``: the lower tier (TierLink) or None."""
+    ``tier``: the lower tier (TierLink) or None; ``tails``: answer tails (AnswerTails) or None."""
 
-    def __init__(self, pool: BlockPool, seed: bytes, block_size: int, exact: bool, tier=None):
+    def __init__(self, pool: BlockPool, seed: bytes, block_size: int, exact: bool, tier=None, tails=None):
         self.pool, self.seed, self.block_size, self.exact, self.tier = pool, seed, block_size, exact, tier
+        self.tails = tails
 
     def addresses(self, seq: Seq, blocks: int | None = None) -> list[bytes]:
         return chain_hashes(self.seed, seq.tokens, self.block_size, seq.addresses, blocks,
@@ -51,6 +52,14 @@ class Chains:
             self._load(seq, spare)
         n = len(seq.blocks)
         seq.computed, seq.registered = n * self.block_size, n
+        if self.tails is not None:  # and the positions of a tail after them
+            seq.computed += self.tails.claim(seq, seq.addresses[n - 1] if n else self.seed)
+
+    def release(self, seq: Seq) -> None:
+        """``seq`` lets go of its blocks (a tail it claimed is cached again)."""
+        if self.tails is not None:
+            self.tails.release(seq)
+        self.pool.release(seq.blocks)
 
     def _load(self, seq: Seq, spare: int) -> None:
         """Continue ``seq``'s cached chain with blocks from the lower tier, as far as it holds them,

@@ -67,6 +67,8 @@ class Seq:
     cached: int = 0  # of its prompt's tokens, the ones its admission found cached
     draft: list[int] = field(default_factory=list)  # proposed tokens its next decode verifies
     verified: int | None = None  # the first position whose KV a verifying pass computed
+    left: int = 0  # tokens it may still sample, its next decode's included (0: unknown; answer_tails)
+    claim: object = None  # the cached tail its admission claimed (answer_tails.Claim)
 
     @property
     def tail(self) -> bytes | None:

@@ -31,6 +31,7 @@ from collections import deque
 from collections.abc import Sequence
 
 from ovpool.worker.generate.answer_copies import AnswerCopies
+from ovpool.worker.generate.answer_tails import AnswerTails
 from ovpool.worker.generate.blocks import BlockPool
 from ovpool.worker.generate.chains import Chains
 from ovpool.worker.generate.plan import Chunk, PassLoad, Plan, Seq, prompt_chunk
@@ -46,22 +47,24 @@ class Scheduler:
     that full prompt blocks are saved to once computed and a chain is continued from at admission;
     ``copy_answers`` (with ``caching`` and ``exact``): a pass that only decodes also computes one
     block of a decoding sequence's answer as a prompt pass would, for a chat's next turn
-    (ovpool.worker.generate.answer_copies), if a block fits in ``prefill_chunk``; ``pass_cost``:
+    (ovpool.worker.generate.answer_copies), if a block fits in ``prefill_chunk``, and ``copy_tails``
+    the partial block an answer ends in (answer_tails, given ``append(left=)``); ``pass_cost``:
     a pass's fixed cost in prompt tokens' worth (plan.PassLoad; the measurement behind the default:
     docs/performance.md, Chat TTFT)."""
 
     def __init__(self, *, num_blocks: int, block_size: int, prefill_chunk: int, max_running: int,
                  caching: bool = False, exact: bool = True, seed: bytes = b"", tier=None,
-                 copy_answers: bool = False, pass_cost: int = 24):
+                 copy_answers: bool = False, copy_tails: bool = False, pass_cost: int = 24):
         if num_blocks < 1 or block_size < 1 or prefill_chunk < 1 or max_running < 1:
             raise ValueError("num_blocks, block_size, prefill_chunk and max_running must be >= 1")
         self.num_blocks, self.block_size = num_blocks, block_size
         self.prefill_chunk, self.max_running, self.pass_cost = prefill_chunk, max_running, pass_cost
         self.pool, self.seed = BlockPool(num_blocks, caching), seed
         self.tier = tier if caching else None
-        self.chains = Chains(self.pool, seed, block_size, exact, self.tier)
-        self.copies = AnswerCopies(self.pool, seed, block_size) \
-            if caching and exact and copy_answers and block_size <= prefill_chunk else None
+        copying = caching and exact and copy_answers and block_size <= prefill_chunk
+        tails = AnswerTails(self.pool, seed, block_size, num_blocks) if copying and copy_tails else None
+        self.chains = Chains(self.pool, seed, block_size, exact, self.tier, tails)
+        self.copies = AnswerCopies(self.pool, seed, block_size, tails) if copying else None
         self._waiting: deque[Seq] = deque()
         self._running: list[Seq] = []  # admission order
         self._seqs: dict[str, Seq] = {}
@@ -87,9 +90,12 @@ class Scheduler:
         self._seqs[seq_id] = seq
         self._waiting.append(seq)
 
-    def append(self, seq_id: str, token: int) -> None:
-        """The token sampled for ``seq_id`` after its last chunk: it is fed in the next plan."""
-        self._seqs[seq_id].tokens.append(token)
+    def append(self, seq_id: str, token: int, left: int = 0) -> None:
+        """The token sampled for ``seq_id`` after its last chunk: it is fed in the next plan;
+        ``left``: how many tokens it may still sample (0: unknown; answer_tails)."""
+        seq = self._seqs[seq_id]
+        seq.tokens.append(token)
+        seq.left = left
 
     def decoding(self, seq_id: str) -> bool:
         """Whether ``seq_id`` runs and its next chunk is one token (a decode, which a draft may follow)."""
@@ -162,9 +168,8 @@ class Scheduler:
             if seq in self._running:  # not preempted by an earlier decode of this loop
                 self._schedule_draft(seq, plan) or self._schedule(seq, 1, plan)
         self._prefill(plan)
-        if self.copies is not None and len(plan.chunks) > 1 \
-                and all(len(c.tokens) == 1 + c.draft for c in plan.chunks):
-            self._copy_answer(plan)
+        if self.copies is not None:
+            self.copies.ride(plan, self._running)
         self._planned = list(dict.fromkeys(c.seq_id for c in plan.chunks))
         return plan
 
@@ -210,18 +215,6 @@ class Scheduler:
         if not 0 < n <= load.room + over or (n == seq.pending and not load.finishes(n)):
             return 0
         return n
-
-    def _copy_answer(self, plan: Plan) -> None:
-        """Add one block of the oldest decoding sequence with a block to copy (answer_copies)
-        to ``plan``, a batched pass that only decodes (a lone decode keeps its one-token graph),
-        keeping a spare block per running sequence."""
-        planned = {c.seq_id for c in plan.chunks}
-        for seq in self._running:
-            if seq.id in planned:  # it decodes: its prompt is computed
-                chunk = self.copies.next_chunk(seq, reserve=len(self._running) + 1)
-                if chunk is not None:
-                    plan.chunks.append(Chunk(seq.id, *chunk, sample=False))
-                    return
 
     def _admit(self, plan: Plan, load: PassLoad, over: bool, held: int, shorter: int | None = None) -> None:
         """Admit waiting sequences (FIFO, but those whose next block a running prefill computes)
@@ -324,6 +317,6 @@ class Scheduler:
     def _release(self, seq: Seq) -> None:
         if self.copies is not None:
             self.copies.drop(seq.id)
-        self.pool.release(seq.blocks)
+        self.chains.release(seq)
         seq.blocks, seq.computed, seq.registered, seq.verified = [], 0, 0, None
 
