@@ -185,10 +185,12 @@ def test_where_auto_turns_it_on_answers_are_bit_identical_at_the_default_precisi
         if eng.prefix_cache != "on":
             assert eng.settings.prefix_cache == "auto" and eng.prefix_cache == "off"
             return
-        cached, on = conversations(eng, caching="on", turns=2)
-        fresh, _ = conversations(eng, caching="off", turns=2)
+        # A block of prefill budget and 40-token answers: answer copies and tails at this precision too.
+        cached, on = conversations(eng, caching="on", turns=3, params=LONG, prefill_chunk=32)
+        _, copies = conversations(eng, caching="on", turns=3, params=LONG, prefill_chunk=32, tails=False)
+        fresh, _ = conversations(eng, caching="off", turns=3, params=LONG, prefill_chunk=32)
         same_answers(cached, fresh)
-        assert on.cached_prompt_tokens > 0
+        assert on.cached_prompt_tokens > copies.cached_prompt_tokens > 0
         if eng.graph_settings["inference_precision"] == "bf16":
             assert cached == fresh
 
