@@ -124,6 +124,16 @@ def test_anthropic_errors_of_the_pool_and_of_keys_keep_its_shape(http, claude):
         assert response.json()["error"]["type"] == "authentication_error"
     response = http.post("/v1/messages/nowhere", json={}, headers={"x-api-key": KEY})
     assert response.status_code == 404 and response.json()["type"] == "error"
+    assert "no route /v1/messages/nowhere" in response.json()["error"]["message"]
+
+
+def test_an_unknown_route_or_method_says_what_is_served(http):
+    response = http.post("/v1/embeddings", json={"model": "m", "input": "x"}, headers={"x-api-key": KEY})
+    message = response.json()["error"]["message"]
+    assert response.status_code == 404 and "no route /v1/embeddings" in message
+    assert "/v1/chat/completions" in message and "embeddings are not served" in message
+    response = http.get("/v1/chat/completions", headers={"x-api-key": KEY})
+    assert response.status_code == 405 and "does not take GET" in response.json()["error"]["message"]
 
 
 def test_responses_is_the_chat_completion_in_the_responses_shape(oai, chat_text):

@@ -86,7 +86,17 @@ class _App(Starlette):
 
 
 async def _http_error(request: Request, exc: HTTPException) -> JsonResponse:
+    if exc.status_code in (404, 405) and exc.detail in ("Not Found", "Method Not Allowed"):  # Starlette's
+        exc = HTTPException(exc.status_code, _no_route(request.method, request.url.path, exc.status_code))
     return http_response(exc, _shape_of(request.url.path))
+
+
+def _no_route(method: str, path: str, status: int) -> str:
+    """What an unknown route or a wrong method gets told: what this API serves."""
+    if status == 405:
+        return f"{path} does not take {method}; see docs/api.md for each route's method"
+    return (f"this API has no route {path} (it serves /v1/chat/completions, /v1/completions, /v1/responses,"
+            " /v1/messages and /v1/models; embeddings are not served); see docs/api.md")
 
 
 def _shape_of(path: str) -> ErrorShape:
