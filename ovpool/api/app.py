@@ -94,9 +94,9 @@ async def _http_error(request: Request, exc: HTTPException) -> JsonResponse:
 def _no_route(method: str, path: str, status: int) -> str:
     """What an unknown route or a wrong method gets told: what this API serves."""
     if status == 405:
-        return f"{path} does not take {method}; see docs/api.md for each route's method"
+        return f"{path} does not take {method}; docs/operations.md (The HTTP API) lists each route's method"
     return (f"this API has no route {path} (it serves /v1/chat/completions, /v1/completions, /v1/responses,"
-            " /v1/messages and /v1/models; embeddings are not served); see docs/api.md")
+            " /v1/messages and /v1/models; embeddings are not served); docs/operations.md (The HTTP API)")
 
 
 def _shape_of(path: str) -> ErrorShape:
