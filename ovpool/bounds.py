@@ -34,6 +34,7 @@ MAX_STOP_CHARS = 1024    # characters per stop string
 MAX_NAME_CHARS = 256     # a model name, a chat message's role or name (as broker/bounds.py)
 MAX_CHOICES = 128        # n × prompts of one HTTP request: one broker request each
 MAX_MESSAGES = 4096      # chat messages per request
+MAX_SLOTS = 1024         # a worker's slots: the setting's maximum, what the broker fills at most
 # Characters of one prompt (a chat's: every message's content together). 8 characters a token for
 # a 131,072-token context; tokenizing this many takes ~0.6 s (SmolLM2's BPE, AVX2 host).
 MAX_PROMPT_CHARS = 2**20

@@ -37,6 +37,25 @@ def test_bad_value_names_setting_and_allowed(name, value, needle):
     assert name in str(err.value) and needle in str(err.value)
 
 
+@pytest.mark.parametrize("name, value, problem", [
+    # NaN compares false with every bound: it passed, and connect_timeout_s=nan waited for ever
+    ("connect_timeout_s", "nan", "'nan' is not a valid float (a number >= 0.01)"),
+    ("stream_stall_s", "NaN", "'NaN' is not a valid float (a number >= 0.01)"),
+    # past what the wire holds: slots=1e23 crashed every worker start in msgpack (OverflowError)
+    ("slots", "99999999999999999999999", "'99999999999999999999999' is above the maximum 1024"),
+    ("slots", "1025", "'1025' is above the maximum 1024"),  # the most the broker fills
+    ("metrics_port", "70000", "'70000' is above the maximum 65535"),  # a traceback from bind()
+    ("queue_limit", str(2**63), f"'{2**63}' is above the maximum {2**63 - 1}"),
+])
+def test_a_value_no_process_can_use_is_refused_naming_the_setting(name, value, problem):
+    with pytest.raises(InvalidSettingError) as err:
+        Settings.resolve({name: value}, env={})
+    assert str(err.value) == f"setting {name}: {problem}"
+    env = f"OVPOOL_{name.upper()}"
+    with pytest.raises(InvalidSettingError, match=f"environment variable {env}=.*; fix or unset {env}"):
+        Settings.resolve(env={env: value})
+
+
 def test_bad_env_value_is_an_error_too():
     with pytest.raises(InvalidSettingError, match="kv_cache_precision"):
         Settings.resolve(env={"OVPOOL_KV_CACHE_PRECISION": "int3"})

@@ -18,7 +18,7 @@ from ovpool import bounds
 from ovpool.errors import InvalidRequestError
 from ovpool.protocol import LoadFailed, Ready, Supervised
 
-MAX_SLOTS = 1024  # slots the broker fills on one worker, whatever its READY advertises
+MAX_SLOTS = bounds.MAX_SLOTS  # slots the broker fills on one worker, whatever its READY advertises
 MAX_WORKERS = 1024  # workers registered at once; a READY beyond is dropped
 MAX_NAMES = 64  # model names (aliases included) in one READY or LOAD_FAILED
 MAX_REASON_CHARS = 1000  # of a LOAD_FAILED's message, as the broker repeats it in errors

@@ -6,6 +6,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
+from ovpool.bounds import MAX_SLOTS
 from ovpool.settings.setting import API, BROKER, CLIENT, GRAPH, SERVE, WORKER, Setting
 
 
@@ -31,9 +32,10 @@ _SETTINGS = [
             scopes=(WORKER,)),
     Setting("source_identity", str, "metadata", "how a GGUF is identified in the cache fingerprint",
             choices=("metadata", "content"), scopes=(WORKER,)),
-    Setting("slots", int, 8, "concurrent sequences one worker serves", minimum=1, scopes=(WORKER,)),
+    Setting("slots", int, 8, "concurrent sequences one worker serves", minimum=1, maximum=MAX_SLOTS,
+            scopes=(WORKER,)),
     Setting("metrics_port", int, 0, "broker: Prometheus /metrics HTTP port (0: off)", minimum=0,
-            scopes=(BROKER,)),
+            maximum=65535, scopes=(BROKER,)),
     Setting("queue_limit", int, 256, "requests the broker queues per model before QueueFull", minimum=0,
             scopes=(BROKER,)),
     Setting("stream_stall_s", float, 30.0, "broker: a stream whose reader takes none of the tokens "

@@ -3,6 +3,7 @@ parse of a raw value (from a flag or the environment) into it, with an error tha
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -16,6 +17,7 @@ SERVE = "serve"  # `ovpool serve` itself: which of its models are loaded
 SCOPES = (CLIENT, BROKER, WORKER, GRAPH, API, SERVE, PROCESS)
 
 _TRUE = {"1", "true", "yes", "on"}
+_INT64_MAX = 2**63 - 1
 _FALSE = {"0", "false", "no", "off", ""}
 
 
@@ -28,6 +30,7 @@ class Setting:
     scopes: tuple[str, ...]  # the processes that read it (SCOPES)
     choices: tuple[str, ...] | None = None
     minimum: float | None = None
+    maximum: float | None = None  # ints: at most int64's without one (every value may go on the wire)
     default_from_env: Callable[[Mapping[str, str]], Any] | None = None  # a default that depends on env
 
     def __post_init__(self) -> None:
@@ -56,9 +59,17 @@ class Setting:
             raise self._invalid(raw, f"is not {self._expected()}", from_env) from exc
         if self.choices is not None and value not in self.choices:
             raise self._invalid(raw, f"is not allowed{self._allowed()}", from_env)
+        if isinstance(value, float) and math.isnan(value):  # it compares false with every bound
+            raise self._invalid(raw, f"is not {self._expected()}", from_env)
         if self.minimum is not None and value < self.minimum:
             raise self._invalid(raw, f"is below the minimum {self.minimum:g}", from_env)
+        if (most := self._most()) is not None and value > most:
+            raise self._invalid(raw, f"is above the maximum {most:g}" if isinstance(most, float)
+                                else f"is above the maximum {most}", from_env)
         return value
+
+    def _most(self) -> float | None:
+        return self.maximum if self.maximum is not None or self.type is not int else _INT64_MAX
 
     def _invalid(self, raw: Any, problem: str, from_env: bool) -> InvalidSettingError:
         if from_env:
