@@ -47,6 +47,14 @@ def test_a_models_file_sets_each_models_own_settings(tmp_path):
         catalog((), None, str(path))
 
 
+def test_a_models_file_that_is_not_text_is_a_config_error_naming_it(tmp_path):
+    path = tmp_path / "models.toml"
+    path.write_bytes(b"[models.x]\npath = '\xff\xfe'\n")  # was a UnicodeDecodeError traceback
+    with pytest.raises(ConfigError) as err:
+        catalog((), None, str(path))
+    assert str(err.value) == f"--models {str(path)!r} is not valid TOML: not UTF-8 text (byte 19)"
+
+
 @pytest.mark.parametrize("field, match", [
     ("keep_alive = nan", r"\[models.x\]: keep_alive must be a number >= -1, not nan"),
     ("keep_alive = inf", r"\[models.x\]: keep_alive must be a number >= -1, not inf"),

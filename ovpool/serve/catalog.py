@@ -82,6 +82,8 @@ def read_models_file(path: str) -> list[ModelEntry]:
         raise ConfigError(f"--models {path!r}: cannot read it ({exc.strerror})") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"--models {path!r} is not valid TOML: {exc}") from None
+    except UnicodeDecodeError as exc:  # tomllib decodes the whole file first
+        raise ConfigError(f"--models {path!r} is not valid TOML: not UTF-8 text (byte {exc.start})") from None
     tables = doc.get("models")
     if not isinstance(tables, dict) or not tables:
         raise ConfigError(f"--models {path!r} has no [models.NAME] table; see docs/operations.md, "

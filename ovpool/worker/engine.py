@@ -21,7 +21,8 @@ import openvino as ov
 from ovpool.cache import budget, kv, prefetch
 from ovpool.completion import Completion, Delta
 from ovpool.config import WorkerConfig
-from ovpool.devices import device_type
+from ovpool.devices import check_usable, device_type
+from ovpool.errors import ModelLoadError
 from ovpool.sampling_params import SamplingParams
 from ovpool.settings import Settings
 from ovpool.worker import heap
@@ -73,8 +74,12 @@ class Engine:
         with timed(phases, "tokenizer"):
             self.tokenizer = opened.tokenizer if opened is not None else Tokenizer.from_metadata(
                 self.model.metadata)
-        self.graphs = Graphs(self.model, self.config, self.device, self.core, cache_dir=cache_dir,
-                             cache_only=cache_only, early=early)
+        try:
+            self.graphs = Graphs(self.model, self.config, self.device, self.core, cache_dir=cache_dir,
+                                 cache_only=cache_only, early=early)
+        except (RuntimeError, ModelLoadError):  # checked now: probing first would delay starts
+            check_usable(self.core, self.device)  # one that is not there says so, in one line
+            raise
         # The compiled model holds its own weights: unmapping the file frees its pages (~its size).
         self.model.close()
         heap.trim()  # the build's freed temporaries, before the warm-up's layouts raise the peak
