@@ -7,6 +7,7 @@ from click.testing import CliRunner
 
 from ovpool.cache.store import CacheStore
 from ovpool.cli import main
+from ovpool.errors import ConfigError
 from ovpool.worker.engine import Engine
 
 
@@ -54,6 +55,33 @@ def test_explain_says_hit_or_names_the_difference(populated):
 def test_a_missing_cache_dir_is_a_clear_error():
     result = CliRunner().invoke(main, ["cache", "ls"], env={"OVPOOL_CACHE_DIR": ""})
     assert result.exit_code != 0 and "--cache-dir" in str(result.exception)
+
+
+@pytest.mark.parametrize("refusal", ["parent", "dir"])
+def test_a_cache_dir_this_user_cannot_read_is_one_line_naming_it(tmp_path, monkeypatch, refusal):
+    """Was a PermissionError traceback (`ovpool cache ls --cache-dir /proc/1/root` in a container).
+    Root reads any mode bits, so the refusal is the file system's answer, stood in for."""
+    from ovpool.cli import common
+
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    real_exists = common.Path.exists
+
+    def exists(path):
+        if refusal == "parent" and path == locked / "cache":
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_exists(path)
+
+    monkeypatch.setattr(common.Path, "exists", exists)
+    monkeypatch.setattr(common.os, "access", lambda path, mode: path != locked)
+    cache_dir = locked / "cache" if refusal == "parent" else locked
+    result = CliRunner().invoke(main, ["cache", "ls", "--cache-dir", str(cache_dir)])
+    unreadable = cache_dir if refusal == "parent" else locked
+    reason = "(Permission denied)" if refusal == "parent" else "(permission denied)"
+    assert isinstance(result.exception, ConfigError)  # one line from run_cli
+    assert str(result.exception) == (
+        f"cache directory {cache_dir} (from --cache-dir or --set): {unreadable} cannot be read"
+        f" {reason}; pass --cache-dir with the cache's directory")
 
 
 def test_verify_finds_a_flipped_bit_and_rm_removes_the_entry(tiny_model, tmp_path):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import os
 import signal
 import sys
 import threading
@@ -75,12 +76,19 @@ def check_cache_dir(settings: Settings,
     if not chosen:
         return settings
     path = Path(chosen).expanduser()
-    blocker = next((p for p in (path, *path.parents) if p.exists() or p.is_symlink()), None)
+    origin = {"env": " (from OVPOOL_CACHE_DIR)", "flag": " (from --cache-dir or --set)"}.get(
+        settings.source("cache_dir"), " (the default: $XDG_CACHE_HOME/ovpool)")
+    try:
+        blocker = next((p for p in (path, *path.parents) if p.exists() or p.is_symlink()), None)
+    except PermissionError as exc:  # a parent this user may not look into
+        raise ConfigError(f"cache directory {chosen}{origin}: {exc.filename} cannot be read"
+                          f" ({exc.strerror}); {fix}") from None
     if blocker is not None and not blocker.is_dir():
-        origin = {"env": " (from OVPOOL_CACHE_DIR)", "flag": " (from --cache-dir or --set)"}.get(
-            settings.source("cache_dir"), " (the default: $XDG_CACHE_HOME/ovpool)")
         what = "a file, not a directory" if blocker.is_file() else "not a directory"
         raise ConfigError(f"cache directory {chosen}{origin}: {blocker} is {what}; {fix}")
+    if blocker is not None and not os.access(blocker, os.R_OK | os.X_OK):  # read-only is fine
+        raise ConfigError(f"cache directory {chosen}{origin}: {blocker} cannot be read (permission"
+                          f" denied); {fix}")
     return settings
 
 
