@@ -8,6 +8,8 @@ The issue's bound for a taken port is 5 s; the tests allow 10 s, for this loaded
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -118,6 +120,23 @@ def test_an_unreadable_api_key_file_is_one_line(tmp_path):
     done, _ = run_serve("--api-key-file", str(tmp_path / "nope"), "--no-http", *NULL)
     assert done.returncode == 2 and "--api-key-file" in done.stdout and "No such file" in done.stdout
     assert "Traceback" not in done.stdout
+
+
+@pytest.mark.parametrize("content", ["", "\n  \n,\n"])
+def test_an_api_key_file_without_a_key_is_refused_not_served_open(tmp_path, content):
+    """An empty key file (a secret not mounted yet) used to serve the HTTP API with no key at all."""
+    key_file = tmp_path / "keys"
+    key_file.write_text(content)
+    done, _ = run_serve("--api-key-file", str(key_file), *NULL)
+    assert done.returncode == 2 and "Traceback" not in done.stdout
+    assert f"--api-key-file: {key_file} holds no key (one a line): put the keys in it" in done.stdout
+
+
+def test_an_empty_api_key_for_ovpool_api_is_refused_not_served_open():
+    done = subprocess.run([sys.executable, "-m", "ovpool", "api", "--api-key", " ", "--bind", "127.0.0.1:0"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "Invalid value for --api-key: it holds no key (empty): pass the key" in done.stderr
 
 
 def test_ready_is_claimed_for_our_own_http_child_only(tmp_path):

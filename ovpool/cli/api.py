@@ -37,6 +37,9 @@ def api_command(broker: str | None, bind: str, api_keys: tuple[str, ...], assign
 
     api = ApiConfig.of(resolve_settings(assignments, broker=broker, **curve))
     endpoint.check(api.broker)  # now, not at the first request
+    if api_keys and not keys.parse(api_keys):  # e.g. --api-key "$KEY" with KEY unset: not open
+        raise click.BadParameter("it holds no key (empty): pass the key, or leave --api-key out to"
+                                 " serve without keys", param_hint="--api-key")
     config = Config(api.broker, api.client, keys.ApiKeys(keys.parse(api_keys)), api.max_new_tokens,
                     shutdown_timeout_s=api.shutdown_timeout_s)
     with stop_on_signals() as stop:

@@ -257,14 +257,20 @@ def _without_curve(assignments: tuple[str, ...]) -> tuple[str, ...]:
 
 def _api_keys(path: str | None) -> list[str]:
     """The HTTP API's keys: from --api-key-file (one a line) and the environment variable."""
-    values = [os.environ.get(API_KEY_ENV, "")]
+    from ovpool.api.keys import parse
+
+    keys = parse([os.environ.get(API_KEY_ENV, "")])
     if path:
         try:
-            values += Path(path).read_text(encoding="utf-8").splitlines()
+            in_file = parse(Path(path).read_text(encoding="utf-8").splitlines())
         except (OSError, UnicodeDecodeError) as exc:
             why = getattr(exc, "strerror", None) or exc
             raise click.BadParameter(f"cannot read {path}: {why}", param_hint="--api-key-file") from None
-    return [key.strip() for value in values for key in value.split(",") if key.strip()]
+        if not in_file:  # a key meant, none there: the API must not come up open
+            raise click.BadParameter(f"{path} holds no key (one a line): put the keys in it, or leave"
+                                     " --api-key-file out to serve without keys", param_hint="--api-key-file")
+        keys += in_file
+    return keys
 
 
 @click.command("probe")
