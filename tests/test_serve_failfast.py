@@ -139,6 +139,16 @@ def test_an_empty_api_key_for_ovpool_api_is_refused_not_served_open():
     assert "Invalid value for --api-key: it holds no key (empty): pass the key" in done.stderr
 
 
+@pytest.mark.parametrize("option, value", [("--bind", "tcp://127.0.0.1:0"), ("--bind", "tcp://*:*"),
+                                           ("--http", "127.0.0.1:0")])
+def test_serve_refuses_any_free_port_its_workers_and_clients_could_not_find(option, value):
+    """Port 0 used to start a pool whose workers reconnected to tcp://127.0.0.1:0 for ever (--bind),
+    or whose HTTP API was announced at http://127.0.0.1:0/v1 (--http)."""
+    done, _ = run_serve(option, value, *NULL)
+    assert done.returncode == 2 and "Traceback" not in done.stdout
+    assert f"Invalid value for {option}: {value!r} asks for any free port" in done.stdout
+
+
 def test_ready_is_claimed_for_our_own_http_child_only(tmp_path):
     """Readiness is the child's own listener (errors aside: the pool serves, and says it once)."""
     with serve(tmp_path, *NULL, http=True) as served:

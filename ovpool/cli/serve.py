@@ -50,12 +50,15 @@ def _spec(devices: str | None, workers: int | None, bind: str, remote: str | Non
         endpoint.check(remote, "--broker endpoint")
     else:
         endpoint.check(bind, "--bind address")
+        if bind.startswith("tcp://") and bind.rsplit(":", 1)[1] in ("0", "*"):
+            _any_port("--bind", bind, "tcp://127.0.0.1:5555")
     auto = devices is not None and devices.strip().lower() == "auto"
     listed = parse_devices(devices, workers, _available_devices() if auto else None)
     if http:
         from ovpool.api.server import parse_bind
 
-        parse_bind(http)  # a bad --http fails now, not in the child
+        if parse_bind(http)[1] == 0:  # a bad --http fails now, not in the child
+            _any_port("--http", http, "127.0.0.1:8000")
     if len(models) > 1 and fields.get("served_names"):
         raise click.UsageError("--served-name names the one model of a pool; with several, give "
                                "names as --model NAME=PATH or served_names in a --models file")
@@ -64,6 +67,12 @@ def _spec(devices: str | None, workers: int | None, bind: str, remote: str | Non
                     devices=tuple(listed), bind=None if remote else bind, broker=remote or "",
                     cache_dir=settings.cache_dir,
                     cache_only=settings.cache_only, metrics_port=settings.metrics_port, http=http, **fields)
+
+
+def _any_port(option: str, value: str, example: str) -> None:
+    """Port 0 or * binds any free port, which serve's workers, its probes and its users cannot know."""
+    raise click.BadParameter(f"{value!r} asks for any free port, which no worker or client could find;"
+                             f" give a fixed one, e.g. {example}", param_hint=option)
 
 
 def _http_bind(http: str | None, no_http: bool, remote: str | None) -> str | None:
