@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import signal
 import threading
 import time
 
@@ -70,6 +71,37 @@ def test_killed_worker_loses_no_accepted_request_and_no_token_index(endpoint):
         assert [d.index for d in stream] == list(range(n_tokens))
         assert [d.token_id for d in stream] == expected(f"p{i}", i, n_tokens)
     assert status["counters"]["requeued"] >= 1 and len(status["workers"]) == 1
+
+
+def test_a_stopped_worker_loses_no_request_and_serves_again_once_resumed(endpoint):
+    """SIGSTOP, not kill: the worker's connection stays up and it wakes later still holding its
+    requests. They are re-dispatched once its heartbeats stop; what it sends after SIGCONT for
+    them reaches no client (no index twice), and it registers and serves again."""
+    n_tokens = 60
+    with broker(endpoint), null_worker(endpoint, slots=4, token_delay=0.02) as victim, \
+            null_worker(endpoint, slots=4, token_delay=0.02), Client(endpoint) as client:
+        wait_for_workers(client, 2)
+        streams = [[] for _ in range(8)]
+        threads = [_stream_into(client, s, f"p{i}", max_tokens=n_tokens, seed=i)
+                   for i, s in enumerate(streams)]
+        _wait_until(lambda: all(len(s) >= 3 for s in streams))
+        victim.proc.send_signal(signal.SIGSTOP)
+        try:
+            for t in threads:
+                t.join(timeout=60)
+            stopped = client.status()
+        finally:
+            victim.proc.send_signal(signal.SIGCONT)
+        wait_for_workers(client, 2)
+        again = [client.submit(f"q{i}", max_tokens=n_tokens, seed=i) for i in range(16)]
+        after = [f.result(timeout=60) for f in again]
+        status = client.status()
+    for i, stream in enumerate(streams):
+        assert [d.index for d in stream] == list(range(n_tokens))
+        assert [d.token_id for d in stream] == expected(f"p{i}", i, n_tokens)
+    assert stopped["counters"]["requeued"] >= 1 and len(stopped["workers"]) == 1
+    assert [c.token_ids for c in after] == [expected(f"q{i}", i, n_tokens) for i in range(16)]
+    assert {w["active"] for w in status["workers"]} == {0} and status["counters"]["failed"] == 0
 
 
 def test_broker_restart_mid_run_completes_or_fails_clearly(endpoint, tmp_path):
