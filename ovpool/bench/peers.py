@@ -56,8 +56,9 @@ class BatchedPipeline:
         self.pipe = genai.ContinuousBatchingPipeline(model_path, scheduler, device, properties or {})
         self.pipe.generate(list(PROMPTS[:1]), [_config(4)])  # warm-up
 
-    def level(self, concurrency: int, max_tokens: int) -> dict:
-        prompts = [PROMPTS[i % len(PROMPTS)] for i in range(concurrency)]
+    def level(self, concurrency: int, max_tokens: int, prompts: list[str] | None = None) -> dict:
+        """``concurrency`` requests submitted together (``prompts``: theirs, else PROMPTS')."""
+        prompts = prompts or [PROMPTS[i % len(PROMPTS)] for i in range(concurrency)]
         t0 = time.perf_counter()
         self.pipe.generate(prompts, [_config(max_tokens)] * concurrency)
         wall = time.perf_counter() - t0

@@ -1,0 +1,140 @@
+"""Where a batched decode pass goes, and what a graph setting changes in it: n sequences' one-token
+steps in one paged-graph pass, the CPU plugin's per-node times (PERF_COUNT) summed by node type and
+by weight (the output projection included, which ``prefill_bound.py``'s layer MatMuls leave out).
+
+    .venv/bin/python benchmarks/batch_profile.py [--model smollm2] [--rows 8,16] [--rounds 5]
+        [--passes 8] [--side NAME=K=V,K=V ...]
+
+Each ``--side`` is an engine's paged graph with those settings (default: one side at the
+defaults), compiled with PERF_COUNT, the decode graph off. Per row count n: n sequences at contexts
+spread over 12-135 (the positions of ``batching_vs_genai.py``'s requests at 128 tokens), each pass
+one token per sequence; per round every side runs ``--passes`` passes from the same contexts, the
+sides' order alternating. Per side: the median over rounds of the process's CPU ms and wall ms a
+pass, the median of the per-round CPU ratios against the first side, and each node kind's and
+weight's share of the summed node times (the plugin's real time per node) as CPU ms. The output
+names the CPU class and load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import statistics
+import time
+from collections import defaultdict
+
+from decode_profile import name_matmuls
+
+from ovpool.settings import parse_assignments
+from ovpool.worker.generate.batch import PagedRunner
+from ovpool.worker.generate.plan import Chunk
+from ovpool.worker.graph.cpu_class import CpuInfo
+
+LOW, HIGH = 12, 135
+
+
+def engine(model: str, settings: dict):
+    """An Engine whose paged graph is compiled with PERF_COUNT and its MatMuls named by weight."""
+    from ovpool.cache import loader
+    from ovpool.worker.graph import loading
+
+    compile_model, build = loader.compile_model, loading.graph.build_model
+
+    def named(gguf, *args, **kwargs):
+        graph = build(gguf, *args, **kwargs)
+        name_matmuls(graph, gguf)
+        return graph
+
+    loader.compile_model = lambda core, m, device, config: compile_model(core, m, device,
+                                                                         {**config, "PERF_COUNT": True})
+    loading.graph.build_model = named
+    from ovpool import Engine
+
+    try:
+        return Engine(model, cache_dir="", settings={"decode_graph": "off", **settings})
+    finally:
+        loader.compile_model, loading.graph.build_model = compile_model, build
+
+
+class Passes:
+    """``rows`` sequences on one compiled paged graph, prefilled to their contexts."""
+
+    def __init__(self, compiled, rows: int, passes: int):
+        self.runner = PagedRunner(compiled, num_blocks=1)
+        per = -(-(HIGH + passes + 1) // self.runner.block_size)
+        self.runner.grow(rows * per)
+        self.blocks = [list(range(i * per, (i + 1) * per)) for i in range(rows)]
+        self.starts = [LOW + (HIGH - LOW) * i // max(rows - 1, 1) for i in range(rows)]
+        self.passes = passes
+        for i, start in enumerate(self.starts):
+            self.runner.forward([Chunk(str(i), 0, list(range(100, 100 + start)), self.blocks[i], True)])
+
+    def round(self) -> tuple[float, float, dict, dict]:
+        """CPU and wall ms a pass, and node CPU ms a pass by kind and by weight."""
+        cpu = wall = 0.0
+        kinds, weights = defaultdict(float), defaultdict(float)
+        for step in range(self.passes):
+            chunks = [Chunk(str(i), s + step, [200 + i], self.blocks[i], True)
+                      for i, s in enumerate(self.starts)]
+            w, c = time.perf_counter(), time.process_time()
+            self.runner.forward(chunks)
+            w, c = time.perf_counter() - w, time.process_time() - c
+            cpu, wall = cpu + c, wall + w
+            nodes = [(n.node_type, n.exec_type, n.node_name, n.real_time.total_seconds())
+                     for n in self.runner.requests[0].profiling_info]
+            total = sum(n[3] for n in nodes)
+            for kind, exec_type, name, seconds in nodes:
+                ms = seconds / total * c * 1e3 / self.passes
+                kinds[f"{kind} ({exec_type})"] += ms
+                if ":" in name:
+                    weights[re.sub(r"_\d+$", "", re.sub(r"blk\.\d+\.", "", name))] += ms
+        return cpu * 1e3 / self.passes, wall * 1e3 / self.passes, kinds, weights
+
+
+def compare(runs: dict[str, Passes], rounds: int) -> dict[str, dict]:
+    """Per side: median CPU and wall ms a pass, CPU ratio to the first side, nodes (medians)."""
+    got: dict[str, list] = {side: [] for side in runs}
+    for r in range(rounds):
+        for side in list(runs)[::-1] if r % 2 else list(runs):
+            got[side].append(runs[side].round())
+    first, med = next(iter(got)), statistics.median
+    out = {}
+    for side, rs in got.items():
+        kinds = {k: med(r[2].get(k, 0.0) for r in rs) for k in rs[0][2]}
+        weights = {k: med(r[3].get(k, 0.0) for r in rs) for k in rs[0][3]}
+        ratio = med(a[0] / b[0] for a, b in zip(got[first], rs, strict=True))
+        out[side] = {"cpu_ms": med(r[0] for r in rs), "wall_ms": med(r[1] for r in rs),
+                     "first_over_this": ratio, "kinds": kinds, "weights": weights}
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="smollm2")
+    ap.add_argument("--rows", default="8,16")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--passes", type=int, default=8)
+    ap.add_argument("--side", action="append", default=[], help="NAME=K=V,K=V (settings of one side)")
+    args = ap.parse_args()
+    sides = dict(s.split("=", 1) for s in args.side) or {"default": ""}
+    engines = {name: engine(args.model, parse_assignments([a for a in sets.split(",") if a]))
+               for name, sets in sides.items()}
+    first = next(iter(engines.values()))
+    print(f"cpu: {CpuInfo.read(first.core).describe()}")
+    for name, e in engines.items():
+        print(f"{name}: {e.graph_settings}")
+    for rows in (int(r) for r in args.rows.split(",")):
+        runs = {name: Passes(e.paged_graph().compiled, rows, args.passes) for name, e in engines.items()}
+        result = compare(runs, args.rounds)
+        print(f"\n{rows} rows, {args.rounds} rounds of {args.passes} passes, load {os.getloadavg()[0]:.1f}")
+        for name, p in result.items():
+            print(f"{name}: CPU {p['cpu_ms']:.1f} ms a pass, wall {p['wall_ms']:.1f} ms, "
+                  f"first side's CPU / this {p['first_over_this']:.3f}")
+            for table in ("kinds", "weights"):
+                for key, ms in sorted(p[table].items(), key=lambda kv: -kv[1])[:8]:
+                    print(f"  {ms:7.2f} ms {100 * ms / p['cpu_ms']:5.1f}%  {key}")
+
+
+if __name__ == "__main__":
+    main()
