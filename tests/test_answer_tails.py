@@ -12,8 +12,8 @@ from ovpool.worker.generate.scheduler import Scheduler
 PROMPTS = {"a": list(range(10, 16)), "b": list(range(20, 26))}  # 6 tokens: a full block of 4 and 2
 
 
-def make(tails: bool = True, num_blocks: int = 64) -> Scheduler:
-    return Scheduler(num_blocks=num_blocks, block_size=4, prefill_chunk=8, max_running=4,
+def make(tails: bool = True, block_size: int = 4) -> Scheduler:
+    return Scheduler(num_blocks=64, block_size=block_size, prefill_chunk=8, max_running=4,
                      caching=True, copy_answers=True, copy_tails=tails)
 
 
@@ -32,10 +32,11 @@ def step(s: Scheduler, left: dict[str, int]):
     return plan
 
 
-def tails_of(plan) -> list:
+def tails_of(plan, block: int = 4) -> list:
     """Copies (unsampled chunks of sequences that decode in the pass) that end inside a block."""
     decoding = {c.seq_id for c in plan.chunks if c.sample and len(c.tokens) == 1}
-    return [c for c in plan.chunks if not c.sample and c.seq_id in decoding and (c.start + len(c.tokens)) % 4]
+    return [c for c in plan.chunks
+            if not c.sample and c.seq_id in decoding and (c.start + len(c.tokens)) % block]
 
 
 def answer(s: Scheduler, answer_tokens: int = 7) -> tuple[list, list[int]]:
@@ -51,11 +52,11 @@ def answer(s: Scheduler, answer_tokens: int = 7) -> tuple[list, list[int]]:
     return plans, history
 
 
-def test_a_tail_is_copied_once_and_the_next_prompt_continues_it():
+def test_a_tail_is_copied_and_the_next_prompt_continues_it():
     s = make()
     plans, history = answer(s)
     tails = [c for p in plans for c in tails_of(p)]
-    assert sorted(c.seq_id for c in tails) == ["a", "b"]  # once each
+    assert {c.seq_id for c in tails} == {"a", "b"}
     a = next(c for c in tails if c.seq_id == "a")
     end = a.start + len(a.tokens)
     assert a.start % 4 == 0 and a.tokens == history[a.start:end] and len(a.tokens) >= 2
@@ -63,6 +64,20 @@ def test_a_tail_is_copied_once_and_the_next_prompt_continues_it():
     first = s.plan().chunks[0]
     # It starts after the tail's positions, in the tail's block (its own now, written from there).
     assert first.start == end and first.blocks[a.start // 4] == a.blocks[-1] and s.cached("a2") == end
+
+
+def test_a_tail_grows_in_place_as_the_answer_does():
+    s = make(block_size=8)
+    plans, history = answer(s, answer_tokens=9)  # a's tokens 6-14 are its answer but the last
+    a = [c for p in plans for c in tails_of(p, block=8) if c.seq_id == "a"]
+    # Two new positions at least a pass, each copy after the one before, into the same block.
+    assert [(c.start, len(c.tokens)) for c in a][:2] == [(8, 2), (10, 2)]
+    for c, later in zip(a, a[1:], strict=False):
+        assert later.start == c.start + len(c.tokens) and later.blocks == c.blocks
+    end = a[-1].start + len(a[-1].tokens)
+    s.add("a2", history[:end] + [50, 51])
+    first = s.plan().chunks[0]
+    assert first.start == end and first.blocks[1] == a[-1].blocks[-1] and s.cached("a2") == end
 
 
 def test_without_tails_the_next_prompt_computes_the_partial_block():

@@ -25,9 +25,9 @@ from ovpool.worker.generate.answer_tails import AnswerTails
 from ovpool.worker.generate.blocks import BlockPool, chain_hash
 from ovpool.worker.generate.plan import Chunk, Plan
 
-# A tail is copied in a pass that gives no first token while its answer has at most this many
-# tokens left to sample (so it covers all but those): chat_sim.py's replay, docs/performance.md.
-TAIL_WINDOW = 8
+# Tails are copied (and extended) in passes that give no first token while an answer has at most
+# this many tokens left to sample: chat_sim.py's replay (8 and 32 did no better), docs/performance.md.
+TAIL_WINDOW = 16
 
 
 @dataclass
@@ -37,7 +37,6 @@ class _Copies:
     parent: bytes | None = None  # the block in flight's parent address and tokens (BlockPool.register)
     tokens: Sequence[int] = ()
     ended: bool = False  # its chain was evicted
-    tailed: bool = False  # its tail was copied (answer_tails)
 
 
 class AnswerCopies:
@@ -50,8 +49,8 @@ class AnswerCopies:
         self._ended = 0  # sequences ended since the last pass: their next turns arrive during this one
 
     def ride(self, plan: Plan, running: Sequence) -> None:
-        """Add to a batched ``plan`` (a lone decode keeps its one-token graph) the tail of a sequence
-        near its answer's end (``_tail``), and if it only decodes, one block of the oldest decoding
+        """Add to a batched ``plan`` (a lone decode keeps its one-token graph) the tails of sequences
+        near their answers' ends (``_tail``), and if it only decodes, one block of the oldest decoding
         sequence with a block to copy; a spare block per ``running`` sequence stays free."""
         planned, reserve = {c.seq_id for c in plan.chunks}, len(running) + 1
         only_decodes = len(plan.chunks) > 1 and all(len(c.tokens) == 1 + c.draft for c in plan.chunks)
@@ -66,18 +65,15 @@ class AnswerCopies:
                 return
 
     def _tail(self, plan: Plan, decoding: list, reserve: int) -> None:
-        """Add one tail copy (answer_tails) of a sequence with at most TAIL_WINDOW tokens left, once
-        per sequence, in a pass that gives nobody's first token: none finishes a prompt in it and
-        no sequence ended since the last pass (its next turn arrives during this one). In a pass
-        that does, the copy would delay that turn by what it saves the next one."""
+        """Add the tail copies (answer_tails) of sequences with at most TAIL_WINDOW tokens left, in a
+        pass that gives nobody's first token: none finishes a prompt in it and no sequence ended
+        since the last pass (its next turn arrives during this one). In a pass that does, a copy
+        would delay that turn by what it saves the next one."""
         if self._ended or any(c.sample and len(c.tokens) > 1 + c.draft for c in plan.chunks):
             return
         for seq in (s for s in decoding if 0 < s.left <= TAIL_WINDOW):
-            copies = self._seqs.setdefault(seq.id, _Copies())
-            if not copies.tailed and (chunk := self.tails.next_chunk(seq, self._chain(seq), reserve)):
+            if chunk := self.tails.next_chunk(seq, self._chain(seq), reserve):
                 plan.chunks.append(Chunk(seq.id, *chunk, sample=False))
-                copies.tailed = True
-                return
 
     def _chain(self, seq) -> list[bytes]:
         """The exact addresses of ``seq``'s full blocks computed so far: its prompt's, then copies."""
@@ -137,3 +133,5 @@ class AnswerCopies:
         if forget:
             self._seqs.pop(seq_id, None)
             self._ended += 1
+            if self.tails is not None:
+                self.tails.forget(seq_id)
