@@ -41,9 +41,11 @@ SHUTDOWN_GRACE_S: float = HEARTBEAT_EXPIRY_S
 BROKER_GRACE_S: float = HEARTBEAT_EXPIRY_S * 5
 
 # An HTTP request (head and body) must arrive within this long of its connection being ready
-# for it (ovpool.api.read_bounds): longer than any honest client takes, short enough that slow
+# for it (ovpool.api.peer_bounds): longer than any honest client takes, short enough that slow
 # senders cannot hold connections for ever.
 HTTP_READ_TIMEOUT_S: float = HEARTBEAT_EXPIRY_S * 20
+# A response whose client takes none of it for this long is cut (its connection aborted).
+HTTP_WRITE_STALL_S: float = HTTP_READ_TIMEOUT_S
 
 # A client fails its requests with BrokerUnavailable after hearing nothing for this long.
 CLIENT_UNAVAILABLE_S: float = HEARTBEAT_EXPIRY_S * 10

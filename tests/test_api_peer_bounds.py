@@ -1,8 +1,9 @@
-"""A hostile HTTP peer against a real `ovpool api` process (ovpool/api/read_bounds.py): an endless
+"""A hostile HTTP peer against a real `ovpool api` process (ovpool/api/peer_bounds.py): an endless
 URL or header is refused at MAX_HEAD_BYTES (before, the API held all of it: 152 MB sent made
-its RSS 309 MB), and a request sent slowly, or a connection that sends nothing, is closed after
-HTTP_READ_TIMEOUT_S (before, for ever) with an answer that says why, while honest clients,
-keep-alive connections, large bodies and streams longer than that timeout are served."""
+its RSS 309 MB), a request sent slowly, or a connection that sends nothing, is closed after
+HTTP_READ_TIMEOUT_S (before, for ever) with an answer that says why, and a response nobody reads
+is cut after HTTP_WRITE_STALL_S; honest clients, keep-alive connections, large bodies and
+streams longer than those timeouts are served."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import pytest
 from serve_helpers import wait_for
 
 from ovpool import timing
-from ovpool.api.read_bounds import MAX_HEAD_BYTES
+from ovpool.api.peer_bounds import MAX_HEAD_BYTES
 from ovpool.testing.pool import PoolProcess, broker, fast_heartbeats, free_endpoint, null_worker
 
 pytestmark = pytest.mark.slow  # processes
@@ -26,9 +27,11 @@ _SLACK_S = 5.0
 
 @pytest.fixture(scope="module")
 def api():
-    """(host, port, pid) of an API process with a broker and a null worker (0.1 s a token) behind it."""
+    """(host, port, pid, HTTP_READ_TIMEOUT_S) of an API process with a broker and two null workers
+    behind it: model null at 0.1 s a token, model fast at once."""
     endpoint, port = free_endpoint(), int(free_endpoint().rsplit(":", 1)[1])
     with fast_heartbeats(0.1), broker(endpoint), null_worker(endpoint, token_delay=0.1), \
+            null_worker(endpoint, model="fast"), \
             PoolProcess("api", "--broker", endpoint, "--bind", f"127.0.0.1:{port}") as process:
         wait_for(lambda: _health(port) == 200, 60, "the API and its worker")
         yield "127.0.0.1", port, process.proc.pid, timing.HTTP_READ_TIMEOUT_S  # 6 s here
@@ -128,3 +131,37 @@ def test_keep_alive_large_bodies_and_a_stream_longer_than_the_timeout_are_served
         time.sleep(1.0)  # idle on the same connection (below uvicorn's 5 s keep-alive), then again
         assert http.post("/v1/completions", json=body).status_code == 200
         assert http.get("/health").status_code == 200
+
+
+def test_a_response_the_client_takes_none_of_is_cut_and_memory_stays_bounded(api):
+    """A client that sends a streamed request and then reads nothing: the API's sends wait at the
+    transport's high-water mark (memory stays put), and after HTTP_WRITE_STALL_S of that the
+    connection is aborted (before, it was held for as long as the client kept it open, the
+    stream's sends waiting, and delivered whole once it read)."""
+    host, port, pid, _ = api
+    # 16 x 4,096 tokens, ~13 MB of events: more than the kernel's socket buffers take
+    body = json.dumps({"model": "fast", "prompt": "p", "max_tokens": 4096, "n": 16, "stream": True}).encode()
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connecting: a small window
+        sock.connect((host, port))
+        before = _rss_kb(pid)
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        started = time.monotonic()
+        time.sleep(timing.HTTP_WRITE_STALL_S + _SLACK_S)  # reads nothing meanwhile
+        grown = _rss_kb(pid) - before
+        data, ended = b"", False
+        sock.settimeout(_SLACK_S)
+        try:
+            while chunk := sock.recv(1 << 16):
+                data += chunk
+            ended = True
+        except ConnectionResetError:  # the abort's RST
+            ended = True
+        except TimeoutError:
+            pass
+        seconds = time.monotonic() - started
+    assert ended, f"the connection was still open {seconds:.0f} s after the client stopped reading"
+    assert data.startswith(b"HTTP/1.1 200 OK") and b"data: [DONE]" not in data
+    assert grown < 16 << 10  # kB: what waits for the client is bounded by the high-water mark
+    assert _health(port) == 200

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from ovpool.api.read_bounds import BoundedRead
+from ovpool.api.peer_bounds import BoundedPeer
 
 
 class OneWrite:
@@ -52,8 +52,8 @@ class OneWrite:
         return getattr(self._transport, name)
 
 
-class Http(BoundedRead):
-    """uvicorn's httptools protocol, bounded (read_bounds.py), on a OneWrite transport
+class Http(BoundedPeer):
+    """uvicorn's httptools protocol, bounded (peer_bounds.py), on a OneWrite transport
     (uvicorn.Config's ``http``)."""
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]

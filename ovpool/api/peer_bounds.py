@@ -1,10 +1,12 @@
-"""What one HTTP connection may make the API read and wait for, below the app: uvicorn bounds
-neither. A request's head (request line and headers) is at most MAX_HEAD_BYTES (431 past it: the
+"""What one HTTP connection may make the API hold and wait for, below the app: uvicorn bounds
+none of it. A request's head (request line and headers) is at most MAX_HEAD_BYTES (431 past it: the
 parser would otherwise hold an endless URL or header in memory), and a request, head and body,
 arrives within timing.HTTP_READ_TIMEOUT_S of the connection opening or the previous response
 ending (408 past it: uvicorn times no head, and a byte now and then cancels its keep-alive
 timeout, so a slow sender could hold a connection, and with enough of them every descriptor).
-The wait for the app's own response is not bounded here.
+A response the client takes none of for timing.HTTP_WRITE_STALL_S (its writes paused at the
+transport's high-water mark all along) is cut: the connection is aborted, and the app's send
+returns as for a client that left. The wait for the app's own response is not bounded here.
 """
 
 from __future__ import annotations
@@ -20,18 +22,35 @@ from ovpool.api.errors import http_body
 MAX_HEAD_BYTES = 64 * 1024  # as much as nginx's default large_client_header_buffers, twice over
 
 
-class BoundedRead(HttpToolsProtocol):
+class BoundedPeer(HttpToolsProtocol):
     """uvicorn's httptools protocol with the bounds above (a connection's state is its own)."""
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._in_head, self._head_bytes, self._message_done, self._ended_a_part = True, 0, False, False
         self._read_timer: asyncio.TimerHandle | None = None
+        self._write_timer: asyncio.TimerHandle | None = None
         self._time_the_read()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._stop_clock()
+        self._write_timer = _cancelled(self._write_timer)
         super().connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self._write_timer is None:
+            self._write_timer = self.loop.call_later(timing.HTTP_WRITE_STALL_S, self._write_stalled)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        self._write_timer = _cancelled(self._write_timer)
+
+    def _write_stalled(self) -> None:
+        """The client has taken nothing for HTTP_WRITE_STALL_S: close() would wait for it to read
+        what is buffered, so abort (nothing more can reach it anyway)."""
+        self._write_timer = None
+        self.transport.abort()
 
     def data_received(self, data: bytes) -> None:
         self._ended_a_part = False
@@ -74,9 +93,7 @@ class BoundedRead(HttpToolsProtocol):
             self._read_timer = self.loop.call_later(timing.HTTP_READ_TIMEOUT_S, self._read_too_slow)
 
     def _stop_clock(self) -> None:
-        if self._read_timer is not None:
-            self._read_timer.cancel()
-            self._read_timer = None
+        self._read_timer = _cancelled(self._read_timer)
 
     def _read_too_slow(self) -> None:
         self._read_timer = None
@@ -92,3 +109,8 @@ class BoundedRead(HttpToolsProtocol):
             STATUS_LINE[status], b"content-type: application/json\r\n",
             b"content-length: %d\r\n" % len(body), b"connection: close\r\n\r\n", body]))
         self.transport.close()
+
+
+def _cancelled(timer: asyncio.TimerHandle | None) -> None:
+    if timer is not None:
+        timer.cancel()
