@@ -120,6 +120,24 @@ def test_probe_reads_serve_state(tmp_path):
         assert subprocess.run(probe + ["--ready"], capture_output=True).returncode == 0
 
 
+@pytest.mark.parametrize("content, problem", [
+    (b"\xff\xfe{", "cannot be read: 'utf-8' codec can't decode byte 0xff in position 0"),
+    (b"{not json", "cannot be read: Expecting property name enclosed in double quotes"),
+    (b"[1]", "is not a view `ovpool serve --state-file` writes"),
+    (b'{"updated": "x", "workers": 5}', "is not a view"),
+    (b'{"updated": 1e999, "workers": []}', "is not a view"),  # fresh for ever
+    (b'{"updated": 1, "workers": [{"x": 1}]}', "is not a view"),
+])
+def test_the_probe_on_a_state_file_that_is_not_serves_fails_in_one_line(tmp_path, content, problem):
+    """Each was a traceback (UnicodeDecodeError, TypeError, AttributeError, KeyError)."""
+    state_file = tmp_path / "serve.json"
+    state_file.write_bytes(content)
+    probe = [sys.executable, "-m", "ovpool", "probe", "--ready", "--state-file", str(state_file)]
+    done = subprocess.run(probe, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and "Traceback" not in done.stdout + done.stderr
+    assert f": state file {state_file} {problem}" in done.stdout and len(done.stdout.splitlines()) == 1
+
+
 def test_broker_metrics_endpoint_is_scraped_and_parsed(tmp_path):
     port = free_port()
     with serve(tmp_path, "--workers", "1", "--backend", "null", "--metrics-port", str(port)) as served:

@@ -22,7 +22,7 @@ from ovpool.cli.common import (
     settings_options,
 )
 from ovpool.cli.drain import serve_signals
-from ovpool.errors import BrokerUnavailableError, OvpoolError
+from ovpool.errors import BrokerUnavailableError, ConfigError, OvpoolError
 from ovpool.serve import state
 from ovpool.serve.catalog import ModelEntry, catalog
 from ovpool.serve.keys import CURVE_SETTINGS, ChildKeys, child_keys
@@ -288,7 +288,10 @@ def _api_keys(path: str | None) -> list[str]:
 @click.option("--ready", "need_ready", is_flag=True, help="Also require at least one ready worker.")
 def probe_command(state_file: str, need_ready: bool) -> None:
     """Exit 0 if `ovpool serve` is alive (and with --ready, serving); else 1 (Kubernetes exec probe)."""
-    ok, why = state.check(state.read_state(state_file), need_ready=need_ready)
+    try:
+        ok, why = state.check(state.read_state(state_file), need_ready=need_ready)
+    except ConfigError as exc:  # not healthy, and why: the probe's answer, exit 1 all the same
+        ok, why = False, str(exc)
     click.echo(f"{socket.gethostname()}: {why}")
     sys.exit(0 if ok else 1)
 

@@ -7,12 +7,14 @@ rewrites it every half heartbeat interval, so its age says whether serve's loop 
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 import time
 from pathlib import Path
 
 from ovpool import timing
+from ovpool.errors import ConfigError
 
 # A view older than this means serve's loop is stuck or gone.
 STALE_AFTER_S = timing.HEARTBEAT_EXPIRY_S * 5
@@ -48,7 +50,23 @@ def check(view: dict | None, *, need_ready: bool, now: float | None = None) -> t
 
 
 def read_state(path: str | Path) -> dict | None:
+    """Serve's view from ``path``, None if there is none yet; ConfigError naming the file if it
+    cannot be read or is not a view serve writes (the probe and `ovpool restart` read it)."""
     try:
-        return json.loads(Path(path).read_text())
+        view = json.loads(Path(path).read_text(encoding="utf-8"))
     except FileNotFoundError:
         return None
+    except (OSError, ValueError) as exc:  # UnicodeDecodeError is a ValueError
+        raise ConfigError(f"state file {path} cannot be read: {getattr(exc, 'strerror', None) or exc}; "
+                          "is it the one `ovpool serve --state-file` writes?") from None
+    if not _is_view(view):
+        raise ConfigError(f"state file {path} is not a view `ovpool serve --state-file` writes (it needs"
+                          " a number 'updated' and a list 'workers' of objects with a text 'state')")
+    return view
+
+
+def _is_view(view: object) -> bool:
+    return (isinstance(view, dict) and type(view.get("updated")) in (int, float)
+            and math.isfinite(view["updated"])  # an 'updated' of 1e999 would be fresh for ever
+            and isinstance(view.get("workers"), list)
+            and all(isinstance(w, dict) and isinstance(w.get("state"), str) for w in view["workers"]))
