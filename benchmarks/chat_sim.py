@@ -9,9 +9,11 @@ The workload is chat_ttft.py's with ``--arrive-after 1``: a shared system prompt
 with the template), every chat's first turn at once, each next turn added after the pass that
 follows its answer and timed from the answer's end, a question of 25-33 tokens a turn, answers of
 ``--new-tokens`` tokens, ``prefix_cache=on`` with answer copies (and tails), 32-position blocks and the 1 GiB
-KV cache of the live benchmark. A pass costs ``BASE + DECODE * decode rows + TOKEN * prompt
-tokens`` CPU seconds: the fit of a per-pass log of chat_ttft.py's 16-chat run (SmolLM2 at the f32
-default, AMX, contexts ~1,100 tokens; docs/performance.md, Chat TTFT). So the figures are model CPU
+KV cache of the live benchmark. A pass costs ``BASE + DECODE * decode rows + CHUNK * prompt chunks
++ TOKEN * prompt tokens`` CPU seconds: the fit of a per-pass log of chat_ttft.py's 16-chat run
+(SmolLM2 at the f32 default, AMX, contexts ~1,100 tokens; docs/performance.md, Chat TTFT), its
+per-token cost split into a chunk's fixed part (a 2-token chunk beside 14 decodes cost about what an
+8-token one did: docs/performance.md, answer tails) and the rest. So the figures are model CPU
 seconds, for policies side by side, not a measurement.
 """
 
@@ -24,13 +26,14 @@ import statistics
 from ovpool.bench.stats import percentile
 from ovpool.worker.generate.scheduler import Scheduler
 
-BASE, DECODE, TOKEN = 0.027, 0.0052, 0.0028
+BASE, DECODE, CHUNK, TOKEN = 0.027, 0.0052, 0.010, 0.0026
 BLOCK, BLOCKS, SYSTEM = 32, 728, 1025
 
 
 def pass_cost(plan) -> float:
     rows = [len(c.tokens) for c in plan.chunks]
-    return BASE + DECODE * rows.count(1) + TOKEN * sum(n for n in rows if n > 1)
+    prompt = [n for n in rows if n > 1]
+    return BASE + DECODE * rows.count(1) + CHUNK * len(prompt) + TOKEN * sum(prompt)
 
 
 class Replay:

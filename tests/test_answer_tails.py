@@ -66,18 +66,17 @@ def test_a_tail_is_copied_and_the_next_prompt_continues_it():
     assert first.start == end and first.blocks[a.start // 4] == a.blocks[-1] and s.cached("a2") == end
 
 
-def test_a_tail_grows_in_place_as_the_answer_does():
+def test_a_tail_is_copied_once_a_sequence():
+    # Blocks of 8: a's last block gains positions pass after pass; it is copied once (a prompt
+    # chunk's fixed cost makes small top-ups dearer than what they save), then continued whole.
     s = make(block_size=8)
-    plans, history = answer(s, answer_tokens=9)  # a's tokens 6-14 are its answer but the last
+    plans, history = answer(s, answer_tokens=9)
     a = [c for p in plans for c in tails_of(p, block=8) if c.seq_id == "a"]
-    # Two new positions at least a pass, each copy after the one before, into the same block.
-    assert [(c.start, len(c.tokens)) for c in a][:2] == [(8, 2), (10, 2)]
-    for c, later in zip(a, a[1:], strict=False):
-        assert later.start == c.start + len(c.tokens) and later.blocks == c.blocks
-    end = a[-1].start + len(a[-1].tokens)
+    assert len(a) == 1 and a[0].start == 8 and len(a[0].tokens) >= 2
+    end = a[0].start + len(a[0].tokens)
     s.add("a2", history[:end] + [50, 51])
     first = s.plan().chunks[0]
-    assert first.start == end and first.blocks[1] == a[-1].blocks[-1] and s.cached("a2") == end
+    assert first.start == end and first.blocks[1] == a[0].blocks[-1] and s.cached("a2") == end
 
 
 def test_without_tails_the_next_prompt_computes_the_partial_block():

@@ -25,9 +25,9 @@ from ovpool.worker.generate.answer_tails import AnswerTails
 from ovpool.worker.generate.blocks import BlockPool, chain_hash
 from ovpool.worker.generate.plan import Chunk, Plan
 
-# Tails are copied (and extended) in passes that give no first token while an answer has at most
-# this many tokens left to sample: chat_sim.py's replay (8 and 32 did no better), docs/performance.md.
-TAIL_WINDOW = 16
+# A tail is copied in a pass that gives no first token while its answer has at most this many
+# tokens left to sample: chat_sim.py's replay, docs/performance.md.
+TAIL_WINDOW = 8
 
 
 @dataclass

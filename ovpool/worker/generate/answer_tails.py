@@ -3,11 +3,10 @@ next turn (prefix_cache=on with answer copies; pure logic over the pool).
 
 Answer copies (answer_copies.py) cover an answer's full blocks; the block it ends in is partial, and
 a chat's next turn computed its positions again (half a block a turn on average). In the last passes
-of an answer (``Seq.left``: the Batcher knows max_tokens; which passes: AnswerCopies), the block's
+of an answer (``Seq.left``: the Batcher knows max_tokens; which pass: AnswerCopies), the block's
 positions so far are computed once more as a prompt chunk over the exact chain before them, into a
-block of its own, cached as a *tail*: its parent's address and its tokens; a later pass extends the
-same block by the positions since (two at least). A later sequence
-whose tokens continue that chain ``claim``s the tail sharing the longest common prefix with them:
+block of its own, cached as a *tail*: its parent's address and its tokens. A later sequence whose
+tokens continue that chain ``claim``s the tail sharing the longest common prefix with them:
 the block becomes its own (a claimed tail serves one sequence) and it writes the positions after
 that prefix. A position's keys and values depend on the tokens up to it only, and a prompt pass
 computes them the same wherever its chunk starts (plan.prompt_chunk: never one token alone), so the
@@ -61,55 +60,47 @@ class AnswerTails:
     def __init__(self, pool: BlockPool, seed: bytes, block_size: int, limit: int):
         self.pool, self.seed, self.block_size, self.limit = pool, seed, block_size, limit
         self._tails: OrderedDict[bytes, list[Tail]] = OrderedDict()
-        # The copies in flight by sequence: (blocks taken, its chain's then its own; the new tail;
-        # the tail it extends, or None).
-        self._flights: dict[str, tuple[list[int], Tail, Tail | None]] = {}
-        self._own: dict[str, Tail] = {}  # the last tail each running sequence copied
+        # The copies in flight by sequence: (blocks taken, its chain's then its own; its tail).
+        self._flights: dict[str, tuple[list[int], Tail]] = {}
+        self._copied: set[str] = set()  # running sequences whose tail is copied: once each
 
     def next_chunk(self, seq, chain: Sequence[bytes], reserve: int) -> tuple[int, list, list] | None:
-        """(start, tokens, block table) of ``seq``'s tail copy, its blocks taken, or None (fewer
-        than two new positions, its chain not all cached, its tail already in flight, no more than
-        ``reserve`` blocks free). ``chain``: the exact addresses of its full blocks so far. Its
-        last tail, if still cached in this block, is extended in place: only the positions after it."""
+        """(start, tokens, block table) of ``seq``'s tail copy, its blocks taken, or None (copied
+        already, fewer than two positions, its chain not all cached, no more than ``reserve``
+        blocks free). ``chain``: the exact addresses of its full blocks so far. Once a sequence:
+        growing a tail in small steps costs more than it saves (a prompt chunk's fixed cost,
+        docs/performance.md)."""
         full = len(seq.tokens) // self.block_size
         start = full * self.block_size
-        if seq.id in self._flights or len(chain) < full:
+        if seq.id in self._copied or len(seq.tokens) - start < 2 or len(chain) < full \
+                or self.pool.available - full <= reserve:
             return None
         tail = Tail(chain[full - 1] if full else self.seed, tuple(seq.tokens[start:]))
-        old = self._own.get(seq.id)
-        if old is None or old.parent != tail.parent or not self.pool.holds(old.address):
-            old = None  # none, or the answer left its block, or someone continued it
-        done = len(old.tokens) if old is not None else 0
-        if len(tail.tokens) - done < 2 or (old is None and self.pool.available - full <= reserve):
-            return None
         taken = [self.pool.take(a) for a in chain[:full]]
         if None in taken:
             self.pool.release([b for b in taken if b is not None])
             return None
-        held = [*taken, self.pool.claim(old.address) if old is not None else self.pool.allocate()]
-        self._flights[seq.id] = held, tail, old
-        return start + done, list(tail.tokens[done:]), list(held)
+        held = [*taken, self.pool.allocate()]
+        self._flights[seq.id] = held, tail
+        self._copied.add(seq.id)
+        return start, list(tail.tokens), list(held)
 
     def commit(self) -> None:
         """The pass with the copies in flight has run: cache their tails."""
-        for seq_id, (held, tail, _) in self._flights.items():
+        for held, tail in self._flights.values():
             self._store(held[-1], tail)
-            self._own[seq_id] = tail
             self.pool.release(held)
         self._flights.clear()
 
     def drop(self) -> None:
-        """Hand back the copies in flight's blocks (their pass did not run: a tail one extended
-        is cached again as it was)."""
-        for held, _, old in self._flights.values():
-            if old is not None:
-                self._store(held[-1], old)
+        """Hand back the copies in flight's blocks uncached (their pass did not run)."""
+        for held, _ in self._flights.values():
             self.pool.release(held)
         self._flights.clear()
 
     def forget(self, seq_id: str) -> None:
         """``seq_id`` ended: its tail stays cached, for whoever continues it."""
-        self._own.pop(seq_id, None)
+        self._copied.discard(seq_id)
 
     def claim(self, seq, parent: bytes) -> int:
         """Give ``seq`` (starting after its full cached blocks, ``parent`` the last one's address)
