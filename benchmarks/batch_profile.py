@@ -3,7 +3,7 @@ steps in one paged-graph pass, the CPU plugin's per-node times (PERF_COUNT) summ
 by weight (the output projection included, which ``prefill_bound.py``'s layer MatMuls leave out).
 
     .venv/bin/python benchmarks/batch_profile.py [--model smollm2] [--rows 8,16] [--rounds 5]
-        [--passes 8] [--side NAME=K=V,K=V ...]
+        [--passes 8] [--side NAME=K=V,K=V ...] [--static] [--alone]
 
 Each ``--side`` is an engine's paged graph with those settings (default: one side at the
 defaults), compiled with PERF_COUNT, the decode graph off. Per row count n: n sequences at contexts
@@ -12,7 +12,10 @@ one token per sequence; per round every side runs ``--passes`` passes from the s
 sides' order alternating. Per side: the median over rounds of the process's CPU ms and wall ms a
 pass, the median of the per-round CPU ratios against the first side, and each node kind's and
 weight's share of the summed node times (the plugin's real time per node) as CPU ms. The output
-names the CPU class and load.
+names the CPU class and load. ``--static`` adds to each side NAME/static: the same graph with its
+token dimensions fixed to the n rows (as the decode graph fixes them to one), on the same KV blocks,
+and says whether its logits equal the dynamic graph's. ``--alone``: how far the first sequence's
+logits in a pass of 2..n sequences are from the same step alone (max absolute difference).
 """
 
 from __future__ import annotations
@@ -24,27 +27,33 @@ import statistics
 import time
 from collections import defaultdict
 
+import numpy as np
+import openvino as ov
 from decode_profile import name_matmuls
 
 from ovpool.settings import parse_assignments
 from ovpool.worker.generate.batch import PagedRunner
 from ovpool.worker.generate.plan import Chunk
+from ovpool.worker.graph.compile_settings import compile_config
 from ovpool.worker.graph.cpu_class import CpuInfo
 
 LOW, HIGH = 12, 135
 
 
 def engine(model: str, settings: dict):
-    """An Engine whose paged graph is compiled with PERF_COUNT and its MatMuls named by weight."""
+    """An Engine whose paged graph is compiled with PERF_COUNT and its MatMuls named by weight,
+    and that graph as built (ov.Model)."""
     from ovpool.cache import loader
     from ovpool.worker.graph import loading
 
     compile_model, build = loader.compile_model, loading.graph.build_model
 
+    built = []
+
     def named(gguf, *args, **kwargs):
-        graph = build(gguf, *args, **kwargs)
-        name_matmuls(graph, gguf)
-        return graph
+        built.append(build(gguf, *args, **kwargs))
+        name_matmuls(built[-1], gguf)
+        return built[-1]
 
     loader.compile_model = lambda core, m, device, config: compile_model(core, m, device,
                                                                          {**config, "PERF_COUNT": True})
@@ -52,7 +61,7 @@ def engine(model: str, settings: dict):
     from ovpool import Engine
 
     try:
-        return Engine(model, cache_dir="", settings={"decode_graph": "off", **settings})
+        return Engine(model, cache_dir="", settings={"decode_graph": "off", **settings}), built[-1]
     finally:
         loader.compile_model, loading.graph.build_model = compile_model, build
 
@@ -69,6 +78,18 @@ class Passes:
         self.passes = passes
         for i, start in enumerate(self.starts):
             self.runner.forward([Chunk(str(i), 0, list(range(100, 100 + start)), self.blocks[i], True)])
+
+    def run_on(self, compiled) -> None:
+        """Run the next passes on ``compiled`` (a static-row copy of the graph), on these blocks."""
+        request = compiled.create_infer_request()
+        for name, tensor in self.runner._caches.items():
+            request.set_tensor(name, tensor)
+        self.runner.requests[0] = request
+
+    def logits(self, rows: int) -> np.ndarray:
+        """The first ``rows`` sequences' next step (not advancing them), their logits."""
+        chunks = [Chunk(str(i), s, [200 + i], self.blocks[i], True) for i, s in enumerate(self.starts[:rows])]
+        return self.runner.forward(chunks).copy()
 
     def round(self) -> tuple[float, float, dict, dict]:
         """CPU and wall ms a pass, and node CPU ms a pass by kind and by weight."""
@@ -109,6 +130,38 @@ def compare(runs: dict[str, Passes], rounds: int) -> dict[str, dict]:
     return out
 
 
+def static(e, graph: ov.Model, rows: int) -> ov.CompiledModel:
+    """``graph`` with its token dimensions fixed to ``rows`` sequences of one token each, compiled
+    as the engine's paged graph was."""
+    graph = graph.clone()
+    shapes = {"input_ids": [1, rows], "position_ids": [1, rows], "past_lens": [rows],
+              "subsequence_begins": [rows + 1], "block_indices_begins": [rows + 1], "logits_indices": [rows]}
+    graph.reshape({graph.input(name): ov.PartialShape(shape) for name, shape in shapes.items()})
+    config = compile_config(e.graph_settings, "CPU", e.core)  # weight groups: int8 activations only
+    return e.core.compile_model(graph, "CPU", {**config, "PERF_COUNT": True})
+
+
+def sides_for(engines: dict, rows: int, passes: int, with_static: bool) -> dict[str, Passes]:
+    """Each side's Passes, and with ``with_static`` its static-row twin (whose logits are checked
+    against the dynamic graph's)."""
+    runs = {}
+    for name, (e, graph) in engines.items():
+        runs[name] = Passes(e.paged_graph().compiled, rows, passes)
+        if with_static:
+            twin = runs[f"{name}/static"] = Passes(e.paged_graph().compiled, rows, passes)
+            twin.run_on(static(e, graph, rows))
+            same = np.array_equal(runs[name].logits(rows), twin.logits(rows))
+            print(f"{name}/static, {rows} rows: logits {'equal to' if same else 'unlike'} the dynamic "
+                  "graph's")
+    return runs
+
+
+def alone(passes: Passes, rows: int) -> str:
+    """The first sequence's logits in passes of 2..``rows`` sequences against its step alone."""
+    first = passes.logits(1)[0]
+    return " ".join(f"{n}: {np.abs(passes.logits(n)[0] - first).max():.1e}" for n in range(2, rows + 1))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="smollm2")
@@ -116,24 +169,32 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--passes", type=int, default=8)
     ap.add_argument("--side", action="append", default=[], help="NAME=K=V,K=V (settings of one side)")
+    ap.add_argument("--static", action="store_true", help="each side's static-row twin beside it")
+    ap.add_argument("--alone", action="store_true", help="a row batched against alone")
     args = ap.parse_args()
     sides = dict(s.split("=", 1) for s in args.side) or {"default": ""}
     engines = {name: engine(args.model, parse_assignments([a for a in sets.split(",") if a]))
                for name, sets in sides.items()}
-    first = next(iter(engines.values()))
+    first = next(iter(engines.values()))[0]
     print(f"cpu: {CpuInfo.read(first.core).describe()}")
-    for name, e in engines.items():
+    for name, (e, _) in engines.items():
         print(f"{name}: {e.graph_settings}")
     for rows in (int(r) for r in args.rows.split(",")):
-        runs = {name: Passes(e.paged_graph().compiled, rows, args.passes) for name, e in engines.items()}
-        result = compare(runs, args.rounds)
-        print(f"\n{rows} rows, {args.rounds} rounds of {args.passes} passes, load {os.getloadavg()[0]:.1f}")
-        for name, p in result.items():
-            print(f"{name}: CPU {p['cpu_ms']:.1f} ms a pass, wall {p['wall_ms']:.1f} ms, "
-                  f"first side's CPU / this {p['first_over_this']:.3f}")
-            for table in ("kinds", "weights"):
-                for key, ms in sorted(p[table].items(), key=lambda kv: -kv[1])[:8]:
-                    print(f"  {ms:7.2f} ms {100 * ms / p['cpu_ms']:5.1f}%  {key}")
+        runs = sides_for(engines, rows, args.passes, args.static)
+        if args.alone:
+            for name in engines:
+                print(f"{name}, {rows} rows, first row batched - alone: {alone(runs[name], rows)}")
+        report(rows, compare(runs, args.rounds), args)
+
+
+def report(rows: int, result: dict, args) -> None:
+    print(f"\n{rows} rows, {args.rounds} rounds of {args.passes} passes, load {os.getloadavg()[0]:.1f}")
+    for name, p in result.items():
+        print(f"{name}: CPU {p['cpu_ms']:.1f} ms a pass, wall {p['wall_ms']:.1f} ms, "
+              f"first side's CPU / this {p['first_over_this']:.3f}")
+        for table in ("kinds", "weights"):
+            for key, ms in sorted(p[table].items(), key=lambda kv: -kv[1])[:8]:
+                print(f"  {ms:7.2f} ms {100 * ms / p['cpu_ms']:5.1f}%  {key}")
 
 
 if __name__ == "__main__":
