@@ -21,7 +21,7 @@ from typing import Any
 
 from starlette.testclient import TestClient
 
-from ovpool.api import app as app_module
+from ovpool.api import core as api_core
 from ovpool.api.app import Config, create_app
 from ovpool.api.keys import ApiKeys
 from ovpool.client_link import LinkState
@@ -139,11 +139,11 @@ class ScriptedClient:
 @contextlib.contextmanager
 def scripted_app() -> Iterator[TestClient]:
     """The app with ScriptedClient as its pool client."""
-    real = app_module.AsyncClient
-    app_module.AsyncClient = ScriptedClient
+    real = api_core.AsyncClient
+    api_core.AsyncClient = ScriptedClient
     try:
         settings = Settings.resolve({"broker": "tcp://127.0.0.1:1"})
         with TestClient(create_app(Config("tcp://127.0.0.1:1", settings, ApiKeys(()), 64))) as http:
             yield http
     finally:
-        app_module.AsyncClient = real
+        api_core.AsyncClient = real
