@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import socket
+import threading
+import time
 import urllib.request
 
 import pytest
 from serve_helpers import scrape
 
 from ovpool import timing
-from ovpool.broker.metrics import BrokerMetrics, BrokerObserver, MetricsServer
+from ovpool.broker import metrics_http
+from ovpool.broker.metrics import BrokerMetrics, BrokerObserver
+from ovpool.broker.metrics_http import MetricsServer
 
 
 @pytest.fixture
@@ -228,3 +233,34 @@ def test_prefix_gauges_are_kept_only_for_the_workers_registered_now():
     value = metrics.registry.get_sample_value
     assert value("ovpool_worker_prompt_tokens", {"worker": "w1@h:1"}) is None
     assert value("ovpool_worker_prompt_tokens", {"worker": "w2@h:2"}) == 30
+
+
+def _handler_threads() -> int:
+    return sum(t.name.endswith("(process_request_thread)") for t in threading.enumerate())
+
+
+def test_idle_connections_hold_no_more_than_max_scrapes_threads_and_only_for_the_timeout(
+        monkeypatch, capfd):
+    """prometheus_client's server gave each connection a thread for as long as it stayed open:
+    300 idle connections were 300 threads in the broker, for ever."""
+    monkeypatch.setattr(metrics_http._Handler, "timeout", 1.0)  # SCRAPE_TIMEOUT_S, shortened
+    deadline = time.monotonic() + 10
+    while _handler_threads() and time.monotonic() < deadline:  # earlier tests' scrapes end
+        time.sleep(0.05)
+    metrics = BrokerMetrics()
+    metrics.observe_final("m", "ok", latency_s=1.0, ttft_s=0.5, completion_tokens=3)
+    with MetricsServer(metrics.registry, port=0, host="127.0.0.1") as server:
+        idle = [socket.create_connection(("127.0.0.1", server.port), timeout=5) for _ in range(100)]
+        try:
+            time.sleep(0.5)
+            held = _handler_threads()
+            closed = sum(s.recv(1) == b"" for s in idle[-50:])  # past the cap: closed at once
+            time.sleep(1.0 + 1.0)  # the held ones time out
+            after = _handler_threads()
+            scraped = scrape(server.port)
+        finally:
+            for s in idle:
+                s.close()
+    assert held == metrics_http.MAX_SCRAPES and closed == 50 and after == 0
+    assert scraped[("ovpool_requests_total", (("model", "m"), ("outcome", "ok")))] == 1  # it serves again
+    assert "Traceback" not in capfd.readouterr().err  # a peer's timeout is no news

@@ -17,16 +17,13 @@ gauges only for the workers registered now.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterable, Mapping, Sized
-from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from ovpool import errors
 from ovpool.bounds import MAX_NAME_CHARS
 from ovpool.broker.bounds import MAX_NAMES
-from ovpool.errors import ConfigError
 from ovpool.protocol import Error, Final, Partial, Ready, Request, Submit
 
 # Seconds; a streamed first token on CPU lands between a few ms and several seconds.
@@ -265,33 +262,3 @@ class BrokerObserver:
         label = model if model in self._models else UNKNOWN_MODEL
         self.metrics.observe_final(label, outcome, latency_s=now - t0,
                                    ttft_s=None if first is None else first - t0, completion_tokens=tokens)
-
-
-class MetricsServer:
-    """The ``/metrics`` HTTP endpoint of one registry, on a background thread; a context manager."""
-
-    def __init__(self, registry: CollectorRegistry, port: int, host: str = "0.0.0.0"):
-        self._registry, self._port, self._host = registry, port, host
-        self._server: WSGIServer | None = None
-        self._thread: threading.Thread | None = None
-
-    @property
-    def port(self) -> int:
-        """The bound port (useful with port 0: the OS picks a free one)."""
-        assert self._server is not None, "MetricsServer is not started"
-        return self._server.server_port
-
-    def __enter__(self) -> MetricsServer:
-        try:
-            self._server, self._thread = start_http_server(self._port, self._host, registry=self._registry)
-        except OSError as exc:
-            raise ConfigError(f"cannot serve metrics on {self._host}:{self._port}: {exc}; "
-                              "pick another --metrics-port (0 turns metrics off)") from exc
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._thread.join()
-            self._server = None

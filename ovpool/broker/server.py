@@ -23,7 +23,8 @@ from ovpool import endpoint, timing
 from ovpool.auth import ServerSecurity
 from ovpool.broker import roles
 from ovpool.broker.binary_star import Action
-from ovpool.broker.metrics import BrokerMetrics, BrokerObserver, MetricsServer
+from ovpool.broker.metrics import BrokerMetrics, BrokerObserver
+from ovpool.broker.metrics_http import MetricsServer
 from ovpool.broker.router import Output, Router
 from ovpool.broker.standby import Standby, StandbyLink
 from ovpool.config import BrokerConfig
