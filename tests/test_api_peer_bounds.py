@@ -113,7 +113,7 @@ def test_a_request_sent_too_slowly_is_answered_408_and_closed(api, start, trickl
     assert status == 408 and body["error"]["message"] == (
         f"the request did not arrive whole within {timeout_s:g} s of the connection being ready for it;"
         " send it at once")
-    assert timeout_s <= seconds < timeout_s + _SLACK_S + 1
+    assert timeout_s - 0.5 <= seconds < timeout_s + _SLACK_S + 1  # its clock starts at the accept
     assert _health(port) == 200
 
 
