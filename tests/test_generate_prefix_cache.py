@@ -110,15 +110,16 @@ def test_answer_tails_serve_the_next_turns_exactly(engine):
 
 
 def test_a_tail_two_prompts_continue_serves_one_and_both_answer_exactly(engine):
-    # Two chats' first turns end in tails; then two prompts resend chat 0's history at once with
-    # different questions: one claims the tail and writes its own tokens after it, the other
-    # computes that block itself (a tail shared would be overwritten under it).
+    # Two chats' first turns end in tails (chat 1's starts on chat 0's cached system prompt, so its
+    # answer gets one); then two prompts resend chat 1's history at once with different questions:
+    # one claims the tail and writes its own tokens after it, the other computes that block itself
+    # (a tail shared would be overwritten under it).
     answers, cached = {}, {}
     for mode in ("on", "off"):
         b = batcher(engine, mode, prefill_chunk=32)
         chats = [system(70) + system(5 + c, salt=c) for c in range(2)]
-        done, _, failed = drain(b, {0: [(f"c{c}", list(p), LONG) for c, p in enumerate(chats)]})
-        history = chats[0] + done["c0"].token_ids
+        done, _, failed = drain(b, {c: [(f"c{c}", list(p), LONG)] for c, p in enumerate(chats)})
+        history = chats[1] + done["c1"].token_ids
         asks = [(f"q{q}", history + system(4, salt=20 + q), GREEDY) for q in range(2)]
         done, _, more = drain(b, {0: asks})
         assert not failed and not more

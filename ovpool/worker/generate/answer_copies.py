@@ -68,10 +68,12 @@ class AnswerCopies:
         """Add the tail copies (answer_tails) of sequences with at most TAIL_WINDOW tokens left, in a
         pass that gives nobody's first token: none finishes a prompt in it and no sequence ended
         since the last pass (its next turn arrives during this one). In a pass that does, a copy
-        would delay that turn by what it saves the next one."""
+        would delay that turn by what it saves the next one. Only for sequences whose prompt began
+        on cached KV (a chat's turn, a shared system prompt): a fresh prompt is seldom continued,
+        and a tail nobody continues is work for nothing."""
         if self._ended or any(c.sample and len(c.tokens) > 1 + c.draft for c in plan.chunks):
             return
-        for seq in (s for s in decoding if 0 < s.left <= TAIL_WINDOW):
+        for seq in (s for s in decoding if 0 < s.left <= TAIL_WINDOW and s.cached):
             if chunk := self.tails.next_chunk(seq, self._chain(seq), reserve):
                 plan.chunks.append(Chunk(seq.id, *chunk, sample=False))
 
