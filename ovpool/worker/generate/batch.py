@@ -16,6 +16,7 @@ import numpy as np
 import openvino as ov
 
 from ovpool.errors import InferenceError
+from ovpool.worker.generate.lone_pass import is_lone_step, padded
 from ovpool.worker.generate.plan import Chunk
 from ovpool.worker.graph.decode import DecodeGraph
 
@@ -39,8 +40,9 @@ class PagedGraph:
 
 class PagedRunner:
     """One InferRequest over ``compiled`` with ``kv_cache_mb`` MiB of KV blocks (at least one),
-    or exactly ``num_blocks`` blocks; one-token passes of one sequence run on the ``decode`` graph
-    (ovpool.worker.graph.decode), once it is ready, on the same blocks."""
+    or exactly ``num_blocks`` blocks, and one scratch block after them (block ``num_blocks``: a
+    lone pass's padding, ovpool.worker.generate.lone_pass); one-token passes of one sequence run on
+    the ``decode`` graph (ovpool.worker.graph.decode), once it is ready, on the same blocks."""
 
     def __init__(self, compiled: ov.CompiledModel, kv_cache_mb: int = 0, num_blocks: int = 0,
                  decode: DecodeGraph | None = None):
@@ -64,20 +66,21 @@ class PagedRunner:
         return self.num_blocks * self.block_bytes
 
     def grow(self, num_blocks: int) -> None:
-        """Hold ``num_blocks`` blocks; those already there keep their contents."""
+        """Hold ``num_blocks`` blocks (and the scratch block); those already there keep their contents."""
         if num_blocks <= self.num_blocks:
             return  # a copy would write every page of the blocks held (SmolLM2's 256 MiB of zeros)
+        held = num_blocks + 1  # the scratch block's contents are never read: not copied
         # Zeroed, as GenAI does: vector kernels multiply the unused tail of a block by zero, and
         # NaN garbage in fresh memory would survive that (NaN * 0 = NaN). See zero_pages: they
         # take no memory until a block is written.
-        sizes = {name: num_blocks * int(np.prod(dims)) * kind.size
+        sizes = {name: held * int(np.prod(dims)) * kind.size
                  for name, (kind, dims) in self._layout.items()}
         memory, start = zero_pages(sum(-(-n // 64) * 64 for n in sizes.values())), 0
         self._memory = memory  # the tensors share it: kept alive here
-        self._block_views = {}  # name -> its bytes as [num_blocks, bytes per block] (read_block)
+        self._block_views = {}  # name -> its bytes as [blocks held, bytes per block] (read_block)
         for name, (kind, dims) in self._layout.items():
-            self._block_views[name] = memory[start:start + sizes[name]].reshape(num_blocks, -1)
-            tensor = ov.Tensor(memory[start:start + sizes[name]], ov.Shape([num_blocks, *dims]), kind)
+            self._block_views[name] = memory[start:start + sizes[name]].reshape(held, -1)
+            tensor = ov.Tensor(memory[start:start + sizes[name]], ov.Shape([held, *dims]), kind)
             start += -(-sizes[name] // 64) * 64  # 64-byte aligned, as OpenVINO allocates
             if name in self._caches:  # the rest are zero pages: copying them would write them all
                 tensor.data[:self._written] = self._caches[name].data[:self._written]
@@ -106,10 +109,13 @@ class PagedRunner:
 
         The array is the request's output buffer: valid until the next forward pass.
         """
-        inputs = feeds(chunks, rows)
         self._written = max([self._written, *(max(c.blocks, default=-1) + 1 for c in chunks)])
-        one_token = inputs["input_ids"].size == 1 and inputs["logits_indices"].size == 1
-        request = (one_token and self._decode_request()) or self.requests[0]
+        lone = is_lone_step(chunks, rows)
+        request = (lone and self._decode_request()) or self.requests[0]
+        pad = lone and request is self.requests[0]  # the decode graph takes one row only
+        if pad:
+            chunks, rows = padded(chunks, self.num_blocks)
+        inputs = feeds(chunks, rows)
         try:
             if during is None:
                 # Shared both ways, as in Session.forward: no copy of the inputs or of the logits.
@@ -122,7 +128,8 @@ class PagedRunner:
                     request.wait()
         except RuntimeError as exc:
             raise InferenceError(f"inference failed ({len(chunks)} sequences): {exc}") from exc
-        return request.get_tensor("logits").data[0]
+        logits = request.get_tensor("logits").data[0]
+        return logits[:1] if pad else logits
 
     def _decode_request(self) -> ov.InferRequest | None:
         """The decode graph's request, made once the graph is ready; None until then."""
