@@ -29,9 +29,9 @@ def resolve_auto(graph: GraphConfig | Mapping[str, Any], device: str = "CPU", co
     if values["kv_cache_precision"] == "auto" and on_cpu:
         # The CPU plugin's own default, u8, spends decode time dequantizing, and its per-block
         # scales make a sequence's numbers depend on how its blocks filled. f16 decodes 4-10%
-        # faster than u8 on SmolLM2 at a 512-token context, but at f32 compute it made a sampled
-        # SmolLM2 request differ batched and alone (AMX) and the SDPA seam differ from the paged
-        # graph (AVX2 kernels): f32 compute keeps f32 KV, exactly the reference's.
+        # faster than u8 on SmolLM2 at a 512-token context, but it is not the exact graph's
+        # numbers, and it made the SDPA seam differ from the paged graph (AVX2 kernels; batched
+        # and alone agree since lone passes are padded, lone_pass.py): f32 compute keeps f32 KV.
         values["kv_cache_precision"] = "f32" if values["inference_precision"] == "f32" else "f16"
     for name, prop in (("inference_precision", "INFERENCE_PRECISION_HINT"),
                        ("kv_cache_precision", "KV_CACHE_PRECISION")):
