@@ -9,9 +9,9 @@ from ovpool.worker.generate.answer_tails import Tail
 from ovpool.worker.generate.blocks import BlockPool
 from ovpool.worker.generate.scheduler import Scheduler
 
-# 6 tokens, a full block of 4 and 2, after a shared beginning of 8 (tails are for prompts that
-# continue cached KV, as a chat's turns do)
-SHARED = [1, 2, 3, 4, 5, 6, 7, 8]
+# 6 tokens, a full block of 4 and 2, after a shared beginning of 16 (tails are for prompts that
+# continue two cached blocks or more, as a chat's turns do)
+SHARED = list(range(1, 17))
 PROMPTS = {"a": SHARED + list(range(10, 16)), "b": SHARED + list(range(20, 26))}
 
 
@@ -44,7 +44,7 @@ def tails_of(plan, block: int = 4) -> list:
 
 def warm(s: Scheduler) -> None:
     """A first sequence, run to its end: its blocks cache the prompts' shared beginning."""
-    s.add("w", SHARED + [9, 10])
+    s.add("w", SHARED + [17, 18])
     while s.running or s.waiting:
         step(s, {"w": 2})
 
@@ -139,10 +139,12 @@ def test_no_tail_in_a_pass_that_gives_a_first_token_or_follows_an_end():
     assert copied and not s.running
 
 
-def test_a_fresh_prompt_gets_no_tail():
-    # Nothing of it was cached: seldom a chat's turn, so a tail would likely be computed for nothing.
+def test_a_prompt_on_one_cached_block_gets_no_tail():
+    # One block cached (a chat template's shared opening): seldom a chat's turn, so a tail would
+    # likely be computed for nothing.
     s = make()
-    plans, _ = answer(s, prompts={"a": list(range(10, 16)), "b": list(range(20, 26))})
+    opening = SHARED[:4]
+    plans, _ = answer(s, prompts={"a": opening + list(range(40, 46)), "b": opening + list(range(50, 56))})
     assert not [c for p in plans for c in tails_of(p)]
 
 

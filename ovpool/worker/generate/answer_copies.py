@@ -69,11 +69,12 @@ class AnswerCopies:
         pass that gives nobody's first token: none finishes a prompt in it and no sequence ended
         since the last pass (its next turn arrives during this one). In a pass that does, a copy
         would delay that turn by what it saves the next one. Only for sequences whose prompt began
-        on cached KV (a chat's turn, a shared system prompt): a fresh prompt is seldom continued,
-        and a tail nobody continues is work for nothing."""
+        on two cached blocks or more (a chat's history, a long shared system prompt), not just a
+        chat template's shared opening: a fresh prompt is seldom continued, and a tail nobody
+        continues is work for nothing (4% of the CPU of 16 fresh 128-token requests)."""
         if self._ended or any(c.sample and len(c.tokens) > 1 + c.draft for c in plan.chunks):
             return
-        for seq in (s for s in decoding if 0 < s.left <= TAIL_WINDOW and s.cached):
+        for seq in (s for s in decoding if 0 < s.left <= TAIL_WINDOW and s.cached >= 2 * self.block_size):
             if chunk := self.tails.next_chunk(seq, self._chain(seq), reserve):
                 plan.chunks.append(Chunk(seq.id, *chunk, sample=False))
 
