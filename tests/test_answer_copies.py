@@ -4,14 +4,20 @@ them. The scheduler's side, without OpenVINO (the exactness end to end: test_gen
 
 from __future__ import annotations
 
+from ovpool.worker.generate.answer_copies import CONTINUED_BLOCKS
 from ovpool.worker.generate.scheduler import Scheduler
 
 PROMPTS = {"a": list(range(10, 16)), "b": list(range(20, 26))}  # 6 tokens: a full block, a mixed one
 
 
-def make(copies: bool = True, num_blocks: int = 64, prefill_chunk: int = 8) -> Scheduler:
-    return Scheduler(num_blocks=num_blocks, block_size=4, prefill_chunk=prefill_chunk, max_running=4,
-                     caching=True, copy_answers=copies)
+def make(copies: bool = True, num_blocks: int = 64, prefill_chunk: int = 8, continued: int = 0) -> Scheduler:
+    """A scheduler that copies the answers of prompts that began on ``continued`` cached blocks (the
+    default policy's 2 only in test_only_an_answer_a_next_turn_likely_resends_is_copied)."""
+    s = Scheduler(num_blocks=num_blocks, block_size=4, prefill_chunk=prefill_chunk, max_running=4,
+                  caching=True, copy_answers=copies)
+    if s.copies is not None:
+        s.copies.continued_blocks = continued
+    return s
 
 
 def step(s: Scheduler):
@@ -49,6 +55,19 @@ def test_a_batched_decode_pass_computes_one_answer_block_as_a_prompt_chunk():
         assert c.tokens == tokens[c.seq_id][4:8]
         assert c.blocks[0] == own[c.seq_id][0] and c.blocks[1] not in own[c.seq_id]  # its own block
         assert all(len(o.tokens) == 1 for o in plans[i].chunks if o is not c)  # beside decodes only
+
+
+def test_only_an_answer_a_next_turn_likely_resends_is_copied():
+    # The default policy: prompts that began on fewer than two cached blocks (fresh ones) are not
+    # copied; prompts continuing two cached blocks (a chat's history) are.
+    plans, _ = decode(make(continued=CONTINUED_BLOCKS), 5)
+    assert not any(copies_of(p) for p in plans)
+    s = make(continued=CONTINUED_BLOCKS)
+    shared = list(range(1, 9))  # two blocks of 4
+    decode(s, 3, {"w": shared + [9]})
+    s.finish("w")
+    plans, _ = decode(s, 5, {rid: shared + prompt for rid, prompt in PROMPTS.items()})
+    assert {c.seq_id for p in plans for c in copies_of(p)} == {"a", "b"}
 
 
 def test_a_prompt_resending_the_answer_starts_on_the_copy():

@@ -40,15 +40,17 @@ def batcher(engine, caching: str, num_blocks: int = 0, prefill_chunk: int = 16, 
 
 
 def conversations(engine, caching: str, turns: int, num_blocks: int = 0, params=GREEDY, prefill_chunk=16,
-                  copies: bool = True, tails: bool = True, questions=None, same_start: bool = False):
+                  copies: bool = True, tails: bool = True, questions=None, same_start: bool = False,
+                  apart: bool = False):
     """Three chats sharing a 70-token system prompt, ``turns`` turns each, all chats' turns side by
     side; each turn resends the history (prompt, answer, 3 new tokens). Returns (answers, batcher).
     ``prefill_chunk`` 16 is under a block: no answer copies (test_answers_copied_...).
     ``questions(chat, turn)``: the new tokens after a turn's answer (default: 3 of the turn's own);
-    ``same_start``: chats 0 and 1 begin alike (so their first answers are equal too)."""
+    ``same_start``: chats 0 and 1 begin alike (so their first answers are equal too); ``apart``:
+    each chat has a system prompt of its own (no first turn begins on a cached block)."""
     b = batcher(engine, caching, num_blocks, prefill_chunk, copies, tails)
     questions = questions or (lambda chat, turn: system(3, salt=turn))
-    history = {f"chat{c}": system(70) + system(5 + c, salt=c) for c in range(3)}
+    history = {f"chat{c}": system(70, salt=c if apart else 0) + system(5 + c, salt=c) for c in range(3)}
     if same_start:
         history["chat1"] = list(history["chat0"])
     answers = {}
@@ -94,8 +96,22 @@ def test_answers_copied_beside_the_decodes_serve_the_next_turns_exactly(engine):
     fresh, _ = conversations(engine, caching="off", turns=3, params=LONG, prefill_chunk=32)
     same_answers(cached, fresh)
     block = on.runner.block_size
-    assert on.cached_prompt_tokens == plain.cached_prompt_tokens + 2 * 3 * block  # a block a turn
+    # A block a turn, but chat 0's first answer's: its prompt began on no cached block, so nothing
+    # said a next turn would resend it (AnswerCopies.continued).
+    assert on.cached_prompt_tokens == plain.cached_prompt_tokens + (2 * 3 - 1) * block
     assert on.scheduler.free_blocks == on.runner.num_blocks
+
+
+def test_a_fresh_prompts_answer_is_not_copied(engine):
+    # Chats with system prompts of their own: no first turn begins on a cached block, so no first
+    # answer is copied (the copy's cost is paid only for answers a next turn likely resends); the
+    # later turns, which begin on their history, are.
+    kwargs = dict(caching="on", turns=3, params=LONG, prefill_chunk=32, tails=False, apart=True)
+    cached, on = conversations(engine, **kwargs)
+    _, plain = conversations(engine, **{**kwargs, "copies": False})
+    fresh, _ = conversations(engine, **{**kwargs, "caching": "off"})
+    same_answers(cached, fresh)
+    assert on.cached_prompt_tokens == plain.cached_prompt_tokens + 3 * on.runner.block_size  # turn 2's
 
 
 def test_answer_tails_serve_the_next_turns_exactly(engine):

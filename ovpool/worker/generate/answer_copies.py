@@ -8,7 +8,8 @@ token. Instead, while a sequence decodes, each full block past its prompt's full
 once more as a prompt chunk (over the prompt-pass blocks before it) into a block of its own, which
 is cached under the address a prompt's block gets. The next turn starts on it, bit for bit what it
 would have computed itself; the work is the same, moved from the next turn's first pass into passes
-that only decode (one block a pass, so a decode step grows by at most one block's prefill).
+that only decode (one block a pass, so a decode step grows by at most one block's prefill). Only
+answers a next turn likely resends are copied (``AnswerCopies.continued``).
 
 A copy holds no block between passes: once computed it is an ordinary cached block (evicted least
 recently used first, so a copy never makes room for itself by preempting anyone), and the next
@@ -28,6 +29,8 @@ from ovpool.worker.generate.plan import Chunk, Plan
 # A tail is copied in a pass that gives no first token while its answer has at most this many
 # tokens left to sample: chat_sim.py's replay, docs/performance.md.
 TAIL_WINDOW = 8
+# An answer is copied when its prompt began on this many cached blocks (AnswerCopies.continued).
+CONTINUED_BLOCKS = 2
 
 
 @dataclass
@@ -45,6 +48,7 @@ class AnswerCopies:
 
     def __init__(self, pool: BlockPool, seed: bytes, block_size: int, tails: AnswerTails | None = None):
         self.pool, self.seed, self.block_size, self.tails = pool, seed, block_size, tails
+        self.continued_blocks = CONTINUED_BLOCKS
         self._seqs: dict[str, _Copies] = {}
         self._ended = 0  # sequences ended since the last pass: their next turns arrive during this one
 
@@ -59,8 +63,8 @@ class AnswerCopies:
             if len(plan.chunks) > 1:
                 self._tail(plan, [s for s in running if s.id in planned], reserve)
             self._ended = 0
-        for seq in running if only_decodes else ():
-            if seq.id in planned and (chunk := self.next_chunk(seq, reserve)) is not None:
+        for seq in (s for s in running if s.id in planned and self.continued(s)) if only_decodes else ():
+            if (chunk := self.next_chunk(seq, reserve)) is not None:
                 plan.chunks.append(Chunk(seq.id, *chunk, sample=False))
                 return
 
@@ -68,15 +72,19 @@ class AnswerCopies:
         """Add the tail copies (answer_tails) of sequences with at most TAIL_WINDOW tokens left, in a
         pass that gives nobody's first token: none finishes a prompt in it and no sequence ended
         since the last pass (its next turn arrives during this one). In a pass that does, a copy
-        would delay that turn by what it saves the next one. Only for sequences whose prompt began
-        on two cached blocks or more (a chat's history, a long shared system prompt), not just a
-        chat template's shared opening: a fresh prompt is seldom continued, and a tail nobody
-        continues is work for nothing (4% of the CPU of 16 fresh 128-token requests)."""
+        would delay that turn by what it saves the next one. Only for ``continued`` sequences."""
         if self._ended or any(c.sample and len(c.tokens) > 1 + c.draft for c in plan.chunks):
             return
-        for seq in (s for s in decoding if 0 < s.left <= TAIL_WINDOW and s.cached >= 2 * self.block_size):
+        for seq in (s for s in decoding if 0 < s.left <= TAIL_WINDOW and self.continued(s)):
             if chunk := self.tails.next_chunk(seq, self._chain(seq), reserve):
                 plan.chunks.append(Chunk(seq.id, *chunk, sample=False))
+
+    def continued(self, seq) -> bool:
+        """Whether a next turn likely resends ``seq``'s answer, so that copies of it (full blocks and
+        tail) pay: its prompt began on two cached blocks or more (a chat's history, a long shared
+        system prompt), not just a chat template's shared opening. A fresh prompt is seldom
+        continued, and a copy nobody continues is work for nothing (docs/performance.md)."""
+        return seq.cached >= self.continued_blocks * self.block_size
 
     def _chain(self, seq) -> list[bytes]:
         """The exact addresses of ``seq``'s full blocks computed so far: its prompt's, then copies."""
