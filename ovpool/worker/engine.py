@@ -69,23 +69,7 @@ class Engine:
         # A likely cache hit imports (OpenVINO releases the GIL) while the GGUF header is read.
         early = early or prefetch.start(model, self.device, self.settings, cache_dir, self.core)
         phases: dict[str, float] = {}
-        with timed(phases, "open"):
-            self.model = opened.model if opened is not None else GGUFModel.open(model)
-        with timed(phases, "tokenizer"):
-            self.tokenizer = opened.tokenizer if opened is not None else Tokenizer.from_metadata(
-                self.model.metadata)
-        try:
-            self.graphs = Graphs(self.model, self.config, self.device, self.core, cache_dir=cache_dir,
-                                 cache_only=cache_only, early=early)
-        except (RuntimeError, ModelLoadError):  # checked now: probing first would delay starts
-            check_usable(self.core, self.device)  # one that is not there says so, in one line
-            raise
-        # The compiled model holds its own weights: unmapping the file frees its pages (~its size).
-        self.model.close()
-        heap.trim()  # the build's freed temporaries, before the warm-up's layouts raise the peak
-        if self.graphs.own.outcome.endswith("wrote"):
-            self._keep_cache_within()
-        phases["compiled model"] = self.graphs.own.seconds
+        self._load(model, opened, phases, cache_dir=cache_dir, cache_only=cache_only, early=early)
         self.load_report = {"outcome": self.graphs.own.outcome, "entry": self.graphs.own.entry,
                             "seconds": phases, "graph_settings": self.graphs.graph_settings,
                             "chat": bool(self.model.metadata.get(TEMPLATE_KEY))}
@@ -103,6 +87,27 @@ class Engine:
         self.warmed = False
         if self.config.warm_up == "load":
             self.warm_up()
+
+    def _load(self, model: str | Path, opened: OpenedModel | None, phases: dict[str, float],
+              **graphs: Any) -> None:
+        """The GGUF (or ``opened``'s), its tokenizer and its graphs (``graphs``: Graphs' keywords),
+        each phase's seconds in ``phases``; then the file unmapped and the heap trimmed."""
+        with timed(phases, "open"):
+            self.model = opened.model if opened is not None else GGUFModel.open(model)
+        with timed(phases, "tokenizer"):
+            self.tokenizer = opened.tokenizer if opened is not None else Tokenizer.from_metadata(
+                self.model.metadata)
+        try:
+            self.graphs = Graphs(self.model, self.config, self.device, self.core, **graphs)
+        except (RuntimeError, ModelLoadError):  # checked now: probing first would delay starts
+            check_usable(self.core, self.device)  # one that is not there says so, in one line
+            raise
+        # The compiled model holds its own weights: unmapping the file frees its pages (~its size).
+        self.model.close()
+        heap.trim()  # the build's freed temporaries, before the warm-up's layouts raise the peak
+        if self.graphs.own.outcome.endswith("wrote"):
+            self._keep_cache_within()
+        phases["compiled model"] = self.graphs.own.seconds
 
     @property
     def attention(self) -> str:
