@@ -59,17 +59,12 @@ def test_killed_worker_loses_no_accepted_request_and_no_token_index(endpoint):
     with broker(endpoint), null_worker(endpoint, slots=4, token_delay=0.02) as victim, \
             null_worker(endpoint, slots=4, token_delay=0.02), Client(endpoint) as client:
         wait_for_workers(client, 2)
-        streams = [[] for _ in range(8)]
-        threads = [_stream_into(client, s, f"p{i}", max_tokens=n_tokens, seed=i)
-                   for i, s in enumerate(streams)]
-        _wait_until(lambda: all(len(s) >= 3 for s in streams))
+        streams, threads = _streams_under_way(client, n_tokens)
         victim.kill()
         for t in threads:
             t.join(timeout=60)
         status = client.status()
-    for i, stream in enumerate(streams):  # the tokens NullBackend makes for the request (not 8 more runs)
-        assert [d.index for d in stream] == list(range(n_tokens))
-        assert [d.token_id for d in stream] == expected(f"p{i}", i, n_tokens)
+    _assert_whole(streams, n_tokens)
     assert status["counters"]["requeued"] >= 1 and len(status["workers"]) == 1
 
 
@@ -81,10 +76,7 @@ def test_a_stopped_worker_loses_no_request_and_serves_again_once_resumed(endpoin
     with broker(endpoint), null_worker(endpoint, slots=4, token_delay=0.02) as victim, \
             null_worker(endpoint, slots=4, token_delay=0.02), Client(endpoint) as client:
         wait_for_workers(client, 2)
-        streams = [[] for _ in range(8)]
-        threads = [_stream_into(client, s, f"p{i}", max_tokens=n_tokens, seed=i)
-                   for i, s in enumerate(streams)]
-        _wait_until(lambda: all(len(s) >= 3 for s in streams))
+        streams, threads = _streams_under_way(client, n_tokens)
         victim.proc.send_signal(signal.SIGSTOP)
         try:
             for t in threads:
@@ -96,9 +88,7 @@ def test_a_stopped_worker_loses_no_request_and_serves_again_once_resumed(endpoin
         again = [client.submit(f"q{i}", max_tokens=n_tokens, seed=i) for i in range(16)]
         after = [f.result(timeout=60) for f in again]
         status = client.status()
-    for i, stream in enumerate(streams):
-        assert [d.index for d in stream] == list(range(n_tokens))
-        assert [d.token_id for d in stream] == expected(f"p{i}", i, n_tokens)
+    _assert_whole(streams, n_tokens)
     assert stopped["counters"]["requeued"] >= 1 and len(stopped["workers"]) == 1
     assert [c.token_ids for c in after] == [expected(f"q{i}", i, n_tokens) for i in range(16)]
     assert {w["active"] for w in status["workers"]} == {0} and status["counters"]["failed"] == 0
@@ -179,6 +169,22 @@ def test_sigterm_worker_hands_back_its_requests(endpoint):
             status = client.status()
     assert [len(r.token_ids) for r in results] == [500, 500]
     assert status["counters"]["requeued"] >= 2 and status["counters"]["failed"] == 0
+
+
+def _streams_under_way(client: Client, n_tokens: int) -> tuple[list[list], list[threading.Thread]]:
+    """Eight streams ("p0".."p7", seeds 0-7), each three tokens in: their deltas and threads."""
+    streams: list[list] = [[] for _ in range(8)]
+    threads = [_stream_into(client, s, f"p{i}", max_tokens=n_tokens, seed=i) for i, s in enumerate(streams)]
+    _wait_until(lambda: all(len(s) >= 3 for s in streams))
+    return streams, threads
+
+
+def _assert_whole(streams: list[list], n_tokens: int) -> None:
+    """Each stream holds every index once, with the tokens NullBackend makes for its request (not
+    those of a second run)."""
+    for i, stream in enumerate(streams):
+        assert [d.index for d in stream] == list(range(n_tokens))
+        assert [d.token_id for d in stream] == expected(f"p{i}", i, n_tokens)
 
 
 def _wait_until(predicate, timeout: float = 20.0) -> None:
