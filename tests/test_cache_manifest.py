@@ -74,6 +74,13 @@ def test_a_manifest_whose_port_rows_are_not_rows_of_text_and_shapes_is_corrupt(p
         Manifest.from_json(json.dumps(doc), "fam")
 
 
+@pytest.mark.parametrize("text", ["[" * 200_000 + "]" * 200_000, '{"schema": ' + "[" * 200_000])
+def test_a_manifest_nested_past_the_json_decoder_is_corrupt(text):
+    """The decoder's RecursionError escaped as one: a worker's start died of it."""
+    with pytest.raises(CacheCorruptError, match="manifest of family fam is unreadable: JSON nested deeper"):
+        Manifest.from_json(text, "fam")
+
+
 @pytest.mark.parametrize("field, value", [("blob", ".."), ("blob", ["x"]), ("size", True), ("checksum", 5),
                                           ("created", "now"), ("device", None)])
 def test_a_manifest_entry_field_of_the_wrong_type_is_corrupt(field, value):

@@ -127,6 +127,7 @@ def test_probe_reads_serve_state(tmp_path):
     (b'{"updated": "x", "workers": 5}', "is not a view"),
     (b'{"updated": 1e999, "workers": []}', "is not a view"),  # fresh for ever
     (b'{"updated": 1, "workers": [{"x": 1}]}', "is not a view"),
+    (b"[" * 200_000 + b"]" * 200_000, "cannot be read: JSON nested deeper than the decoder follows"),
 ])
 def test_the_probe_on_a_state_file_that_is_not_serves_fails_in_one_line(tmp_path, content, problem):
     """Each was a traceback (UnicodeDecodeError, TypeError, AttributeError, KeyError)."""

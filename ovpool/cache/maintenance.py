@@ -10,7 +10,6 @@ An entry is stale when it can never match again (``stale``): its model file is g
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 from collections.abc import Iterator
@@ -18,6 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ovpool import json_files
 from ovpool.cache import budget, kv
 from ovpool.cache.budget import try_lock
 from ovpool.cache.fingerprint import stat_identity
@@ -214,7 +214,7 @@ def _stale_hints(store: CacheStore) -> list[str]:
     removed = []
     for path in store.hints_dir.glob("*.json") if store.hints_dir.is_dir() else []:
         try:
-            blob = store.blob_path(Path(json.loads(path.read_text())["blob"]).name)
+            blob = store.blob_path(Path(json_files.loads(path.read_text())["blob"]).name)
             stale = not blob.is_file()
         except (OSError, ValueError, KeyError, TypeError):
             stale = True

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from ovpool import json_files
 from ovpool.errors import CacheCorruptError
 
 SCHEMA = 1
@@ -79,7 +80,7 @@ class Manifest:
     def from_json(cls, text: str | bytes, family: str) -> Manifest:
         """Parse a manifest file; anything malformed is a CacheCorruptError."""
         try:
-            raw = json.loads(text)
+            raw = json_files.loads(text)
             if raw["schema"] != SCHEMA or raw["family"] != family:
                 raise ValueError(f"schema {raw['schema']!r} / family {raw['family']!r}")
             entries = {k: Entry.from_dict(v) for k, v in raw["entries"].items()}

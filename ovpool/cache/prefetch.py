@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 import openvino as ov
 
+from ovpool import json_files
 from ovpool.cache.fingerprint import stat_identity
 from ovpool.cache.store import CacheStore, crc32_of
 from ovpool.config import GraphConfig
@@ -180,7 +181,7 @@ def start(model: str | Path, device: str | None, graph: GraphConfig | Settings |
     # engine's own load to find and report.
     with contextlib.suppress(OvpoolError, OSError, ValueError, KeyError, TypeError):
         key = hint_key(resolve_model_path(model), device, graph)
-        hint = json.loads(store.hint_path(key).read_text())
+        hint = json_files.loads(store.hint_path(key).read_text())
         blob = store.blobs_dir / Path(hint["blob"]).name
         return BlobImport(core or ov.Core(), blob, hint["device"], hint["config"],
                           checksum=hint.get("checksum"), first_pass=first_pass)

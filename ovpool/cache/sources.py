@@ -14,6 +14,7 @@ import json
 import logging
 from pathlib import Path
 
+from ovpool import json_files
 from ovpool.cache.fingerprint import stat_identity
 from ovpool.cache.store import CHUNK_BYTES, CacheStore
 from ovpool.errors import CacheLockedError
@@ -41,7 +42,7 @@ class ContentHashes:
 
     def _load(self) -> dict[str, str]:
         try:
-            data = json.loads(self.path.read_text())
+            data = json_files.loads(self.path.read_text())
             return data if isinstance(data, dict) else {}
         except (OSError, ValueError):
             return {}

@@ -44,7 +44,7 @@ from typing import BinaryIO
 
 import numpy as np
 
-from ovpool import proc_state
+from ovpool import json_files, proc_state
 from ovpool.cache.manifest import Entry, Manifest
 from ovpool.errors import CacheCorruptError, CacheLockedError
 from ovpool.settings import variable
@@ -149,7 +149,7 @@ class CacheStore:
     def _holder(self, name: str) -> str:
         """``pid 123 on host, for 12 s (stopped)`` from the holder file, as far as it can be read."""
         try:
-            h = json.loads((self.locks_dir / f"{name}.holder").read_text())
+            h = json_files.loads((self.locks_dir / f"{name}.holder").read_text())
             who = f"pid {h['pid']} on {h['host']}, for {time.time() - h['since']:.0f} s"
         except (OSError, ValueError, KeyError, TypeError):
             return "another process"

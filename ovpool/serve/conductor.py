@@ -10,7 +10,6 @@ stopping it once idle and leaving it stopped.
 
 from __future__ import annotations
 
-import json
 import logging
 import signal
 import threading
@@ -18,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ovpool import timing
+from ovpool import json_files, timing
 from ovpool.serve.child import ChildProcess
 from ovpool.serve.drain import Drains, Roll, pool_idle
 from ovpool.serve.supervisor import Supervisor, WorkerPhase
@@ -182,7 +181,7 @@ def _restart_settings(restart_file: Path | None) -> tuple[str, ...]:
     if restart_file is None or not restart_file.exists():
         return ()
     try:
-        items = tuple(str(i) for i in json.loads(restart_file.read_text()))
+        items = tuple(str(i) for i in json_files.loads(restart_file.read_text()))
         restart_file.unlink()
     except (OSError, ValueError, TypeError) as exc:
         log.error("cannot read the restart's settings in %s: %s; restarting without them", restart_file, exc)

@@ -13,7 +13,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from ovpool import timing
+from ovpool import json_files, timing
 from ovpool.errors import ConfigError
 
 # A view older than this means serve's loop is stuck or gone.
@@ -53,7 +53,7 @@ def read_state(path: str | Path) -> dict | None:
     """Serve's view from ``path``, None if there is none yet; ConfigError naming the file if it
     cannot be read or is not a view serve writes (the probe and `ovpool restart` read it)."""
     try:
-        view = json.loads(Path(path).read_text(encoding="utf-8"))
+        view = json_files.loads(Path(path).read_text(encoding="utf-8"))
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as exc:  # UnicodeDecodeError is a ValueError

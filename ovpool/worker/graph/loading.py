@@ -26,6 +26,7 @@ from typing import Any
 import openvino as ov
 import openvino.opset13 as ops
 
+from ovpool import json_files
 from ovpool.cache.fingerprint import GraphIdentity
 from ovpool.cache.ir import ir_lookup, load_ir
 from ovpool.cache.loader import LoadResult, compile_model, load_compiled
@@ -224,7 +225,7 @@ def _probe(core: ov.Core, device: str) -> str | None:
 
 def _known_problems(store: CacheStore | None) -> dict[str, str | None]:
     try:
-        known = json.loads(store.probes_path.read_text()) if store else {}
+        known = json_files.loads(store.probes_path.read_text()) if store else {}
     except (OSError, ValueError):
         return {}  # none kept yet, or a torn-up file: probe again and replace it
     return known if isinstance(known, dict) else {}
