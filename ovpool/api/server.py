@@ -12,7 +12,7 @@ import threading
 import time
 from typing import Any
 
-from ovpool import timing
+from ovpool import gc_policy, timing
 from ovpool.api.app import Config, create_app
 from ovpool.errors import BrokerUnavailableError, ConfigError, DrainingError
 
@@ -64,6 +64,7 @@ def run(config: Config, bind: str, stop: threading.Event) -> None:
         access_log=False, proxy_headers=False,
         timeout_graceful_shutdown=max(1, round(timing.SHUTDOWN_GRACE_S))))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="uvicorn")
+    gc_policy.settle()  # the app and its imports are built: a request's objects are what is left
     with sock:
         thread.start()
         while thread.is_alive() and not stop.wait(timing.POLL_INTERVAL_S):
