@@ -3,9 +3,11 @@ side by side, alternating with GenAI's ContinuousBatchingPipeline in the same ro
 
     .venv/bin/python benchmarks/chat_served.py --side tails= --side plain=answer_tails=off --genai
         [--chats 16] [--turns 4] [--max-tokens 32] [--rounds 2] [--model smollm2]
+    .venv/bin/python benchmarks/chat_served.py --side new= --side base@/tmp/base= --genai  # code A/B
 
 Each side is a broker and one worker (``sweep.pool``, ``kv_cache_mb=1024``, ``prefix_cache=on``,
-then the side's ``NAME=k=v,k=v`` settings), started once; each round runs the workload
+then the side's ``NAME=k=v,k=v`` settings; ``NAME@TREE=...`` runs its broker and worker on another
+checkout's ``ovpool``, e.g. a ``git archive`` of an older commit), started once; each round runs the workload
 (ovpool.bench.chat.run_pool: closed loops, a fresh system prompt a run) on every side in rotating
 order, then on GenAI (ovpool.bench.peers.ChatPipeline). Wall clock only, as the bench reports it:
 later-turn (2+) TTFT p50/p99, per-turn medians, tokens/s, and the median per-round ratios of the
@@ -19,6 +21,7 @@ import itertools
 import json
 import os
 import statistics
+import tempfile
 from contextlib import ExitStack
 
 from ovpool.bench import chat, peers, sweep
@@ -37,6 +40,15 @@ def say(i: int, name: str, r: dict) -> None:
     print(f"round {i + 1} {name}: {row(r)}  load {os.getloadavg()[0]:.1f}", flush=True)
 
 
+def parse_side(text: str) -> tuple[str, str, list[str]]:
+    """``NAME[@TREE]=k=v,k=v`` as (name, tree or "", settings)."""
+    head, _, spec = text.partition("=")
+    name, _, tree = head.partition("@")
+    if not name or name == "genai" or (tree and not os.path.isdir(tree)):
+        raise SystemExit(f"--side {text!r}: expected NAME[@TREE]=k=v,k=v (NAME not 'genai', TREE a folder)")
+    return name, tree, [s for s in spec.split(",") if s]
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--side", action="append", required=True, help="NAME=k=v,k=v: worker settings")
@@ -47,14 +59,18 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--model", default="smollm2")
     args = p.parse_args()
-    parts = (t.partition("=") for t in args.side)
-    sides = {name: [s for s in spec.split(",") if s] for name, _, spec in parts}
+    parts = [parse_side(t) for t in args.side]
+    sides = {name: sets for name, _, sets in parts}
+    trees = {name: tree for name, tree, _ in parts}
+    if any(trees.values()):
+        os.chdir(tempfile.gettempdir())  # `python -m ovpool` would find the working directory's first
     runs: dict[str, list[dict]] = {name: [] for name in [*sides, *(["genai"] if args.genai else [])]}
     counter = itertools.count(1)
     with ExitStack() as stack:
         clients = {name: stack.enter_context(sweep.pool(
             args.model, args.chats, sets=(f"kv_cache_mb={chat.KV_CACHE_MB}", "prefix_cache=on", *sets),
-            env=chat.POOL_ENV)) for name, sets in sides.items()}
+            env={**chat.POOL_ENV, **({"PYTHONPATH": trees[name]} if trees[name] else {})}))
+            for name, sets in sides.items()}
         pipe = peers.ChatPipeline(str(resolve_model_path(args.model))) if args.genai else None
         for i in range(args.rounds):
             order = list(sides)[i % len(sides):] + list(sides)[:i % len(sides)]

@@ -2,8 +2,8 @@
 run: a deterministic comparison of scheduling policies, whose differences a shared host's noise
 hides in live runs (benchmarks/chat_ttft.py is the live check).
 
-    .venv/bin/python benchmarks/chat_sim.py [--pass-cost 24,32] [--tails on,off] [--chats 8,16]
-        [--turns 4] [--new-tokens 32]
+    .venv/bin/python benchmarks/chat_sim.py [--pass-cost 24,32] [--tails on,off] [--apart 64,0]
+        [--chats 8,16] [--turns 4] [--new-tokens 32] [--served]
 
 The workload is chat_ttft.py's with ``--arrive-after 1``: a shared system prompt (1,025 tokens
 with the template), every chat's first turn at once, each next turn added after the pass that
@@ -27,7 +27,11 @@ from ovpool.bench.stats import percentile
 from ovpool.worker.generate.scheduler import Scheduler
 
 BASE, DECODE, CHUNK, TOKEN = 0.027, 0.0052, 0.010, 0.0026
-BLOCK, BLOCKS, SYSTEM = 32, 728, 1025
+BLOCK, BLOCKS = 32, 728
+# The workload's token counts: (shared system prompt, a question's fewest tokens, how many more it may
+# have). chat_ttft.py's (an 8-digit run number in the system prompt), and ``ovpool bench``'s (run 1:
+# the prompts share exactly 32 blocks, a first turn computes 19-21 tokens).
+SHAPES = {"ttft": (1025, 25, 9), "served": (1024, 19, 3)}
 
 
 def pass_cost(plan) -> float:
@@ -39,11 +43,12 @@ def pass_cost(plan) -> float:
 class Replay:
     """One run of the workload on a Scheduler made with ``policy`` (its keyword arguments)."""
 
-    def __init__(self, chats: int, turns: int, new_tokens: int, policy: dict):
+    def __init__(self, chats: int, turns: int, new_tokens: int, policy: dict, shape: str = "ttft"):
         self.scheduler = Scheduler(num_blocks=BLOCKS, block_size=BLOCK, prefill_chunk=256,
                                    max_running=chats, caching=True, copy_answers=True, **policy)
         self.turns, self.new_tokens, self.ids = turns, new_tokens, itertools.count(10**6)
-        system = [next(self.ids) for _ in range(SYSTEM)]
+        size, self.question = SHAPES[shape][0], SHAPES[shape][1:]
+        system = [next(self.ids) for _ in range(size)]
         self.history = {c: list(system) for c in range(chats)}
         self.live: dict[str, list] = {}  # id: [chat, turn, sent, tokens so far]
         self.due: list[tuple] = []  # (pass, chat, turn, sent)
@@ -53,7 +58,8 @@ class Replay:
             self._ask(c, 0, 0.0)
 
     def _ask(self, chat: int, turn: int, sent: float) -> None:
-        self.history[chat] += [next(self.ids) for _ in range(25 + (chat * 7 + turn * 3) % 9)]
+        fewest, spread = self.question
+        self.history[chat] += [next(self.ids) for _ in range(fewest + (chat * 7 + turn * 3) % spread)]
         self.scheduler.add(f"{chat}-{turn}", list(self.history[chat]))
         self.live[f"{chat}-{turn}"] = [chat, turn, sent, 0]
 
@@ -102,12 +108,16 @@ def main() -> None:
     p.add_argument("--chats", default="8,16")
     p.add_argument("--turns", type=int, default=4)
     p.add_argument("--new-tokens", type=int, default=32)
+    p.add_argument("--apart", default="64", help="Scheduler apart values (tokens; 0: none) side by side")
+    p.add_argument("--served", action="store_true", help="ovpool bench's token counts (SHAPES)")
     args = p.parse_args()
     for chats in (int(x) for x in args.chats.split(",")):
-        for cost, tails in itertools.product(map(int, args.pass_cost.split(",")), args.tails.split(",")):
-            policy = {"pass_cost": cost, "copy_tails": tails == "on"}
-            r = Replay(chats, args.turns, args.new_tokens, policy).run()
-            print(f"{chats} chats, pass_cost {cost}, tails {tails}: " + ", ".join(
+        sides = itertools.product(map(int, args.pass_cost.split(",")), args.tails.split(","),
+                                  map(int, args.apart.split(",")))
+        for cost, tails, apart in sides:
+            policy = {"pass_cost": cost, "copy_tails": tails == "on", "apart": apart}
+            r = Replay(chats, args.turns, args.new_tokens, policy, "served" if args.served else "ttft").run()
+            print(f"{chats} chats, pass_cost {cost}, tails {tails}, apart {apart}: " + ", ".join(
                 f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in r.items()))
 
 

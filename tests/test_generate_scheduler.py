@@ -215,6 +215,22 @@ def test_chats_released_together_get_their_first_tokens_a_pass_apart():
     assert prompts == [[("c0", 256)]] * 4 + [[(f"c{c}", 25)] for c in range(4)]
 
 
+def test_chat_turns_finish_a_pass_apart_however_short_their_own_part():
+    """``ovpool bench --scenario chat``'s first turns share exactly 32 blocks and compute 19-21
+    tokens each, under the pass cost: two to a pass, their answers ended together and their next
+    turns, computing the answer's tail too (~35 tokens, over it), queued one a pass behind each other
+    (turn 2 at twice turns 3-4's TTFT: docs/performance.md, Chat TTFT). A prompt of 64 tokens or
+    more finishes alone in its pass (with ``apart=0`` they went two to a pass)."""
+    s = Scheduler(num_blocks=400, block_size=32, prefill_chunk=256, max_running=16, caching=True)
+    for c in range(5):
+        s.add(f"c{c}", list(range(1024)) + list(range(10_000 * (c + 1), 10_000 * (c + 1) + 19 + c % 3)))
+    finished = []
+    for _ in range(10):
+        finished.append([c.seq_id for c in run_step(s).chunks if c.sample and len(c.tokens) > 1])
+        s.commit()
+    assert finished == [[]] * 4 + [[f"c{c}"] for c in range(5)] + [[]]
+
+
 @settings(max_examples=80, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 12), st.integers(1, 40), st.integers(1, 6)), min_size=1, max_size=8),
        st.integers(2, 12), st.booleans(), st.integers(0, 40))

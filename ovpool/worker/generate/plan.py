@@ -102,21 +102,36 @@ class PassLoad:
     pass, the decodes beside it: docs/performance.md), its own tokens being computed either way.
     So it joins while ``finishing * n <= fixed``: a prompt alone, short ones several to a pass.
     A burst of prompts (a chat's later turns arriving together) gets its first tokens one after
-    another rather than all after one long pass, and the chats it came from drift apart."""
+    another rather than all after one long pass, and the chats it came from drift apart.
+
+    Prompts of ``long`` tokens or more (a chat's history, a long shared system prompt: turns that
+    come back; the Scheduler's default is two of the paged graph's 32-position blocks) finish one a
+    pass, however few of their tokens are left to compute. The rule above
+    weighs one pass: two first turns of ~20 tokens after a shared system prompt would share it, their
+    answers (of one length) would end in one pass, and their next turns, each then computing the
+    answer's tail too (~35 tokens), would not: one waits a pass, and a burst of such pairs queues
+    (``ovpool bench --scenario chat``'s turn 2, docs/performance.md)."""
 
     budget: int
     fixed: int
+    long: int = 0  # 0: no prompt is kept apart
     tokens: int = 0
     finishing: int = 0
+    finishing_long: int = 0
 
     @property
     def room(self) -> int:
         return self.budget - self.tokens
 
-    def finishes(self, n: int) -> bool:
-        """Whether a chunk of ``n`` tokens that ends its prompt joins (the rule above)."""
-        return self.finishing * n <= self.fixed
+    def finishes(self, n: int, prompt: int) -> bool:
+        """Whether a chunk of ``n`` tokens that ends its ``prompt``-token prompt joins (the rules above)."""
+        return self.finishing * n <= self.fixed and not (self.finishing_long and self._long(prompt))
 
-    def add(self, tokens: int, finishes: bool) -> None:
+    def add(self, tokens: int, finishes: bool, prompt: int) -> None:
+        """Count ``tokens`` of a ``prompt``-token prompt, a chunk that ``finishes`` it or not."""
         self.tokens += tokens
         self.finishing += finishes
+        self.finishing_long += finishes and self._long(prompt)
+
+    def _long(self, prompt: int) -> bool:
+        return 0 < self.long <= prompt

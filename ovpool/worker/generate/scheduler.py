@@ -49,15 +49,15 @@ class Scheduler:
     block of a decoding sequence's answer as a prompt pass would, for a chat's next turn
     (ovpool.worker.generate.answer_copies), if a block fits in ``prefill_chunk``, and ``copy_tails``
     the partial block an answer ends in (answer_tails, given ``append(left=)``); ``pass_cost``:
-    a pass's fixed cost in prompt tokens' worth (plan.PassLoad; the measurement behind the default:
-    docs/performance.md, Chat TTFT)."""
+    a pass's fixed cost in prompt tokens' worth, ``apart``: prompts of this many tokens or more finish
+    one a pass (plan.PassLoad; the measurements behind the defaults: docs/performance.md, Chat TTFT)."""
 
     def __init__(self, *, num_blocks: int, block_size: int, prefill_chunk: int, max_running: int,
                  caching: bool = False, exact: bool = True, seed: bytes = b"", tier=None,
-                 copy_answers: bool = False, copy_tails: bool = False, pass_cost: int = 24):
+                 copy_answers: bool = False, copy_tails: bool = False, pass_cost: int = 24, apart: int = 64):
         if num_blocks < 1 or block_size < 1 or prefill_chunk < 1 or max_running < 1:
             raise ValueError("num_blocks, block_size, prefill_chunk and max_running must be >= 1")
-        self.num_blocks, self.block_size = num_blocks, block_size
+        self.num_blocks, self.block_size, self.apart = num_blocks, block_size, apart
         self.prefill_chunk, self.max_running, self.pass_cost = prefill_chunk, max_running, pass_cost
         self.pool, self.seed = BlockPool(num_blocks, caching), seed
         self.tier = tier if caching else None
@@ -183,10 +183,10 @@ class Scheduler:
         prefilling = [s for s in self._running if s.pending > 1]
         oldest = prefilling[0] if prefilling else None
         alone = oldest is None or (len(prefilling) == 1 and not self._waiting)
-        load, first, held = PassLoad(budget, self.pass_cost), 0, 0
+        load, first, held = PassLoad(budget, self.pass_cost, self.apart), 0, 0
         if oldest is not None:
             first = oldest.take(budget if alone else max(budget // 2, 2))
-            load.add(first, first == oldest.pending)
+            load.add(first, first == oldest.pending, oldest.prompt)
             held = self.blocks_for(oldest.computed + first) - len(oldest.blocks)
         others = sorted(prefilling[1:], key=lambda s: s.pending)
         if others:
@@ -197,7 +197,7 @@ class Scheduler:
         self._admit(plan, load, over=oldest is None, held=held)
         if oldest is not None and oldest in self._running:
             n = oldest.take(first + max(load.room, 0))
-            if n == oldest.pending and n > first and not load.finishes(n - first):
+            if n == oldest.pending and n > first and not load.finishes(n - first, oldest.prompt):
                 n = first  # finishing it too would make the prompts finishing here wait longer
             self._schedule(oldest, n, plan)
 
@@ -205,14 +205,14 @@ class Scheduler:
         """Schedule ``n`` tokens of ``seq`` and count them in ``load``."""
         finishes = n == seq.pending
         added = self._schedule(seq, n, plan)
-        load.add(added, finishes and added > 0)
+        load.add(added, finishes and added > 0, seq.prompt)
 
     def _fit(self, seq: Seq, load: PassLoad, over: bool) -> int:
         """How many tokens of ``seq``'s next chunk ``load`` takes (0: none): within its room, and
         if the chunk ends the prompt, only as PassLoad.finishes allows. ``over``: a chunk may take
         one token over the room (prompt_chunk)."""
         n = seq.take(max(load.room, 0))
-        if not 0 < n <= load.room + over or (n == seq.pending and not load.finishes(n)):
+        if not 0 < n <= load.room + over or (n == seq.pending and not load.finishes(n, seq.prompt)):
             return 0
         return n
 
