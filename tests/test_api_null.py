@@ -11,6 +11,7 @@ import asyncio
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 
@@ -220,6 +221,18 @@ def test_disconnect_mid_stream_frees_the_slot(served):
         assert next(lines).startswith("data: {")
         assert _in_flight(served) == 1
     # The connection is closed: the API cancels the request and the broker frees the slot.
+    wait_for(lambda: _in_flight(served) == 0, 2 * timing.HEARTBEAT_INTERVAL_S + 5, "the slot to be freed")
+
+
+def test_a_client_gone_while_its_completion_waits_frees_the_slot(served):
+    """A non-streamed request is answered only at its end; the API's sweep sees the client leave
+    before that and cancels the request (30 s of tokens here)."""
+    body = json.dumps({"model": "foo", "prompt": "long", "max_tokens": 3000}).encode()
+    with socket.create_connection(("127.0.0.1", served.http_port), timeout=30) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Authorization: Bearer %s\r\nContent-Length: %d\r\n\r\n%s"
+                     % (KEYS[0].encode(), len(body), body))
+        wait_for(lambda: _in_flight(served) == 1, 10, "the request to start")
     wait_for(lambda: _in_flight(served) == 0, 2 * timing.HEARTBEAT_INTERVAL_S + 5, "the slot to be freed")
 
 
