@@ -81,10 +81,7 @@ class Passes:
 
     def run_on(self, compiled) -> None:
         """Run the next passes on ``compiled`` (a static-row copy of the graph), on these blocks."""
-        request = compiled.create_infer_request()
-        for name, tensor in self.runner._caches.items():
-            request.set_tensor(name, tensor)
-        self.runner.requests[0] = request
+        self.runner.requests[0] = self.runner.request_on(compiled)
 
     def logits(self, rows: int) -> np.ndarray:
         """The first ``rows`` sequences' next step (not advancing them), their logits."""

@@ -40,8 +40,9 @@ def measure(runner: PagedRunner, context: int, rounds: int, passes: int) -> dict
     runner.forward([Chunk("a", 0, [100 + i % 50 for i in range(context)], blocks, True)])
     step = Chunk("a", context, [7], blocks, True)
     unpadded = feeds([step])  # the pass as it ran before padding, on the dynamic graph
+    other = runner.request_on(runner.compiled)  # the runner's own request keeps its inputs set
     sides = {"padded": lambda: runner.forward([step]),
-             "unpadded": lambda: runner.requests[0].infer(unpadded, share_inputs=True, share_outputs=True)}
+             "unpadded": lambda: other.infer(unpadded, share_inputs=True, share_outputs=True)}
     ms = {name: [] for name in sides}
     for r in range(rounds):
         for name in (list(sides) if r % 2 == 0 else list(sides)[::-1]):

@@ -324,7 +324,13 @@ def test_idle_warm_up_covers_the_engine_and_a_separate_batching_graph(tiny_model
 
 
 class _Broken:
-    """An InferRequest whose device fails."""
+    """An InferRequest whose device fails: its inputs are set as a real one's, its passes fail."""
+
+    def __init__(self, working):
+        self.model_inputs = working.model_inputs
+
+    def set_input_tensor(self, index, tensor):
+        pass
 
     def infer(self, *args, **kwargs):
         raise RuntimeError("device lost")
@@ -336,7 +342,8 @@ def test_a_failed_pass_fails_its_requests_with_an_inference_error_and_the_rest_g
     backend = EngineBackend(engine, slots=2)  # its own runner (KV blocks, requests) on the graph
     assert backend.wait_batching()
     runner = backend.runs.runner
-    working, runner.requests[0] = runner.requests[0], _Broken()
+    working = runner.requests[0]
+    runner.requests[0] = _Broken(working)
     backend.add("a", PROMPTS[0], SamplingParams(max_tokens=4, ignore_eos=True))
     (failed,) = backend.step()
     assert isinstance(failed, Failed) and isinstance(failed.error, InferenceError)

@@ -8,6 +8,7 @@ logits and warm-ups on the paged graph (generations run on a Batcher, ovpool.wor
 
 from __future__ import annotations
 
+import itertools
 import mmap
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ import openvino as ov
 
 from ovpool.errors import InferenceError
 from ovpool.worker.generate.lone_pass import is_lone_step, padded
+from ovpool.worker.generate.pass_inputs import PassInputs
 from ovpool.worker.generate.plan import Chunk
 from ovpool.worker.graph.decode import DecodeGraph
 
@@ -49,6 +51,8 @@ class PagedRunner:
         self.compiled, self.decode = compiled, decode
         # [the dynamic graph's, then the decode graph's once ready]: all see the same KV blocks.
         self.requests = [compiled.create_infer_request()]
+        self._pass_inputs: dict[int, PassInputs] = {}  # by id(request): see _inputs
+        self._logits_port = next(i for i, p in enumerate(compiled.outputs) if "logits" in p.get_names())
         caches = [p for p in compiled.inputs if "_cache." in p.get_any_name()]
         self._layout = {p.get_any_name(): (p.get_element_type(),
                                            [d.get_length() for d in list(p.get_partial_shape())[1:]])
@@ -115,21 +119,27 @@ class PagedRunner:
         pad = lone and request is self.requests[0]  # the decode graph takes one row only
         if pad:
             chunks, rows = padded(chunks, self.num_blocks)
-        inputs = feeds(chunks, rows)
         try:
+            self._inputs(request).set(feeds(chunks, rows))
             if during is None:
-                # Shared both ways, as in Session.forward: no copy of the inputs or of the logits.
-                request.infer(inputs, share_inputs=True, share_outputs=True)
+                request.infer(share_outputs=True)  # the logits not copied
             else:
-                request.start_async(inputs, share_inputs=True)
+                request.start_async()
                 try:
                     during()
                 finally:
                     request.wait()
         except RuntimeError as exc:
             raise InferenceError(f"inference failed ({len(chunks)} sequences): {exc}") from exc
-        logits = request.get_tensor("logits").data[0]
+        logits = request.get_output_tensor(self._logits_port).data[0]
         return logits[:1] if pad else logits
+
+    def _inputs(self, request: ov.InferRequest) -> PassInputs:
+        """``request``'s input tensors, kept between passes (ovpool.worker.generate.pass_inputs)."""
+        held = self._pass_inputs.get(id(request))
+        if held is None or held.request is not request:  # a request replaced (tests, benchmarks)
+            held = self._pass_inputs[id(request)] = PassInputs(request)
+        return held
 
     def _decode_request(self) -> ov.InferRequest | None:
         """The decode graph's request, made once the graph is ready; None until then."""
@@ -138,11 +148,16 @@ class PagedRunner:
             if compiled is None:
                 self.decode.count_pass()
                 return None
-            request = compiled.create_infer_request()
-            for name, tensor in self._caches.items():
-                request.set_tensor(name, tensor)
-            self.requests.append(request)
+            self.requests.append(self.request_on(compiled))
         return self.requests[1] if len(self.requests) > 1 else None
+
+    def request_on(self, compiled: ov.CompiledModel) -> ov.InferRequest:
+        """A new request of ``compiled`` (this graph or a copy of it) on these KV blocks, until
+        ``grow`` replaces them; what runs on it leaves the runner's own requests' inputs alone."""
+        request = compiled.create_infer_request()
+        for name, tensor in self._caches.items():
+            request.set_tensor(name, tensor)
+        return request
 
 
 class PagedSession:
@@ -187,25 +202,21 @@ def zero_pages(nbytes: int) -> np.ndarray:
 
 def feeds(chunks: Sequence[Chunk], rows: Sequence[int] | None = None) -> dict[str, np.ndarray]:
     """The paged graph's per-pass inputs for ``chunks`` (see ovpool.worker.graph.paged); logits for
-    ``rows`` of the concatenated tokens, by default the last token of each sampled chunk."""
-    lengths = np.array([len(c.tokens) for c in chunks], np.int32)
-    starts = np.array([c.start for c in chunks], np.int32)
-    ends = np.cumsum(lengths)
-    positions = np.concatenate([np.arange(c.start, c.start + len(c.tokens)) for c in chunks])
+    ``rows`` of the concatenated tokens, by default the last token of each sampled chunk. Built
+    from Python lists: a decode step's arrays hold a few numbers, where each NumPy call costs more
+    than the numbers."""
+    lengths = [len(c.tokens) for c in chunks]
+    ends = list(itertools.accumulate(lengths))
     if rows is None:
         rows = [end - 1 for c, end in zip(chunks, ends, strict=True) if c.sample]
+    positions = [p for c in chunks for p in range(c.start, c.start + len(c.tokens))]
     return {
-        "input_ids": np.array([t for c in chunks for t in c.tokens], np.int64)[None, :],
-        "position_ids": positions.astype(np.int64)[None, :],
-        "past_lens": starts,
-        "subsequence_begins": _offsets(lengths),
+        "input_ids": np.array([[t for c in chunks for t in c.tokens]], np.int64),
+        "position_ids": np.array([positions], np.int64),
+        "past_lens": np.array([c.start for c in chunks], np.int32),
+        "subsequence_begins": np.array([0, *ends], np.int32),
         "block_indices": np.array([b for c in chunks for b in c.blocks], np.int32),
-        "block_indices_begins": _offsets([len(c.blocks) for c in chunks]),
-        "max_context_len": np.array((starts + lengths).max(), np.int32),
+        "block_indices_begins": np.array([0, *itertools.accumulate(len(c.blocks) for c in chunks)], np.int32),
+        "max_context_len": np.array(max(c.start + n for c, n in zip(chunks, lengths, strict=True)), np.int32),
         "logits_indices": np.array(rows, np.int64),
     }
-
-
-def _offsets(counts) -> np.ndarray:
-    """[0, c0, c0+c1, ...]: where each sequence's run starts in a concatenation."""
-    return np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
