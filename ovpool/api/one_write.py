@@ -22,6 +22,7 @@ class OneWrite:
     def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop):
         self._transport, self._loop = transport, loop
         self._pending: list[bytes] = []
+        self.is_closing = transport.is_closing  # asked a few times a request: not via __getattr__
 
     def write(self, data: bytes) -> None:
         if not self._pending:
