@@ -3,7 +3,7 @@ steps in one paged-graph pass, the CPU plugin's per-node times (PERF_COUNT) summ
 by weight (the output projection included, which ``prefill_bound.py``'s layer MatMuls leave out).
 
     .venv/bin/python benchmarks/batch_profile.py [--model smollm2] [--rows 8,16] [--rounds 5]
-        [--passes 8] [--side NAME=K=V,K=V ...] [--static] [--alone]
+        [--passes 8] [--side NAME=K=V,K=V ...] [--static] [--bounded] [--alone]
 
 Each ``--side`` is an engine's paged graph with those settings (default: one side at the
 defaults), compiled with PERF_COUNT, the decode graph off. Per row count n: n sequences at contexts
@@ -14,7 +14,9 @@ pass, the median of the per-round CPU ratios against the first side, and each no
 weight's share of the summed node times (the plugin's real time per node) as CPU ms. The output
 names the CPU class and load. ``--static`` adds to each side NAME/static: the same graph with its
 token dimensions fixed to the n rows (as the decode graph fixes them to one), on the same KV blocks,
-and says whether its logits equal the dynamic graph's. ``--alone``: how far the first sequence's
+and says whether its logits equal the dynamic graph's; ``--bounded`` adds NAME/bounded likewise:
+the token dimensions bounded (ov.Dimension(1, prefill_chunk), 1-64 sequences) instead of -1, which
+the CPU plugin could plan memory and kernels for as for static ones. ``--alone``: how far the first sequence's
 logits in a pass of 2..n sequences are from the same step alone (max absolute difference).
 """
 
@@ -127,28 +129,34 @@ def compare(runs: dict[str, Passes], rounds: int) -> dict[str, dict]:
     return out
 
 
-def static(e, graph: ov.Model, rows: int) -> ov.CompiledModel:
-    """``graph`` with its token dimensions fixed to ``rows`` sequences of one token each, compiled
-    as the engine's paged graph was."""
+def twin(e, graph: ov.Model, rows: int, kind: str) -> ov.CompiledModel:
+    """``graph`` with its token dimensions fixed to ``rows`` sequences of one token each (``static``),
+    or bounded by the prefill chunk and 64 sequences (``bounded``: ov.Dimension(1, n) for -1),
+    compiled as the engine's paged graph was."""
     graph = graph.clone()
-    shapes = {"input_ids": [1, rows], "position_ids": [1, rows], "past_lens": [rows],
-              "subsequence_begins": [rows + 1], "block_indices_begins": [rows + 1], "logits_indices": [rows]}
+    if kind == "static":
+        tokens, sequences, offsets = ov.Dimension(rows), ov.Dimension(rows), ov.Dimension(rows + 1)
+    else:
+        tokens = ov.Dimension(1, e.config.prefill_chunk)
+        sequences, offsets = ov.Dimension(1, 64), ov.Dimension(2, 65)
+    shapes = {"input_ids": [1, tokens], "position_ids": [1, tokens], "past_lens": [sequences],
+              "subsequence_begins": [offsets], "block_indices_begins": [offsets], "logits_indices": [tokens]}
     graph.reshape({graph.input(name): ov.PartialShape(shape) for name, shape in shapes.items()})
     config = compile_config(e.graph_settings, "CPU", e.core)  # weight groups: int8 activations only
     return e.core.compile_model(graph, "CPU", {**config, "PERF_COUNT": True})
 
 
-def sides_for(engines: dict, rows: int, passes: int, with_static: bool) -> dict[str, Passes]:
-    """Each side's Passes, and with ``with_static`` its static-row twin (whose logits are checked
-    against the dynamic graph's)."""
+def sides_for(engines: dict, rows: int, passes: int, twins: list[str]) -> dict[str, Passes]:
+    """Each side's Passes, and for each of ``twins`` (static, bounded) its twin graph's (whose
+    logits are checked against the dynamic graph's)."""
     runs = {}
     for name, (e, graph) in engines.items():
         runs[name] = Passes(e.paged_graph().compiled, rows, passes)
-        if with_static:
-            twin = runs[f"{name}/static"] = Passes(e.paged_graph().compiled, rows, passes)
-            twin.run_on(static(e, graph, rows))
-            same = np.array_equal(runs[name].logits(rows), twin.logits(rows))
-            print(f"{name}/static, {rows} rows: logits {'equal to' if same else 'unlike'} the dynamic "
+        for kind in twins:
+            other = runs[f"{name}/{kind}"] = Passes(e.paged_graph().compiled, rows, passes)
+            other.run_on(twin(e, graph, rows, kind))
+            same = np.array_equal(runs[name].logits(rows), other.logits(rows))
+            print(f"{name}/{kind}, {rows} rows: logits {'equal to' if same else 'unlike'} the dynamic "
                   "graph's")
     return runs
 
@@ -167,6 +175,7 @@ def main() -> None:
     ap.add_argument("--passes", type=int, default=8)
     ap.add_argument("--side", action="append", default=[], help="NAME=K=V,K=V (settings of one side)")
     ap.add_argument("--static", action="store_true", help="each side's static-row twin beside it")
+    ap.add_argument("--bounded", action="store_true", help="each side's bounded-dimension twin beside it")
     ap.add_argument("--alone", action="store_true", help="a row batched against alone")
     args = ap.parse_args()
     sides = dict(s.split("=", 1) for s in args.side) or {"default": ""}
@@ -177,7 +186,8 @@ def main() -> None:
     for name, (e, _) in engines.items():
         print(f"{name}: {e.graph_settings}")
     for rows in (int(r) for r in args.rows.split(",")):
-        runs = sides_for(engines, rows, args.passes, args.static)
+        twins = [k for k in ("static", "bounded") if getattr(args, k)]
+        runs = sides_for(engines, rows, args.passes, twins)
         if args.alone:
             for name in engines:
                 print(f"{name}, {rows} rows, first row batched - alone: {alone(runs[name], rows)}")

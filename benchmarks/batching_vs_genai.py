@@ -10,9 +10,13 @@ detokenizing, scheduling: what sampling adds to, measurable under load where wal
 settings to the alternation (e.g. ``copies_off=answer_copies=off``). ``--fresh`` gives every round
 prompts of its own (the round's number in the text), so that no round finds an earlier round's
 blocks in ovpool's prefix cache (GenAI's is off): requests as a server meets them.
+``--peer NAME=K=V,...`` adds a GenAI CB pipeline compiled with those OpenVINO properties (e.g.
+``genai_f32=INFERENCE_PRECISION_HINT=f32,KV_CACHE_PRECISION=f32,DYNAMIC_QUANTIZATION_GROUP_SIZE=0``,
+GenAI at ovpool's exact numerics), to tell precision from the rest of a gap.
 
     .venv/bin/python benchmarks/batching_vs_genai.py [--model smollm2] [--levels 1,8,16]
         [--max-tokens 64] [--repeats 2] [--sampling K=V,...] [--side NAME=K=V,...] [--fresh]
+        [--peer NAME=K=V,...]
         [--no-genai] [--isa AVX2] [--json]
 """
 
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 
 from ovpool.bench import isa
@@ -78,6 +83,8 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--sampling", default="", help="e.g. temperature=0.8,top_p=0.9")
     p.add_argument("--side", action="append", default=[], help="NAME=K=V,... (an ovpool engine's settings)")
+    p.add_argument("--peer", action="append", default=[], help="NAME=K=V,... (a GenAI CB pipeline's "
+                   "OpenVINO properties)")
     p.add_argument("--fresh", action="store_true", help="prompts of their own in every round")
     p.add_argument("--no-genai", action="store_true")
     p.add_argument("--json", action="store_true")
@@ -98,7 +105,8 @@ def main() -> None:
             order = list(systems) if len(runs) % 2 == 0 else list(systems)[::-1]  # who goes first
             got = {k: measure(systems[k], n, mt, host if k in ("ovpool", "ovpool_sampled") else None)
                    for k in order}
-            runs.append({"concurrency": n, "repeat": r, **{k: got[k] for k in systems}})
+            runs.append({"concurrency": n, "repeat": r, "load": os.getloadavg()[0],
+                         **{k: got[k] for k in systems}})
     cpu = isa.describe(CpuInfo.read(backend.engine.core).describe())
     if args.json:
         print(json.dumps({"cpu": cpu, "runs": runs}, indent=2))
@@ -137,6 +145,11 @@ def _systems(args, prompts: Prompts, slots: int) -> tuple[dict, EngineBackend]:
     if not args.no_genai:
         genai = BatchedPipeline(str(resolve_model_path(args.model)), properties=isa.peer_properties())
         systems["genai_cb"] = lambda n: genai.level(n, mt, prompts(n))
+    for name, sets in (peer.split("=", 1) for peer in args.peer):
+        properties = dict(a.split("=", 1) for a in sets.split(",") if a)
+        pipe = BatchedPipeline(str(resolve_model_path(args.model)), properties={**isa.peer_properties(),
+                                                                                 **properties})
+        systems[name] = lambda n, pipe=pipe: pipe.level(n, mt, prompts(n))
     return systems, backend
 
 
@@ -149,8 +162,8 @@ def _backend(model: str, settings: dict, slots: int) -> EngineBackend:
 
 def _line(r: dict) -> str:
     o = r["ovpool"]
-    line = f"N={r['concurrency']:>2}  ovpool {o['tokens_per_s']:6.1f} tok/s {o['cpu_ms_per_token']:5.2f} " \
-        "cpu-ms/token"
+    line = f"N={r['concurrency']:>2} load {r['load']:4.1f}  ovpool {o['tokens_per_s']:6.1f} tok/s " \
+        f"{o['cpu_ms_per_token']:5.2f} cpu-ms/token"
     if "ovpool_sampled" in r:
         s = r["ovpool_sampled"]
         line += (f" | sampled {s['tokens_per_s']:6.1f} tok/s {s['cpu_ms_per_token']:5.2f} cpu-ms/token"
