@@ -4,11 +4,15 @@ field, never a 500 or a hang, and the next valid request still succeeds."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
 from app_helpers import VALID, assert_still_serving, post, served_app
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
 
+from ovpool.api.body import read_json
 from ovpool.api.schema import MAX_BODY_BYTES
 from ovpool.bounds import MAX_JSON_DEPTH, MAX_PROMPT_CHARS
 
@@ -167,3 +171,13 @@ def test_ovpool_drains_timeout_must_be_a_finite_number_of_seconds(timeout):
     result = CliRunner().invoke(drain_command, ["--timeout", timeout, "--broker", "tcp://127.0.0.1:1"])
     assert result.exit_code == 2 and "finite number of seconds >= 0" in result.output
     assert result.exception is None or isinstance(result.exception, SystemExit)
+
+
+def test_a_body_declared_over_the_cap_is_413_before_any_of_it_is_read():
+    async def receive() -> dict:
+        raise AssertionError("the body was read")
+
+    declared = [(b"content-length", str(MAX_BODY_BYTES + 1).encode())]
+    with pytest.raises(HTTPException) as refused_early:
+        asyncio.run(read_json(Request({"type": "http", "headers": declared}, receive)))
+    assert refused_early.value.status_code == 413
