@@ -107,6 +107,7 @@ def test_a_frozen_active_wakes_passive_and_stale_peer_messages_do_not_activate_i
     backup.peer(State.ACTIVE, 0.2)
     # SIGSTOP at 0.5; the backup's PASSIVE messages wait in the socket; SIGCONT at 10.
     assert primary.tick(10.0)[0] == [Action.DEACTIVATED]
+    assert (primary.stalls, primary.last_stall_s, backup.stalls) == (1, 9.9, 0)
     assert primary.peer(State.PASSIVE, 10.0) == []
     assert primary.client(10.0) == [Action.REFUSE]
     assert primary.peer(State.ACTIVE, 10.5) == []  # the backup took over meanwhile

@@ -85,11 +85,35 @@ def _status_text(pair: Pair) -> str:
     return out.stdout + out.stderr
 
 
-def _active(pair: Pair) -> str:
-    """The first line of ``ovpool status`` for the pair, once it names an active broker."""
-    return wait_for(lambda: next((line for line in _status_text(pair).splitlines()
-                                  if line.startswith("active broker:")), None),
-                    timeout=60, what="an active broker")
+def _active(pair: Pair, client: Client) -> str:
+    """The first line of ``ovpool status`` for the pair, once it names an active broker. Each try
+    follows a request, a client's vote: a broker demoted by a stall (below) serves again only at
+    one, and STATUS is none."""
+
+    def named() -> str | None:
+        client.complete("a vote", max_tokens=1, timeout=60)
+        return next((line for line in _status_text(pair).splitlines() if line.startswith("active broker:")),
+                    None)
+
+    return wait_for(named, timeout=60, what="an active broker")
+
+
+def _stalls(endpoint: str, keys: ChildKeys) -> int:
+    """How often the broker at ``endpoint`` found its own process had not run for 2 intervals
+    (0.4 s here): a SIGSTOP, or an overloaded host's stall, which by design demotes an active
+    broker (binary_star.py) and may hand the pair to its peer."""
+    with Client(endpoint, settings=keys.client) as one:
+        return one.status(timeout=30)["standby"]["stalls"]
+
+
+def _submit_alone(endpoint: str, keys: ChildKeys) -> errors.OvpoolError | None:
+    """What a client of ``endpoint`` alone gets for a request: its error, None when served."""
+    with Client(endpoint, settings=keys.client) as alone:
+        try:
+            alone.complete("to one broker alone", max_tokens=5, timeout=30)
+        except errors.OvpoolError as exc:
+            return exc
+    return None
 
 
 def _ready(client: Client) -> None:
@@ -143,7 +167,7 @@ def test_kill_9_of_the_active_broker_loses_no_stream_and_status_names_the_backup
     """``kill``: SIGKILL; ``stop``: SIGTERM, whose broker hands its requests and worker over. The
     pair runs under the pool's CURVE keys, its state link too."""
     with _pool_keys(tmp_path) as keys, _serving(tmp_path, keys) as (pair, client):
-        assert _active(pair) == f"active broker: {pair.primary_ep} (primary)"
+        assert _active(pair, client) == f"active broker: {pair.primary_ep} (primary)"
         references = _references(client)
         started = threading.Barrier(STREAMS + 1)
         results, threads = _streams(client, started)
@@ -152,7 +176,7 @@ def test_kill_9_of_the_active_broker_loses_no_stream_and_status_names_the_backup
         for t in threads:
             t.join(timeout=120)
         _each_once(results, references)
-        assert _active(pair) == f"active broker: {pair.backup_ep} (backup)"
+        assert _active(pair, client) == f"active broker: {pair.backup_ep} (backup)"
         assert client.complete("after", max_tokens=5).usage.completion_tokens == 5
 
 
@@ -214,9 +238,12 @@ def test_the_http_api_streams_through_a_failover(tmp_path):
 
 def test_a_paused_active_broker_never_serves_beside_its_peer(tmp_path):
     """SIGSTOP the active primary mid-stream: its clients and worker move to the backup, which the
-    clients' votes make active; woken (SIGCONT), the primary finds it froze, goes passive and stays
-    so: the backup remains the one active, and the primary refuses a client that asks it alone.
-    Under the pool's CURVE keys, as a closed pool runs."""
+    clients' votes make active; woken (SIGCONT), the primary counts its freeze, goes passive and
+    stays so: the backup remains the one active, and the primary refuses a client that asks it
+    alone. Under the pool's CURVE keys, as a closed pool runs. A loaded host may stall the backup
+    too (a 0.5 s SIGSTOP of it after the wake failed this test every time): it then demotes itself
+    by design and the pair may move to the primary, so who serves is asserted when the backup
+    counted no stall of its own up to then; the streams are exact either way."""
     with _pool_keys(tmp_path) as keys, _serving(tmp_path, keys) as (pair, client):
         references = _references(client)
         started = threading.Barrier(STREAMS + 1)
@@ -227,16 +254,17 @@ def test_a_paused_active_broker_never_serves_beside_its_peer(tmp_path):
             for t in threads:
                 t.join(timeout=120)
             _each_once(results, references)
-            assert _active(pair) == f"active broker: {pair.backup_ep} (backup)"
         finally:
             pair.primary.proc.send_signal(signal.SIGCONT)
-        wait_for(lambda: f"standby: {pair.primary_ep} (primary) passive" in _status_text(pair),
-                 timeout=60, what="the woken primary passive")
-        with Client(pair.primary_ep, settings=keys.client) as alone, pytest.raises(errors.NotActiveError):
-            alone.complete("to the primary alone", max_tokens=5, timeout=30)
-        assert _active(pair) == f"active broker: {pair.backup_ep} (backup)"
+        wait_for(lambda: _stalls(pair.primary_ep, keys) > 0, timeout=60, what="the woken primary's stall")
+        refused = _submit_alone(pair.primary_ep, keys)
+        active = _active(pair, client)
+        if _stalls(pair.backup_ep, keys) == 0:
+            assert isinstance(refused, errors.NotActiveError), refused
+            assert active == f"active broker: {pair.backup_ep} (backup)"
         assert client.complete("after", max_tokens=5).usage.completion_tokens == 5
-    assert "is now passive" in (tmp_path / "primary.log").read_text()
+    log = (tmp_path / "primary.log").read_text()
+    assert "did not run for" in log and "is now passive" in log
 
 
 class Forger:
@@ -286,7 +314,16 @@ def _forged_primary(tmp_path: Path, keys: ChildKeys) -> Iterator[tuple[Forger, C
 
 
 def _standby(client: Client) -> dict:
-    return client.status(timeout=30)["standby"]
+    """The broker's STATUS ``standby``, once it answers: its process may take more than the
+    client's connect timeout (2 s) to start on a loaded host."""
+
+    def answered() -> dict | None:
+        try:
+            return client.status(timeout=30)["standby"]
+        except errors.BrokerUnavailableError:
+            return None
+
+    return wait_for(answered, timeout=60, what="the broker to answer")
 
 
 def test_an_open_primary_yields_to_a_forger_on_its_peers_state_endpoint(tmp_path):

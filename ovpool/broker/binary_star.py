@@ -55,6 +55,8 @@ class BinaryStar:
         self.last_seen = self.now
         self.hold_until = self.now  # woken from a freeze: peer messages until then may be stale
         self.seen_peer = False
+        self.stalls = 0  # freezes woken from (a stalled loop counts: an overloaded host)
+        self.last_stall_s = 0.0
 
     @property
     def active(self) -> bool:
@@ -104,6 +106,7 @@ class BinaryStar:
         gap, self.last_seen = now - self.last_seen, max(self.last_seen, now)
         if gap < self.expiry_s - self.interval_s:
             return []
+        self.stalls, self.last_stall_s = self.stalls + 1, gap
         self.peer_expiry = now + self.expiry_s  # a fresh wait before any vote counts again
         self.hold_until = now + self.interval_s
         return self._become(State.PASSIVE) if self.active else []

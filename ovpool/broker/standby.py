@@ -64,7 +64,8 @@ class StandbyLink:
         self.peer_state: State | None = None
         self.peer_served = ""  # the endpoint the peer's clients use, from its PeerState
         self._context, self._security = context, security
-        self._heard = self._dialed = now  # the last peer state; the last (re)connect
+        self._heard = self._dialed = self._woke = now  # the last peer state, (re)connect, freeze's end
+        self._stalls_seen = 0
         self._pub: zmq.Socket | None = None
         self._sub: zmq.Socket | None = None
 
@@ -99,6 +100,7 @@ class StandbyLink:
     def turn(self, now: float) -> list[Action]:
         """The timer, our state to the peer when due, and the peer's latest state."""
         actions, due = self.star.tick(now)
+        self._woken(now)
         if due:
             send_frames(self._pub, encode(PeerState(int(self.star.state), self.served)), zmq.NOBLOCK)
         latest = self._latest()
@@ -106,18 +108,21 @@ class StandbyLink:
             self._heard = now
             self.peer_state, self.peer_served = State(latest.state), latest.endpoint
             actions += self.star.peer(self.peer_state, now)
-        elif now - max(self._heard, self._dialed) >= self.star.expiry_s:
+        elif now - max(self._heard, self._dialed, self._woke) >= self.star.expiry_s:
             self._redial(now)
         return self._logged(actions)
 
     def vote(self, now: float) -> list[Action]:
-        return self._logged(self.star.client(now))
+        actions = self.star.client(now)
+        self._woken(now)
+        return self._logged(actions)
 
     def describe(self) -> dict:
         """STATUS's ``standby``: who this broker is in the pair, and what it last heard."""
         peer = self.peer_state.name.lower() if self.peer_state is not None else None
         return {"role": self.standby.role, "state": self.star.state.name.lower(), "endpoint": self.served,
-                "peer": self.standby.peer, "peer_state": peer, "peer_endpoint": self.peer_served}
+                "peer": self.standby.peer, "peer_state": peer, "peer_endpoint": self.peer_served,
+                "stalls": self.star.stalls}
 
     def _latest(self) -> PeerState | None:
         """The newest state waiting (older ones are stale: only the last counts)."""
@@ -135,6 +140,15 @@ class StandbyLink:
             if isinstance(msg, PeerState) and msg.state in State._value2member_map_:
                 latest = msg
         return latest
+
+    def _woken(self, now: float) -> None:
+        """After a freeze the link's silence was ours, not the peer's: what waited in the socket
+        meanwhile is read, not dropped by a redial, and the link gets an expiry as after a dial."""
+        if self.star.stalls != self._stalls_seen:
+            self._stalls_seen, self._woke = self.star.stalls, now
+            log.warning("standby broker (%s): this process did not run for %.1f s (SIGSTOP, a stalled VM, "
+                        "an overloaded host); its peer may have taken over meanwhile", self.standby.role,
+                        self.star.last_stall_s)
 
     def _redial(self, now: float) -> None:
         """Connect to the peer afresh: libzmq never retries a connection it dropped for a failed
