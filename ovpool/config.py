@@ -177,6 +177,7 @@ class ApiConfig(_Config):
     broker: str = _default("broker")
     max_new_tokens: int = _default("max_new_tokens")
     shutdown_timeout_s: float = _default("shutdown_timeout_s")
+    max_connections: int = _default("max_connections")
     client: ClientConfig = field(default_factory=ClientConfig)
 
     @classmethod

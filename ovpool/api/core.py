@@ -42,6 +42,7 @@ class Config:
     max_tokens: int  # a chat request's default max_tokens (the pool's max_new_tokens)
     status_timeout_s: float = 5.0
     shutdown_timeout_s: float = 30.0  # a drain: how long requests in flight may run on
+    max_connections: int = 1024  # open client connections (server.run refuses more)
 
 
 def http_response(exc: HTTPException, shape: ErrorShape) -> JsonResponse:

@@ -7,23 +7,92 @@ timeout, so a slow sender could hold a connection, and with enough of them every
 A response the client takes none of for timing.HTTP_WRITE_STALL_S (its writes paused at the
 transport's high-water mark all along) is cut: the connection is aborted, and the app's send
 returns as for a client that left. The wait for the app's own response is not bounded here.
+At most ``ConnectionCap.limit`` connections are held open (setting max_connections; uvicorn's
+limit_concurrency only answers requests 503 and still holds every connection): one more is answered
+503 with Retry-After and closed at once, so a peer that opens thousands keeps the process within
+its descriptors (at the limit, accept fails and even honest clients are cut without an answer).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import math
+import resource
+from dataclasses import dataclass
+from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from ovpool import timing
 from ovpool.api.errors import http_body
+from ovpool.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 MAX_HEAD_BYTES = 64 * 1024  # as much as nginx's default large_client_header_buffers, twice over
+# Descriptors the process needs beside its client connections: ZeroMQ's sockets and pipes, the
+# listening socket, logs (21 open in an idle API), with room for a broker pair's reconnects.
+RESERVED_FDS = 64
+
+
+@dataclass
+class ConnectionCap:
+    """The most client connections held open, and those refused (logged at most once a
+    ``log_every_s``, with the count: a flood is one line, not one a connection)."""
+
+    limit: int
+    log_every_s: float = 60.0
+    refused: int = 0
+    _logged_at: float = -math.inf
+
+    def admits(self, open_now: int, now: float) -> bool:
+        """Whether a connection that makes ``open_now`` open (itself included) is kept."""
+        if open_now <= self.limit:
+            return True
+        self.refused += 1
+        if now - self._logged_at >= self.log_every_s:
+            self._logged_at = now
+            log.warning("refused a connection over max_connections=%d (%d refused so far): a client "
+                        "holds many open, or raise the setting", self.limit, self.refused)
+        return False
+
+
+def fit_descriptors(wanted: int, soft: int, hard: int) -> tuple[int, int]:
+    """(the connection cap, the soft descriptor limit to set) for ``wanted`` connections: the soft
+    limit raised to fit them with RESERVED_FDS, within the hard one; if it cannot, as many as fit."""
+    need = wanted + RESERVED_FDS
+    if soft == resource.RLIM_INFINITY or soft >= need:
+        return wanted, soft
+    new_soft = need if hard == resource.RLIM_INFINITY else min(need, hard)
+    cap = min(wanted, new_soft - RESERVED_FDS)
+    if cap < 1:
+        raise ConfigError(f"the HTTP API's file descriptor limit (ulimit -n: {hard}) leaves no room for a "
+                          f"client connection beside the {RESERVED_FDS} it keeps for itself; raise it")
+    return cap, new_soft
+
+
+def connection_cap(wanted: int) -> ConnectionCap:
+    """The cap for setting max_connections, with this process's descriptor limit raised to fit it
+    (a warning says when the hard limit makes the cap lower)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    cap, new_soft = fit_descriptors(wanted, soft, hard)
+    if new_soft != soft:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (new_soft, hard))
+    if cap < wanted:
+        log.warning("max_connections=%d does not fit the file descriptor limit (ulimit -n: hard %d): the "
+                    "HTTP API holds at most %d connections; raise the hard limit for more", wanted, hard, cap)
+    return ConnectionCap(cap)
 
 
 class BoundedPeer(HttpToolsProtocol):
-    """uvicorn's httptools protocol with the bounds above (a connection's state is its own)."""
+    """uvicorn's httptools protocol with the bounds above (a connection's state is its own);
+    ``cap``: the server's ConnectionCap, shared by its connections (None: no cap)."""
+
+    def __init__(self, *args: Any, cap: ConnectionCap | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.cap = cap
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -31,6 +100,11 @@ class BoundedPeer(HttpToolsProtocol):
         self._read_deadline: float | None = None  # the read clock: running while set
         self._read_watch: asyncio.TimerHandle | None = None  # its one timer (_check_read)
         self._write_timer: asyncio.TimerHandle | None = None
+        if self.cap is not None and not self.cap.admits(len(self.connections), self.loop.time()):
+            self._refuse(503, f"this HTTP API holds as many connections open as it may ({self.cap.limit:,},"
+                              " setting max_connections); retry shortly, and reuse connections (keep-alive)",
+                         b"retry-after: 1\r\n")
+            return
         self._time_the_read()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -109,12 +183,12 @@ class BoundedPeer(HttpToolsProtocol):
         self._refuse(408, f"the request did not arrive whole within {timing.HTTP_READ_TIMEOUT_S:g} s"
                           " of the connection being ready for it; send it at once")
 
-    def _refuse(self, status: int, message: str) -> None:
+    def _refuse(self, status: int, message: str, headers: bytes = b"") -> None:
         """Answer ``status`` with ``message`` in the API's error JSON, and close the connection
         (an app waiting on the body sees the client gone)."""
         body = json.dumps(http_body(status, message)).encode()
         self.transport.write(b"".join([
-            STATUS_LINE[status], b"content-type: application/json\r\n",
+            STATUS_LINE[status], b"content-type: application/json\r\n", headers,
             b"content-length: %d\r\n" % len(body), b"connection: close\r\n\r\n", body]))
         self.transport.close()
 

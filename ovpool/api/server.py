@@ -6,6 +6,7 @@ on. The listening socket is bound here first, so a taken port is one clear error
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import socket
 import threading
@@ -55,12 +56,14 @@ def run(config: Config, bind: str, stop: threading.Event) -> None:
     import uvicorn  # not for `ovpool serve`, which only checks the bind
 
     from ovpool.api.one_write import Http
+    from ovpool.api.peer_bounds import connection_cap
 
     config.keys.warn_if_open(parse_bind(bind)[0])
+    http = functools.partial(Http, cap=connection_cap(config.max_connections))
     sock = listen(bind)
     app = create_app(config)
     server = uvicorn.Server(uvicorn.Config(
-        app, loop="uvloop", http=Http, lifespan="on", log_config=None,
+        app, loop="uvloop", http=http, lifespan="on", log_config=None,
         access_log=False, proxy_headers=False,
         timeout_graceful_shutdown=max(1, round(timing.SHUTDOWN_GRACE_S))))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="uvicorn")

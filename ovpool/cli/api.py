@@ -41,7 +41,7 @@ def api_command(broker: str | None, bind: str, api_keys: tuple[str, ...], assign
         raise click.BadParameter("it holds no key (empty): pass the key, or leave --api-key out to"
                                  " serve without keys", param_hint="--api-key")
     config = Config(api.broker, api.client, keys.ApiKeys(keys.parse(api_keys)), api.max_new_tokens,
-                    shutdown_timeout_s=api.shutdown_timeout_s)
+                    shutdown_timeout_s=api.shutdown_timeout_s, max_connections=api.max_connections)
     with stop_on_signals() as stop:
         run(config, bind, stop)
 

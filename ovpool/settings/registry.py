@@ -68,6 +68,10 @@ _SETTINGS = [
             "drain`, a rolling restart): how long requests already accepted may run on before what "
             "is left fails with request.draining (vLLM's --shutdown-timeout); new requests are "
             "refused at once, retryable (HTTP 503 + Retry-After)", minimum=0.0, scopes=(API,)),
+    Setting("max_connections", int, 1024, "HTTP API: the most client connections it holds open; one "
+            "more is answered 503 + Retry-After and closed. Each holds a file descriptor: the soft "
+            "limit (ulimit -n) is raised to fit, within the hard one", minimum=1, maximum=1 << 20,
+            scopes=(API,)),
     Setting("curve_secret_key", str, "", "this peer's CURVE key pair file (.key_secret; empty: no CURVE)",
             scopes=(CLIENT, BROKER, WORKER)),
     Setting("curve_server_key", str, "", "the broker's CURVE public key file (clients and workers)",
