@@ -4,6 +4,8 @@
         [--genai] [--chats 8,16] [--rounds 3] [--new-tokens 32] [--turns 4] [--model smollm2]
     .venv/bin/python benchmarks/chat_ttft.py --side new= --side base@/tmp/base=   # code A/B
     .venv/bin/python benchmarks/chat_ttft.py --side ovpool= --genai --chats 16 --arrive-after 1
+    .venv/bin/python benchmarks/chat_ttft.py --side new= --side base@/tmp/base= --genai --chats 16 \
+        --arrive-after 1 --run 1   # ovpool bench's system prompt, so its token counts
 
 The workload is ``ovpool bench --scenario chat``'s (ovpool.bench.workload: a ~1,000-token shared
 system prompt, each turn resending the history, closed loops without pauses) on one worker's
@@ -43,7 +45,9 @@ from ovpool.bench.workload import question, system_prompt
 model, side, settings = sys.argv[1], sys.argv[2], json.loads(sys.argv[6])
 n, turns, new_tokens = (int(x) for x in sys.argv[3:6])
 lag = int(sys.argv[7])  # passes a chat's next turn waits before it is added (1: as a served worker sees it)
-run = int(time.time() * 1000) % 10**8  # a system prompt of its own: nothing cached from before
+run = int(sys.argv[8]) or int(time.time() * 1000) % 10**8  # 0: a system prompt of its own, nothing cached
+if int(sys.argv[8]):
+    settings = {**settings, "kv_tier": "off"}  # a fixed prompt: no run finds an earlier one's blocks
 
 def now():
     return time.perf_counter(), time.process_time()
@@ -161,7 +165,7 @@ METRICS = tuple(f"{clock}_{m}" for clock in ("wall", "cpu") for m in
 
 def run(args: argparse.Namespace, script: str, side: str, tree: str, settings: dict, chats: int) -> dict:
     cmd = [sys.executable, script, args.model, side, str(chats), str(args.turns), str(args.new_tokens),
-           json.dumps(settings), str(args.arrive_after)]
+           json.dumps(settings), str(args.arrive_after), str(args.run)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800,
                           env={**os.environ, "PYTHONPATH": tree}, cwd=tempfile.gettempdir())
     if proc.returncode != 0:
@@ -210,6 +214,10 @@ def main() -> None:
     parser.add_argument("--arrive-after", type=int, default=0, choices=(0, 1),
                         help="passes a next turn waits before it is added: 0 (between passes, as no "
                              "served client can), 1 (during the next pass, as a served worker sees it)")
+    parser.add_argument("--run", type=int, default=0,
+                        help="the system prompt's run number (0: a fresh one each run; another: that one, "
+                             "with the KV tier off); 1 gives `ovpool bench`'s token counts, first turns of "
+                             "19-21 tokens after 32 shared blocks, where the default's 8 digits give 26-28")
     parser.add_argument("--tree", default=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     args = parser.parse_args()
     sides = [parse_side(s, args.tree) for s in args.side] + ([("genai", args.tree, {})] if args.genai else [])
