@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import socket
 import threading
-import time
 import urllib.request
 
 import pytest
-from serve_helpers import scrape
+from serve_helpers import scrape, wait_for
 
 from ovpool import timing
 from ovpool.broker import metrics_http
@@ -243,24 +242,22 @@ def test_idle_connections_hold_no_more_than_max_scrapes_threads_and_only_for_the
         monkeypatch, capfd):
     """prometheus_client's server gave each connection a thread for as long as it stayed open:
     300 idle connections were 300 threads in the broker, for ever."""
-    monkeypatch.setattr(metrics_http._Handler, "timeout", 1.0)  # SCRAPE_TIMEOUT_S, shortened
-    deadline = time.monotonic() + 10
-    while _handler_threads() and time.monotonic() < deadline:  # earlier tests' scrapes end
-        time.sleep(0.05)
+    monkeypatch.setattr(metrics_http._Handler, "timeout", 3.0)  # SCRAPE_TIMEOUT_S, shortened
+    wait_for(lambda: not _handler_threads(), 60, "earlier tests' scrapes to end")
     metrics = BrokerMetrics()
     metrics.observe_final("m", "ok", latency_s=1.0, ttft_s=0.5, completion_tokens=3)
     with MetricsServer(metrics.registry, port=0, host="127.0.0.1") as server:
-        idle = [socket.create_connection(("127.0.0.1", server.port), timeout=5) for _ in range(100)]
+        idle = [socket.create_connection(("127.0.0.1", server.port), timeout=60) for _ in range(100)]
         try:
-            time.sleep(0.5)
+            # Accepted in order: once the last 50 are closed (past the cap, at once), the first
+            # MAX_SCRAPES hold a thread each, until the timeout (waited for, not slept).
+            closed = sum(s.recv(1) == b"" for s in idle[-50:])
             held = _handler_threads()
-            closed = sum(s.recv(1) == b"" for s in idle[-50:])  # past the cap: closed at once
-            time.sleep(1.0 + 1.0)  # the held ones time out
-            after = _handler_threads()
+            wait_for(lambda: not _handler_threads(), 60, "the held ones to time out")
             scraped = scrape(server.port)
         finally:
             for s in idle:
                 s.close()
-    assert held == metrics_http.MAX_SCRAPES and closed == 50 and after == 0
+    assert held == metrics_http.MAX_SCRAPES and closed == 50
     assert scraped[("ovpool_requests_total", (("model", "m"), ("outcome", "ok")))] == 1  # it serves again
     assert "Traceback" not in capfd.readouterr().err  # a peer's timeout is no news

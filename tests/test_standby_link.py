@@ -47,11 +47,11 @@ def _publish(sock: zmq.Socket, state: State, endpoint: str) -> None:
 def test_a_flood_of_junk_neither_holds_the_loop_nor_hides_the_peer(tmp_path):
     peer = f"ipc://{tmp_path}/peer"
     context = zmq.Context()
-    hostile = context.socket(zmq.PUB)
+    hostile = context.socket(zmq.XPUB)  # a PUB that hands us its subscribers' subscriptions
     hostile.bind(peer)
     try:
         with _link(context, BrokerConfig(), "backup", f"ipc://{tmp_path}/own", peer) as link:
-            time.sleep(0.5)  # the SUB's connection and subscription reach the PUB
+            assert hostile.poll(30_000) and hostile.recv() == b"\x01"  # subscribed: the flood reaches it
             for _ in range(10_000):
                 hostile.send_multipart([b"", b"\xff\x00junk"])
 
