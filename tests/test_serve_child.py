@@ -49,7 +49,7 @@ def test_child_that_ignores_sigterm_is_killed_after_the_grace():
     assert wait_for(lambda: out.getvalue())
     started = time.monotonic()
     assert child.stop(grace_s=0.5) == -signal.SIGKILL
-    assert time.monotonic() - started < 3
+    assert 0.5 <= time.monotonic() - started < 30  # the grace, then SIGKILL (the bound: a hang's guard)
 
 
 def test_children_die_with_a_killed_parent():
