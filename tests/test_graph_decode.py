@@ -1,5 +1,5 @@
-"""The decode graph (ovpool.worker.graph.decode): one-token passes run on a static copy of the paged
-graph that shares its KV blocks, with the same numbers as the dynamic graph."""
+"""The decode graph (ovpool.worker.graph.decode): lone decode steps, padded, run on a static copy of
+the paged graph that shares its KV blocks, with the same numbers as the dynamic graph, bit for bit."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ EXACT = {"inference_precision": "f32", "kv_cache_precision": "f32", "attention":
 
 
 @pytest.mark.parametrize("arch", ARCHITECTURES)
-def test_decode_steps_run_on_the_one_token_graph_with_the_same_tokens(tiny_model, arch):
+def test_decode_steps_run_on_the_lone_step_graph_with_the_same_logits(tiny_model, arch):
     path = tiny_model(arch, "Q4_1")
     runs = {}
     for choice in ("on", "off"):
@@ -32,14 +32,15 @@ def test_decode_steps_run_on_the_one_token_graph_with_the_same_tokens(tiny_model
             runs[choice] = (done.token_ids, eng.logits([5, 9]), eng.logits([7]))
             runner = eng._idle[0].runner
             if choice == "on":
-                assert str(decode.input("input_ids").get_partial_shape()) == "[1,1]"
-                # The decode request ran (its logits port holds one row) on the shared blocks.
-                assert list(runner.requests[-1].get_tensor("logits").shape)[:2] == [1, 1]
+                assert str(decode.input("input_ids").get_partial_shape()) == "[1,2]"
+                # The decode request ran (its logits port holds the padded pass's two rows) on the
+                # shared blocks.
+                assert list(runner.requests[-1].get_tensor("logits").shape)[:2] == [1, 2]
             else:
                 assert decode is None and len(runner.requests) == 1
     assert len(runs["on"][0]) == 24 and runs["on"][0] == runs["off"][0]
     for on, off in zip(runs["on"][1:], runs["off"][1:], strict=True):
-        np.testing.assert_allclose(on, off, atol=1e-5 * np.abs(off).max())
+        assert np.array_equal(on, off)
 
 
 def test_a_one_token_chunk_without_logits_runs_on_the_dynamic_graph(tiny_model):

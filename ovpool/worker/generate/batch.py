@@ -43,8 +43,8 @@ class PagedGraph:
 class PagedRunner:
     """One InferRequest over ``compiled`` with ``kv_cache_mb`` MiB of KV blocks (at least one),
     or exactly ``num_blocks`` blocks, and one scratch block after them (block ``num_blocks``: a
-    lone pass's padding, ovpool.worker.generate.lone_pass); one-token passes of one sequence run on
-    the ``decode`` graph (ovpool.worker.graph.decode), once it is ready, on the same blocks."""
+    lone pass's padding, ovpool.worker.generate.lone_pass); lone steps, padded, run on the
+    ``decode`` graph (ovpool.worker.graph.decode), once it is ready, on the same blocks."""
 
     def __init__(self, compiled: ov.CompiledModel, kv_cache_mb: int = 0, num_blocks: int = 0,
                  decode: DecodeGraph | None = None):
@@ -116,8 +116,7 @@ class PagedRunner:
         self._written = max([self._written, *(max(c.blocks, default=-1) + 1 for c in chunks)])
         lone = is_lone_step(chunks, rows)
         request = (lone and self._decode_request()) or self.requests[0]
-        pad = lone and request is self.requests[0]  # the decode graph takes one row only
-        if pad:
+        if lone:  # on either graph: the decode graph's shapes are the padded pass's
             chunks, rows = padded(chunks, self.num_blocks)
         try:
             self._inputs(request).set(feeds(chunks, rows))
@@ -132,7 +131,7 @@ class PagedRunner:
         except RuntimeError as exc:
             raise InferenceError(f"inference failed ({len(chunks)} sequences): {exc}") from exc
         logits = request.get_output_tensor(self._logits_port).data[0]
-        return logits[:1] if pad else logits
+        return logits[:1] if lone else logits
 
     def _inputs(self, request: ov.InferRequest) -> PassInputs:
         """``request``'s input tensors, kept between passes (ovpool.worker.generate.pass_inputs)."""

@@ -7,6 +7,7 @@ SmolLM2's logits at f32 KV, 5e-4 at f16), enough to flip a near-tie, so a reques
 depend on what else the worker runs. A lone decode step therefore gets a second one-token sequence
 at position 0 of a scratch KV block that the scheduler never hands out, with a logits row of its own
 (the output projection has a one-row path too); the caller drops that row (docs/performance.md, AMX).
+The decode graph (ovpool.worker.graph.decode) has this padded pass's shapes, so its rows are the same bits.
 """
 
 from __future__ import annotations

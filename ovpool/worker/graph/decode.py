@@ -1,4 +1,6 @@
-"""The decode graph: the paged graph with its token dimensions fixed to one token of one sequence.
+"""The decode graph: the paged graph with its token dimensions fixed to a lone decode step's padded
+pass (the step's token and the dummy sequence's, ovpool.worker.generate.lone_pass), so that a
+request's logits are the same bits alone, on either graph, as in a batched pass.
 
 OpenVINO's CPU plugin runs a graph whose shapes are all static without its per-node dynamic-shape
 work, splits in place, and fuses chains of element-wise ops into JIT "snippets" (which it does not
@@ -6,16 +8,16 @@ do for dynamic shapes here), so a decode step is faster on it than on the dynami
 at bf16 without snippets too (cpu_class.Defaults.decode_snippets), with the same tokens: it pays
 for its memory (docs/performance.md, "ovpool/worker/graph/decode.py"). Only the
 KV-block inputs stay dynamic, and both graphs read and write the same blocks
-(ovpool.worker.generate.batch.PagedRunner sends each one-token pass of one sequence here), so a sequence
+(ovpool.worker.generate.batch.PagedRunner sends each lone step here), so a sequence
 prefills on the dynamic graph and decodes on this one.
 
 The price is a second compiled model (it shares the dynamic graph's constants, but the CPU plugin's
 packed weights belong to one compiled model, ``m_socketWeights``, so it lays the weights out for
 each) and a second compile, so it is made on demand, on a thread of its own: by a warm-up (a
 worker's, once idle; ``Engine.warm_up``), which waits for it, or once an engine has run
-``START_AFTER`` one-token passes without it, when it is likely to pay for itself. A process that
+``START_AFTER`` lone steps without it, when it is likely to pay for itself. A process that
 generates a few tokens never compiles it (and never waits at exit for a compile it did not need).
-Until it is ready, one-token passes run on the dynamic graph. The ``decode_graph`` setting decides
+Until it is ready, lone steps run on the dynamic graph. The ``decode_graph`` setting decides
 whether there is one; ``auto`` means on the CPU for models of up to ``MAX_WEIGHTS`` of weights, if
 twice those fit in ``MEMORY_SHARE`` of physical memory, and where the CPU class's faster step pays
 for its memory (``pays``: not on AMX at f32, ovpool.worker.graph.cpu_class). It is compiled, never
@@ -41,9 +43,11 @@ from ovpool.worker.graph import cpu_class
 
 log = logging.getLogger("ovpool.worker")
 
-# The dynamic paged graph's inputs that one token of one sequence fixes (see ovpool.worker.graph.paged).
-ONE_TOKEN = {"input_ids": [1, 1], "position_ids": [1, 1], "past_lens": [1], "subsequence_begins": [2],
-             "block_indices_begins": [2], "logits_indices": [1]}
+# The dynamic paged graph's inputs that a padded lone step fixes: two sequences of one token, a
+# logits row each (see ovpool.worker.graph.paged). A one-row graph ran the compressed MatMuls' and
+# the head's one-row kernels, whose last bits differ from a batched pass's (docs/performance.md).
+LONE_STEP = {"input_ids": [1, 2], "position_ids": [1, 2], "past_lens": [2], "subsequence_begins": [3],
+             "block_indices_begins": [3], "logits_indices": [2]}
 MEMORY_SHARE = 1 / 8
 # Past this many bytes of weights the decode graph's second layout of them costs more memory than
 # its faster step is worth (measured at 135M, 1.1B and 3B: docs/performance.md, decode.py).
@@ -100,10 +104,10 @@ def auto_text(device: str, paying: bool = True) -> str:
     return f"on for models of up to {largest_weights(physical_memory()) / 2**20:,.0f} MiB of weights"
 
 
-def one_token(model: ov.Model) -> ov.Model:
-    """The paged graph ``model`` with the token dimensions of ``ONE_TOKEN`` (reshaped in place)."""
-    model.reshape({port.get_any_name(): ov.PartialShape(ONE_TOKEN[port.get_any_name()])
-                   for port in model.inputs if port.get_any_name() in ONE_TOKEN})
+def lone_step(model: ov.Model) -> ov.Model:
+    """The paged graph ``model`` with the token dimensions of ``LONE_STEP`` (reshaped in place)."""
+    model.reshape({port.get_any_name(): ov.PartialShape(LONE_STEP[port.get_any_name()])
+                   for port in model.inputs if port.get_any_name() in LONE_STEP})
     return model
 
 
@@ -112,7 +116,7 @@ class DecodeGraph:
     reshaped) and the compile run on a thread once ``start``ed; ``ready`` hands it out."""
 
     def __init__(self, build: Callable[[], ov.Model], core: ov.Core, device: str, config: dict):
-        self._make = lambda: compile_model(core, one_token(build()), device, config)
+        self._make = lambda: compile_model(core, lone_step(build()), device, config)
         self._future: Future | None = None
         self._lock = threading.Lock()
         self.passes = 0  # one-token passes run without it
