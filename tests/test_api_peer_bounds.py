@@ -134,6 +134,40 @@ def test_keep_alive_large_bodies_and_a_stream_longer_than_the_timeout_are_served
         assert http.get("/health").status_code == 200
 
 
+def test_a_kept_alive_connection_closes_only_after_uvicorns_keep_alive_timeout_idle(api):
+    """uvicorn's keep-alive timeout (5 s), kept here by the connection's one timer: a connection
+    whose requests come sooner lives on past it; once idle that long, it is closed, unanswered."""
+    host, port, _, _ = api
+    with socket.create_connection((host, port)) as sock:
+        sock.settimeout(60)  # a guard against a hang, not a timing claim
+        for _ in range(5):  # 6 s of requests, 1.5 s apart
+            sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert _one_response(sock).startswith(b"HTTP/1.1 200")
+            answered = time.monotonic()
+            time.sleep(1.5)
+        assert sock.recv(1 << 16) == b""
+        idle = time.monotonic() - answered
+    assert 4.0 <= idle <= 5.0 + _SLACK_S
+
+
+def _one_response(sock: socket.socket) -> bytes:
+    """One response (head and Content-Length body) from a kept-alive connection."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += _more(sock)
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = int(head.lower().split(b"content-length:", 1)[1].split(b"\r\n", 1)[0])
+    while len(body) < length:
+        body += _more(sock)
+    return head + b"\r\n\r\n" + body
+
+
+def _more(sock: socket.socket) -> bytes:
+    if not (data := sock.recv(1 << 16)):
+        raise AssertionError("the server closed the connection before its answer")
+    return data
+
+
 def test_a_response_the_client_takes_none_of_is_cut_and_memory_stays_bounded(api):
     """A client that sends a streamed request and then reads nothing: the API's sends wait at the
     transport's high-water mark (memory stays put), and after HTTP_WRITE_STALL_S of that the

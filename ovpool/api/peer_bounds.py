@@ -4,6 +4,9 @@ parser would otherwise hold an endless URL or header in memory), and a request, 
 arrives within timing.HTTP_READ_TIMEOUT_S of the connection opening or the previous response
 ending (408 past it: uvicorn times no head, and a byte now and then cancels its keep-alive
 timeout, so a slow sender could hold a connection, and with enough of them every descriptor).
+A connection kept alive and idle after a response is closed after uvicorn's timeout_keep_alive, as
+uvicorn does, but by a deadline of the connection's one timer, the read clock's, not by a timer of
+its own set and cancelled for every response (a share of the API's CPU per request).
 A response the client takes none of for timing.HTTP_WRITE_STALL_S (its writes paused at the
 transport's high-water mark all along) is cut: the connection is aborted, and the app's send
 returns as for a client that left. The wait for the app's own response is not bounded here.
@@ -98,7 +101,9 @@ class BoundedPeer(HttpToolsProtocol):
         super().connection_made(transport)
         self._in_head, self._head_bytes, self._message_done, self._ended_a_part = True, 0, False, False
         self._read_deadline: float | None = None  # the read clock: running while set
-        self._read_watch: asyncio.TimerHandle | None = None  # its one timer (_check_read)
+        self._idle_deadline: float | None = None  # keep-alive: set while idle after a response
+        self._read_watch: asyncio.TimerHandle | None = None  # the one timer of both (_check_read)
+        self._watch_at = 0.0  # when it runs
         self._write_timer: asyncio.TimerHandle | None = None
         if self.cap is not None and not self.cap.admits(len(self.connections), self.loop.time()):
             self._refuse(503, f"this HTTP API holds as many connections open as it may ({self.cap.limit:,},"
@@ -108,7 +113,8 @@ class BoundedPeer(HttpToolsProtocol):
         self._time_the_read()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._read_deadline, self._read_watch = None, _cancelled(self._read_watch)
+        self._read_deadline = self._idle_deadline = None
+        self._read_watch = _cancelled(self._read_watch)
         self._write_timer = _cancelled(self._write_timer)
         super().connection_lost(exc)
 
@@ -128,7 +134,7 @@ class BoundedPeer(HttpToolsProtocol):
         self.transport.abort()
 
     def data_received(self, data: bytes) -> None:
-        self._ended_a_part = False
+        self._ended_a_part, self._idle_deadline = False, None
         super().data_received(data)
         # A read that ends a head or a body is not counted (one read at most, what uvloop reads at
         # once); one that ends inside a head counts whole.
@@ -154,7 +160,15 @@ class BoundedPeer(HttpToolsProtocol):
         self._time_the_read()
 
     def on_response_complete(self) -> None:
-        super().on_response_complete()
+        """uvicorn's, with its keep-alive timer a deadline of the connection's one timer."""
+        self.server_state.total_requests += 1
+        if not self.transport.is_closing():
+            self.flow.resume_reading()
+            if self.pipeline:
+                self._start_asgi_task(*self.pipeline.pop())
+            else:
+                self._idle_deadline = self.loop.time() + self.timeout_keep_alive
+                self._watch(self._idle_deadline)
         self._time_the_read()
 
     def _time_the_read(self) -> None:
@@ -166,22 +180,30 @@ class BoundedPeer(HttpToolsProtocol):
             self._read_deadline = None
         elif self._read_deadline is None:
             self._read_deadline = self.loop.time() + timing.HTTP_READ_TIMEOUT_S
-            if self._read_watch is None:
-                self._read_watch = self.loop.call_at(self._read_deadline, self._check_read)
+            self._watch(self._read_deadline)
+
+    def _watch(self, deadline: float) -> None:
+        """The connection's one timer runs at ``deadline`` or before (then it waits on)."""
+        if self._read_watch is None or self._watch_at > deadline:
+            _cancelled(self._read_watch)
+            self._watch_at, self._read_watch = deadline, self.loop.call_at(deadline, self._check_read)
 
     def _check_read(self) -> None:
-        """The read clock's one timer: at a deadline it answers 408, before one (the clock stopped
-        and started again since it was set) it waits for that one, so that a request on a kept-alive
+        """The connection's one timer: past the keep-alive deadline it closes the idle connection
+        (as uvicorn's timeout does, without an answer); past the read clock's it answers 408; before
+        them (they moved since it was set) it waits for the next, so that a request on a kept-alive
         connection sets no timer of its own (one each was a measurable share of the API's CPU)."""
-        self._read_watch, deadline = None, self._read_deadline
-        if deadline is None or self.transport.is_closing():
+        self._read_watch, now = None, self.loop.time()
+        if self.transport.is_closing():
             return
-        if self.loop.time() < deadline:
-            self._read_watch = self.loop.call_at(deadline, self._check_read)
-            return
-        self._read_deadline = None
-        self._refuse(408, f"the request did not arrive whole within {timing.HTTP_READ_TIMEOUT_S:g} s"
-                          " of the connection being ready for it; send it at once")
+        if self._idle_deadline is not None and now >= self._idle_deadline:
+            self.transport.close()
+        elif self._read_deadline is not None and now >= self._read_deadline:
+            self._read_deadline = None
+            self._refuse(408, f"the request did not arrive whole within {timing.HTTP_READ_TIMEOUT_S:g} s"
+                              " of the connection being ready for it; send it at once")
+        elif pending := [d for d in (self._idle_deadline, self._read_deadline) if d is not None]:
+            self._watch(min(pending))
 
     def _refuse(self, status: int, message: str, headers: bytes = b"") -> None:
         """Answer ``status`` with ``message`` in the API's error JSON, and close the connection
