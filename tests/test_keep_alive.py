@@ -168,7 +168,7 @@ def test_a_served_model_unloads_after_its_requests_short_keep_alive(tmp_path):
         # Read from serve, not a pid kept from before (1 s may pass before a loaded host asks):
         # serve records the exit code and clears the pid once it has reaped the process.
         wait_for(lambda: (w := served.workers()["a:CPU"])["state"] == "unloaded" and w["pid"] is None
-                 and w["last_exit"] is not None, 10, "a's worker process to exit")
+                 and w["last_exit"] is not None, 60, "a's worker process to exit")
         # The Client's keyword; 0: unloaded right after its request. b's own keep-alive is -1.
         reply = client.complete("hi", model="b", max_tokens=2, timeout=60, keep_alive=0)
         assert reply.usage.completion_tokens == 2

@@ -116,7 +116,7 @@ def test_a_broker_that_shuts_down_ends_its_streams_with_that_error(sig):
 def test_a_second_ctrl_c_to_serve_mid_stream_tells_the_client_at_once(tmp_path):
     def ctrl_c_twice() -> None:  # the first drains (the stream would go on), the second stops now
         served.proc.send_signal(signal.SIGINT)
-        wait_for(lambda: served.state().get("draining"), 10, "serve to drain")
+        wait_for(lambda: served.state().get("draining"), 60, "serve to drain")
         served.proc.send_signal(signal.SIGINT)
 
     with serve(tmp_path, "--workers", "1", "--backend", "null", "--token-delay", "0.05") as served:

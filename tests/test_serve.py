@@ -33,7 +33,7 @@ def test_three_workers_answer_and_sigterm_leaves_no_process(tmp_path):
             assert {w["pid"] for w in status["workers"]} == {w["pid"] for w in workers.values()}
             # serve's report (SUPERVISED) comes on its own connection: wait for the one that says ready.
             wait_for(lambda: {s["name"]: s["state"] for s in client.status()["supervised"]}
-                     == dict.fromkeys(workers, "ready"), 10, "serve's report in status")
+                     == dict.fromkeys(workers, "ready"), 60, "serve's report in status")
         children = descendants(served.proc.pid)
         assert len(children) >= 4  # broker + 3 workers
         served.proc.send_signal(signal.SIGTERM)

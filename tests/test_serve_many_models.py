@@ -88,17 +88,17 @@ def test_a_streaming_model_unloads_only_after_its_stream_and_keep_alive_expiry_u
         thread = threading.Thread(target=lambda: done_b.append(
             client.complete("short", model="b", max_tokens=2, timeout=60).text))
         thread.start()
-        wait_for(lambda: client.status()["queues"].get("b") == 1, 10, "b's request to queue")
-        wait_for(lambda: _entries(client)["a"]["residency"] == "loaded", 10, "serve's report of a")
+        wait_for(lambda: client.status()["queues"].get("b") == 1, 60, "b's request to queue")
+        wait_for(lambda: _entries(client)["a"]["residency"] == "loaded", 60, "serve's report of a")
         assert client.status()["queues"].get("b") == 1  # a streams: b waits, a stays
         texts += [d.text for d in stream]
         thread.join(60)
         assert len(texts) == 100 and len(done_b) == 1  # the whole stream, then b
-        b_pid = wait_for(lambda: served.workers()["b:CPU"]["pid"], 10, "b's worker")
+        b_pid = wait_for(lambda: served.workers()["b:CPU"]["pid"], 60, "b's worker")
         entries = wait_for(lambda: (e := _entries(client))["b"]["residency"] == "unloaded" and e, 30,
                            "b's keep-alive to expire")
         assert entries["b"]["residency_reason"] == "idle for its keep-alive of 1 s"
-        wait_for(lambda: not alive(b_pid), 10, "b's worker process to exit")
+        wait_for(lambda: not alive(b_pid), 60, "b's worker process to exit")
 
 
 def test_a_bad_model_is_failed_and_its_requests_fail_at_once_while_the_others_serve(tmp_path, smollm2_path):
