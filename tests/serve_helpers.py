@@ -85,9 +85,9 @@ class Served:
     """A running `ovpool serve`; its merged output goes to ``log``."""
 
     def __init__(self, proc: subprocess.Popen, state_file: Path, endpoint: str, log: Path,
-                 http_port: int | None = None):
+                 http_port: int | None = None, own_broker: bool = True):
         self.proc, self.state_file, self.endpoint, self.log = proc, state_file, endpoint, log
-        self.http_port = http_port
+        self.http_port, self.own_broker = http_port, own_broker
 
     def state(self) -> dict:
         try:
@@ -119,7 +119,11 @@ class Served:
         return published["client_keys"]
 
     def client(self, **settings: object) -> Client:
-        """A Client of the pool with its client keys (none when open)."""
+        """A Client of the pool with its client keys (none when open), once serve's own broker
+        listens: a client's first request waits only connect_timeout_s (2 s) for it, less than a
+        loaded host may take to start it."""
+        if self.own_broker:
+            self.wait_service("broker")
         return Client(self.endpoint, settings={**self.client_keys(), **settings})
 
     def output(self) -> str:
@@ -151,7 +155,7 @@ def serve(tmp_path: Path, *args: str, env: dict[str, str] | None = None, http: b
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
                                 env={**os.environ, **FAST_ENV, **(env or {})})
     try:
-        yield Served(proc, state_file, f"tcp://127.0.0.1:{port}", log, http_port)
+        yield Served(proc, state_file, f"tcp://127.0.0.1:{port}", log, http_port, "--broker" not in args)
     finally:
         terminate(proc, grace_s=15)
 
