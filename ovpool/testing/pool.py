@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import random
 import socket
 import subprocess
 import sys
@@ -32,10 +33,28 @@ def fast_heartbeats(interval_s: float):
 
 
 def free_endpoint() -> str:
-    """A loopback tcp endpoint whose port was free a moment ago."""
-    with socket.socket() as s:
+    """A loopback tcp endpoint whose port was free a moment ago, drawn below the kernel's
+    ephemeral range: a port of that range may become the local port of any connection made on the
+    host before the child binds it (a test that opens hundreds), and the child's bind then fails."""
+    low = _ephemeral_low()
+    draw = random.SystemRandom()  # not `random`: test processes side by side may share its seed
+    for _ in range(100):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", draw.randrange(max(1024, low - 16384), low)))
+            except OSError:  # taken: draw again
+                continue
+            return f"tcp://127.0.0.1:{s.getsockname()[1]}"
+    with socket.socket() as s:  # the range below is crowded: an ephemeral one, as before
         s.bind(("127.0.0.1", 0))
         return f"tcp://127.0.0.1:{s.getsockname()[1]}"
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
 
 
 class PoolProcess:
