@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+import types
 from collections.abc import Iterator
 
 import zmq
@@ -139,3 +140,29 @@ def _forgers(context: zmq.Context) -> list[zmq.Socket]:
     for sock in (plain, keyed):
         sock.linger = 0
     return [plain, keyed]
+
+
+def test_a_broker_stopped_mid_drain_goes_passive_before_it_routes_what_waited(monkeypatch):
+    """SIGSTOP can land while the broker reads its socket, whose messages then carry the drain's
+    time from before the freeze: each is routed only after a look at the clock, so the woken
+    broker refuses them as the passive one it now is (its peer may have taken over)."""
+    from ovpool.broker import roles, server
+    from ovpool.errors import NotActiveError
+    from ovpool.protocol import Error, decode
+    from ovpool.submit import make_submit
+
+    broker = server.Broker("tcp://127.0.0.1:5555", standby=Standby("primary", "tcp://127.0.0.1:5556",
+                                                                   "tcp://127.0.0.1:5557"))
+    star = broker._standby.star
+    drain_began = time.monotonic()
+    star.peer(State.BACKUP, drain_began)
+    assert star.active
+    woke = drain_began + 10 * star.expiry_s  # the process was stopped, then continued
+    monkeypatch.setattr(server, "time", types.SimpleNamespace(monotonic=lambda: woke))
+    submit = make_submit("waited through the freeze", "", None, {"max_tokens": 1})
+    broker._route([b"client", *encode(submit)], roles.ANY, drain_began)
+    (peer, *frames), = broker._outbox
+    answer = decode(frames)
+    assert peer == b"client" and type(answer) is Error and answer.code == NotActiveError.code
+    assert (star.state, star.stalls) == (State.PASSIVE, 1) and not broker.router.jobs
+    broker._context.term()

@@ -101,6 +101,11 @@ class BinaryStar:
         self.next_send = now + self.interval_s
         return woke, True
 
+    def woken(self, now: float) -> list[Action]:
+        """A freeze since the last call, checked alone: a broker stopped in the middle of reading
+        its socket goes on with a time taken before the freeze."""
+        return self._woke(now)
+
     def _woke(self, now: float) -> list[Action]:
         """After a freeze past the expiry: its peer may have taken over meanwhile."""
         gap, self.last_seen = now - self.last_seen, max(self.last_seen, now)

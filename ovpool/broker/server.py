@@ -251,6 +251,8 @@ class Broker:
     def _admits(self, peer: bytes, msg: Message, now: float) -> bool:
         """Whether a standby broker routes ``msg``: while active, yes; passive, only STATUS. A
         client's SUBMIT or PING is its vote (bstar's client request): it may make us active."""
+        fresh = time.monotonic()  # stopped mid-drain (SIGSTOP), the drain's ``now`` predates it
+        self._follow(self._standby.check(fresh), fresh)
         if isinstance(msg, _VOTES):
             self._follow(self._standby.vote(now), now)
         if self._standby.active or isinstance(msg, Status):

@@ -117,6 +117,12 @@ class StandbyLink:
         self._woken(now)
         return self._logged(actions)
 
+    def check(self, now: float) -> list[Action]:
+        """A freeze since the last turn, before a message is routed (binary_star.woken)."""
+        actions = self.star.woken(now)
+        self._woken(now)
+        return self._logged(actions)
+
     def describe(self) -> dict:
         """STATUS's ``standby``: who this broker is in the pair, and what it last heard."""
         peer = self.peer_state.name.lower() if self.peer_state is not None else None
