@@ -66,7 +66,7 @@ class Owner(Protocol):
 
 
 class DecodeHandle(Protocol):
-    """A paged graph's one-token decode graph, compiled on demand beside it (the worker's
+    """A paged graph's decode graph (lone steps), compiled on demand beside it (the worker's
     ovpool.worker.graph.decode.DecodeGraph): the cache hands it on without looking inside."""
 
     def ready(self, wait: bool = False) -> ov.CompiledModel | None: ...
