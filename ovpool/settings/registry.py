@@ -93,8 +93,9 @@ _SETTINGS = [
             choices=("paged", "interleaved"), scopes=(WORKER,)),
     Setting("decode_graph", str, "auto", "a second compiled graph with static shapes for lone decode "
             "steps of the paged graph (padded as on it, so the same logits), made by a warm-up or after "
-            "128 decode steps (a faster CPU decode step, docs/performance.md; a second layout of the weights): on, off, or auto (on the "
-            "CPU for models of up to 512 MiB of weights, where that second layout costs less memory than "
+            "128 decode steps (a faster CPU decode step, docs/performance.md; a second layout of the "
+            "weights): on, off, or auto (on the CPU for models of up to 512 MiB of weights, where that "
+            "second layout costs less memory than "
             "its faster step is worth, and only if twice the weights fit in an eighth of physical memory; "
             "not on AMX at f32, where its faster step is not worth that memory)",
             choices=("auto", "on", "off"), scopes=(WORKER,)),
