@@ -17,15 +17,15 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from ovpool.client import Client
 from ovpool.serve.child import terminate
+from ovpool.testing.pool import free_endpoint
 
 # Fast heartbeats make backoff, readiness and expiry quick (every timing constant derives from it).
 FAST_ENV = {"OVPOOL_HEARTBEAT_INTERVAL_S": "0.2", "OVPOOL_LOG_LEVEL": "INFO"}
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port free a moment ago, below the ephemeral range (free_endpoint says why)."""
+    return int(free_endpoint().rsplit(":", 1)[1])
 
 
 @contextlib.contextmanager
