@@ -158,5 +158,5 @@ def test_closed_keys_give_each_role_its_own_pair_in_a_private_directory():
 
 
 def test_serve_refuses_a_misfit_flag_before_any_child():
-    done, _ = run_serve("--bind", free_endpoint(), "--no-http", "--curve-server-key", "b.key", *NULL)
+    done = run_serve("--bind", free_endpoint(), "--no-http", "--curve-server-key", "b.key", *NULL)
     assert done.returncode == 2 and done.stdout.startswith("error: --curve-server-key"), done.stdout
