@@ -33,7 +33,7 @@ import numpy as np
 import openvino as ov
 from decode_profile import name_matmuls
 
-from ovpool.settings import parse_assignments
+from ovpool.bench import sides
 from ovpool.worker.generate.batch import PagedRunner
 from ovpool.worker.generate.plan import Chunk
 from ovpool.worker.graph.compile_settings import compile_config
@@ -173,14 +173,13 @@ def main() -> None:
     ap.add_argument("--rows", default="8,16")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--passes", type=int, default=8)
-    ap.add_argument("--side", action="append", default=[], help="NAME=K=V,K=V (settings of one side)")
+    ap.add_argument("--side", type=sides.side, action="append", default=[],
+                    help="NAME=K=V,K=V (settings of one side)")
     ap.add_argument("--static", action="store_true", help="each side's static-row twin beside it")
     ap.add_argument("--bounded", action="store_true", help="each side's bounded-dimension twin beside it")
     ap.add_argument("--alone", action="store_true", help="a row batched against alone")
     args = ap.parse_args()
-    sides = dict(s.split("=", 1) for s in args.side) or {"default": ""}
-    engines = {name: engine(args.model, parse_assignments([a for a in sets.split(",") if a]))
-               for name, sets in sides.items()}
+    engines = {s.name: engine(args.model, s.settings) for s in args.side or [sides.side("default=")]}
     first = next(iter(engines.values()))[0]
     print(f"cpu: {CpuInfo.read(first.core).describe()}")
     for name, (e, _) in engines.items():

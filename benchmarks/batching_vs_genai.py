@@ -27,12 +27,11 @@ import json
 import os
 import time
 
-from ovpool.bench import isa
+from ovpool.bench import isa, sides
 from ovpool.bench.local import run_all
 from ovpool.bench.peers import BatchedPipeline
 from ovpool.bench.sweep import PROMPTS
 from ovpool.sampling_params import SamplingParams
-from ovpool.settings import parse_assignments
 from ovpool.worker.backend import EngineBackend
 from ovpool.worker.engine import Engine
 from ovpool.worker.gguf.model import resolve_model_path
@@ -82,9 +81,10 @@ def main() -> None:
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--sampling", default="", help="e.g. temperature=0.8,top_p=0.9")
-    p.add_argument("--side", action="append", default=[], help="NAME=K=V,... (an ovpool engine's settings)")
-    p.add_argument("--peer", action="append", default=[], help="NAME=K=V,... (a GenAI CB pipeline's "
-                   "OpenVINO properties)")
+    p.add_argument("--side", type=sides.side, action="append", default=[],
+                   help="NAME=K=V,... (an ovpool engine's settings)")
+    p.add_argument("--peer", type=sides.named, action="append", default=[],
+                   help="NAME=K=V,... (a GenAI CB pipeline's OpenVINO properties)")
     p.add_argument("--fresh", action="store_true", help="prompts of their own in every round")
     p.add_argument("--no-genai", action="store_true")
     p.add_argument("--json", action="store_true")
@@ -94,7 +94,7 @@ def main() -> None:
     isa.emulate(args.isa)
     mt, levels = args.max_tokens, [int(x) for x in args.levels.split(",")]
     prompts = Prompts()
-    systems, backend = _systems(args, prompts, max(levels))
+    systems, backend = _systems(args, prompts, max(*levels, 2))  # the warm-up runs 2
     for run in systems.values():
         run(2)  # warm-up
     host = HostTime(backend.runs) if args.sampling else None
@@ -139,14 +139,13 @@ def _systems(args, prompts: Prompts, slots: int) -> tuple[dict, EngineBackend]:
     if args.sampling:
         pairs = (kv.split("=") for kv in args.sampling.split(","))
         systems["ovpool_sampled"] = ovpool(backend, **{k: float(v) if "." in v else int(v) for k, v in pairs})
-    for name, sets in (side.split("=", 1) for side in args.side):
-        settings = parse_assignments([a for a in sets.split(",") if a])
-        systems[name] = ovpool(_backend(args.model, settings, slots))
+    for one in args.side:
+        systems[one.name] = ovpool(_backend(args.model, one.settings, slots))
     if not args.no_genai:
         genai = BatchedPipeline(str(resolve_model_path(args.model)), properties=isa.peer_properties())
         systems["genai_cb"] = lambda n: genai.level(n, mt, prompts(n))
-    for name, sets in (peer.split("=", 1) for peer in args.peer):
-        properties = dict(a.split("=", 1) for a in sets.split(",") if a)
+    for peer in args.peer:
+        name, properties = peer.name, peer.settings
         pipe = BatchedPipeline(str(resolve_model_path(args.model)), properties={**isa.peer_properties(),
                                                                                  **properties})
         systems[name] = lambda n, pipe=pipe: pipe.level(n, mt, prompts(n))
