@@ -106,11 +106,11 @@ class PassLoad:
 
     Prompts of ``long`` tokens or more (a chat's history, a long shared system prompt: turns that
     come back; the Scheduler's default is two of the paged graph's 32-position blocks) finish one a
-    pass, however few of their tokens are left to compute. The rule above
-    weighs one pass: two first turns of ~20 tokens after a shared system prompt would share it, their
-    answers (of one length) would end in one pass, and their next turns, each then computing the
-    answer's tail too (~35 tokens), would not: one waits a pass, and a burst of such pairs queues
-    (``ovpool bench --scenario chat``'s turn 2, docs/performance.md)."""
+    pass, however few of their tokens are left to compute. The rule above weighs one pass: two first
+    turns of ~20 tokens after a shared system prompt would share it, their answers (of one length)
+    would end in one pass, and their next turns, each then computing the answer's tail too (~35
+    tokens), would not: one waits a pass, and a burst of such pairs queues (``ovpool bench
+    --scenario chat``'s turn 2, docs/performance.md)."""
 
     budget: int
     fixed: int
