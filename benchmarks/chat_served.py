@@ -24,7 +24,7 @@ import statistics
 import tempfile
 from contextlib import ExitStack
 
-from ovpool.bench import chat, peers, sweep
+from ovpool.bench import chat, peers, sides, sweep
 from ovpool.models import resolve_model_path
 
 KEYS = ("ttft_later_turns_median_s", "ttft_later_turns_p99_s", "tokens_per_s")
@@ -40,18 +40,10 @@ def say(i: int, name: str, r: dict) -> None:
     print(f"round {i + 1} {name}: {row(r)}  load {os.getloadavg()[0]:.1f}", flush=True)
 
 
-def parse_side(text: str) -> tuple[str, str, list[str]]:
-    """``NAME[@TREE]=k=v,k=v`` as (name, tree or "", settings)."""
-    head, _, spec = text.partition("=")
-    name, _, tree = head.partition("@")
-    if not name or name == "genai" or (tree and not os.path.isdir(tree)):
-        raise SystemExit(f"--side {text!r}: expected NAME[@TREE]=k=v,k=v (NAME not 'genai', TREE a folder)")
-    return name, tree, [s for s in spec.split(",") if s]
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--side", action="append", required=True, help="NAME=k=v,k=v: worker settings")
+    p.add_argument("--side", type=sides.tree_side, action="append", required=True,
+                   help="NAME[@TREE]=k=v,k=v: worker settings")
     p.add_argument("--genai", action="store_true")
     p.add_argument("--chats", type=int, default=16)
     p.add_argument("--turns", type=int, default=4)
@@ -59,21 +51,22 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--model", default="smollm2")
     args = p.parse_args()
-    parts = [parse_side(t) for t in args.side]
-    sides = {name: sets for name, _, sets in parts}
-    trees = {name: tree for name, tree, _ in parts}
-    if any(trees.values()):
+    named = {s.name: s for s in args.side}
+    if "genai" in named:
+        p.error("--side: the name 'genai' is GenAI's (--genai)")
+    if any(s.tree for s in args.side):
         os.chdir(tempfile.gettempdir())  # `python -m ovpool` would find the working directory's first
-    runs: dict[str, list[dict]] = {name: [] for name in [*sides, *(["genai"] if args.genai else [])]}
+    runs: dict[str, list[dict]] = {name: [] for name in [*named, *(["genai"] if args.genai else [])]}
     counter = itertools.count(1)
     with ExitStack() as stack:
+        base = (f"kv_cache_mb={chat.KV_CACHE_MB}", "prefix_cache=on")
         clients = {name: stack.enter_context(sweep.pool(
-            args.model, args.chats, sets=(f"kv_cache_mb={chat.KV_CACHE_MB}", "prefix_cache=on", *sets),
-            env={**chat.POOL_ENV, **({"PYTHONPATH": trees[name]} if trees[name] else {})}))
-            for name, sets in sides.items()}
+            args.model, args.chats, sets=(*base, *s.assignments),
+            env={**chat.POOL_ENV, **({"PYTHONPATH": s.tree} if s.tree else {})}))
+            for name, s in named.items()}
         pipe = peers.ChatPipeline(str(resolve_model_path(args.model))) if args.genai else None
         for i in range(args.rounds):
-            order = list(sides)[i % len(sides):] + list(sides)[:i % len(sides)]
+            order = list(named)[i % len(named):] + list(named)[:i % len(named)]
             for name in order:
                 runs[name].append(chat.run_pool(clients[name], next(counter), args.chats, args.turns,
                                                 args.max_tokens))
@@ -81,7 +74,7 @@ def main() -> None:
             if pipe is not None:
                 runs["genai"].append(pipe.run(next(counter), args.chats, args.turns, args.max_tokens))
                 say(i, "genai", runs["genai"][-1])
-    first = list(sides)[0]
+    first = list(named)[0]
     for other in [n for n in runs if n != first]:
         ratios = {k: statistics.median(a[k] / b[k] for a, b in zip(runs[first], runs[other], strict=True))
                   for k in KEYS}
