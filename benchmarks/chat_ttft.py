@@ -37,6 +37,8 @@ import subprocess
 import sys
 import tempfile
 
+from ovpool.bench import sides
+
 CHILD = r"""
 import json, statistics, sys, time
 from ovpool.bench.stats import percentile
@@ -173,14 +175,6 @@ def run(args: argparse.Namespace, script: str, side: str, tree: str, settings: d
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def parse_side(text: str, tree: str) -> tuple[str, str, dict]:
-    name, _, spec = text.partition("=")
-    name, _, other = name.partition("@")
-    if not name or name == "genai" or not os.path.isdir(other or tree):
-        raise SystemExit(f"--side {text!r}: expected NAME[@TREE]=k=v,k=v (NAME not 'genai', TREE a folder)")
-    return name, other or tree, dict(kv.split("=", 1) for kv in spec.split(",") if kv)
-
-
 def table(results: dict[str, list[dict]], first: str, chats: int) -> None:
     names = list(results)
     print(f"\n{chats} chats, {len(results[first])} rounds, load {_loads(results)}")
@@ -204,7 +198,8 @@ def _loads(results: dict[str, list[dict]]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--side", action="append", required=True, help="NAME=k=v,k=v: worker settings")
+    parser.add_argument("--side", type=sides.tree_side, action="append", required=True,
+                        help="NAME[@TREE]=k=v,k=v: worker settings (on another checkout)")
     parser.add_argument("--genai", action="store_true", help="GenAI's ContinuousBatchingPipeline as a side")
     parser.add_argument("--chats", default="8,16")
     parser.add_argument("--rounds", type=int, default=3)
@@ -220,16 +215,19 @@ def main() -> None:
                              "19-21 tokens after 32 shared blocks, where the default's 8 digits give 26-28")
     parser.add_argument("--tree", default=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     args = parser.parse_args()
-    sides = [parse_side(s, args.tree) for s in args.side] + ([("genai", args.tree, {})] if args.genai else [])
+    if "genai" in (s.name for s in args.side):
+        parser.error("--side genai: the name of --genai's side; call yours another")
+    lineup = [(s.name, s.tree or args.tree, s.settings) for s in args.side] + (
+        [("genai", args.tree, {})] if args.genai else [])
     with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
         f.write(CHILD)
     for chats in (int(x) for x in args.chats.split(",")):
-        results: dict[str, list[dict]] = {name: [] for name, _, _ in sides}
+        results: dict[str, list[dict]] = {name: [] for name, _, _ in lineup}
         for r in range(args.rounds):
-            for name, tree, settings in sides[r % len(sides):] + sides[:r % len(sides)]:
+            for name, tree, settings in lineup[r % len(lineup):] + lineup[:r % len(lineup)]:
                 results[name].append(run(args, f.name, name, tree, settings, chats))
                 print(f"{chats} chats, round {r}, {name}: {results[name][-1]}", file=sys.stderr, flush=True)
-        table(results, sides[0][0], chats)
+        table(results, lineup[0][0], chats)
 
 
 if __name__ == "__main__":
