@@ -1,8 +1,8 @@
 """One InferRequest's per-pass input tensors, kept from one pass to the next.
 
 Handing ``InferRequest.infer`` a dict of arrays makes OpenVINO's Python layer wrap each array in a
-new Tensor and look its port up by name, every pass: ~280 us of a decode step's host time, more
-than building the arrays (docs/performance.md, AMX: the single-stream decode step). A decode step's
+new Tensor and look its port up by name, every pass: more of a decode step's host time than
+building the arrays (docs/performance.md, AMX: the single-stream decode step). A decode step's
 inputs keep their shapes from one step to the next (the block table grows every ``block_size``
 tokens), so ``PassInputs`` writes a pass's values into the arrays the request already holds and
 sets a new tensor only for an input whose shape changed. The request reads its inputs' memory when
