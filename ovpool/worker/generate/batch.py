@@ -135,8 +135,8 @@ class PagedRunner:
 
     def _inputs(self, request: ov.InferRequest) -> PassInputs:
         """``request``'s input tensors, kept between passes (ovpool.worker.generate.pass_inputs)."""
-        held = self._pass_inputs.get(id(request))
-        if held is None or held.request is not request:  # a request replaced (tests, benchmarks)
+        held = self._pass_inputs.get(id(request))  # held keeps request alive: its id is its own
+        if held is None:  # its first pass
             held = self._pass_inputs[id(request)] = PassInputs(request)
         return held
 

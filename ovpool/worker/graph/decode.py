@@ -119,7 +119,7 @@ class DecodeGraph:
         self._make = lambda: compile_model(core, lone_step(build()), device, config)
         self._future: Future | None = None
         self._lock = threading.Lock()
-        self.passes = 0  # one-token passes run without it
+        self.passes = 0  # lone steps run without it
 
     @property
     def started(self) -> bool:
