@@ -72,6 +72,7 @@ class GraphConfig(_Config):
     kquant_requant: str = _default("kquant_requant")
     q4_storage: str = _default("q4_storage")
     zero_points: str = _default("zero_points")
+    activations: str = _default("activations")
 
     @classmethod
     def coerce(cls, graph: GraphConfig | Settings | Mapping[str, Any]) -> GraphConfig:

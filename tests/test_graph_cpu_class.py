@@ -30,14 +30,14 @@ def test_each_class_is_named_from_its_flags(cpu, name):
 @pytest.mark.parametrize("cpu", [AVX512_BF16, AMX])
 def test_int8_classes_at_bf16_take_integer_zero_points_and_no_decode_snippets(cpu):
     assert choose(cpu, "bf16") == cpu_class.Defaults(zero_points="integer", q4_storage="i4",
-                                                     int8_activations=True, decode_snippets=False,
+                                                     activations="int8", decode_snippets=False,
                                                      kquant_requant="q6_k_q8_sym32")
 
 
 @pytest.mark.parametrize("cpu", [AVX2, AVX2_VNNI, AVX512_VNNI, AVX512_BF16, AMX])
 def test_f32_keeps_the_exact_float_zero_point_on_every_class(cpu):
     assert choose(cpu, "f32") == cpu_class.Defaults(zero_points="float", q4_storage="i4",
-                                                    int8_activations=False, decode_snippets=True,
+                                                    activations="float", decode_snippets=True,
                                                     kquant_requant="none", decode_graph=cpu is not AMX)
 
 
@@ -59,6 +59,36 @@ def test_auto_precision_is_f32_on_every_cpu_class(cpu):
         ("f32", "float", "none")
     assert resolve_auto({"inference_precision": "bf16"}, "CPU", ov.Core(), cpu=cpu)["inference_precision"] \
         == "bf16"
+
+
+@pytest.mark.parametrize("cpu", [AVX2_VNNI, AVX512_VNNI, AVX512_BF16, AMX])
+def test_int8_activations_at_f32_take_integer_zero_points_and_keep_the_file_s_q6_k(cpu):
+    chosen = choose(cpu, "f32", "int8")
+    assert (chosen.activations, chosen.zero_points, chosen.kquant_requant) == ("int8", "integer", "none")
+    assert chosen.decode_snippets  # f32 between fused ops, as the dynamic graph computes
+    core = ov.Core()
+    values = resolve_auto({"activations": "int8"}, "CPU", core, cpu=cpu)
+    assert (values["inference_precision"], values["kv_cache_precision"]) == ("f32", "f32")
+    config = compile_config(values, "CPU", core, {32})
+    assert "DYNAMIC_QUANTIZATION_GROUP_SIZE" not in config  # the plugin's own groups of 32
+    assert compile_config(values, "CPU", core, {32, 16})["DYNAMIC_QUANTIZATION_GROUP_SIZE"] == 16
+    offset = resolve_auto({"activations": "int8", "zero_points": "offset"}, "CPU", core, cpu=cpu)
+    assert offset["zero_points"] == "offset"  # a setting wins over the class
+
+
+def test_float_activations_turn_the_int8_path_off_at_any_precision():
+    core = ov.Core()
+    for precision in ("f32", "bf16"):
+        settings = {"inference_precision": precision, "activations": "float"}
+        values = resolve_auto(settings, "CPU", core, cpu=AMX)
+        assert (values["activations"], values["zero_points"]) == ("float", "float")
+        assert compile_config(values, "CPU", core, {32})["DYNAMIC_QUANTIZATION_GROUP_SIZE"] == 0
+
+
+def test_int8_activations_on_a_cpu_without_vnni_keep_the_float_zero_point():
+    # The plugin has no int8 path there: the setting changes nothing, the exact encoding stays.
+    assert choose(AVX2, "f32", "int8").zero_points == "float"
+    assert choose(AVX2, "f32").activations == "float"
 
 
 def test_bf16_without_an_int8_path_keeps_the_float_zero_point():

@@ -178,6 +178,13 @@ _SETTINGS = [
             "agrees less often with the f32 reference's top token, docs/performance.md); auto: "
             "integer where the CPU quantizes activations to int8 (VNNI/AMX at bf16), float elsewhere",
             choices=("auto", "offset", "float", "integer", "rounded"), scopes=(GRAPH,)),
+    Setting("activations", str, "auto", "what the CPU plugin multiplies compressed weights with: "
+            "float (the activations at the compute precision: at f32 the exact graph's numbers) or "
+            "int8 (the plugin's dynamic quantization, per group of 32 activations, 16 with Q6_K "
+            "weights, on VNNI/AMX int8 kernels; Q4_1/Q4_K's minimum then goes in as an integer zero "
+            "point plus its exact remainder; no effect without VNNI); auto: int8 at bf16 where the "
+            "CPU has VNNI, float at f32 (docs/performance.md, Quality)",
+            choices=("auto", "float", "int8"), scopes=(GRAPH,)),
 ]
 
 REGISTRY: dict[str, Setting] = {s.name: s for s in _SETTINGS}

@@ -37,9 +37,10 @@ def resolve_auto(graph: GraphConfig | Mapping[str, Any], device: str = "CPU", co
                        ("kv_cache_precision", "KV_CACHE_PRECISION")):
         if values[name] == "auto":
             values[name] = _type_name(core.get_property(device_type(device), prop))
-    chosen = cpu_class.choose(cpu or CpuInfo.read(core), values["inference_precision"]) if on_cpu \
-        else cpu_class.Defaults("float", "i4", True, True, "none")
-    for name in ("zero_points", "q4_storage", "kquant_requant"):
+    chosen = cpu_class.choose(cpu or CpuInfo.read(core), values["inference_precision"],
+                              values["activations"]) if on_cpu \
+        else cpu_class.Defaults("float", "i4", "float", True, "none")
+    for name in ("activations", "zero_points", "q4_storage", "kquant_requant"):
         if values[name] == "auto":
             values[name] = getattr(chosen, name)
     return values
@@ -58,9 +59,9 @@ def compile_config(graph: GraphConfig | Mapping[str, Any], device: str = "CPU", 
     # hold it, and every node's barrier waits for it (docs/performance.md, gemma3-270m against
     # llama.cpp).
     config["ENABLE_CPU_PINNING"] = False
-    if values["inference_precision"] == "f32":
-        # f32 promises the reference's numbers: no int8 activations in the compressed MatMuls
-        # (the CPU plugin quantizes them where VNNI/AMX exist; on AVX2 this changes nothing).
+    if values["activations"] == "float":
+        # No int8 activations in the compressed MatMuls (the CPU plugin quantizes them where
+        # VNNI/AMX exist, at any precision; on AVX2 this changes nothing): f32's exact numbers.
         config["DYNAMIC_QUANTIZATION_GROUP_SIZE"] = 0
     elif (group := cpu_class.activation_group(weight_groups)) != 32:
         config["DYNAMIC_QUANTIZATION_GROUP_SIZE"] = group

@@ -103,7 +103,7 @@ class Defaults:
 
     zero_points: str        # Q4_1/Q4_K minimum: "integer" (rounded + exact remainder) or "float"
     q4_storage: str         # "i4" (packed) or "i8" (a byte per code)
-    int8_activations: bool  # the plugin's dynamic quantization stays on (off: exact f32)
+    activations: str        # "int8": the plugin's dynamic quantization on; "float": off
     decode_snippets: bool   # the static decode graph may fuse element-wise chains
     kquant_requant: str = "none"  # "q6_k_q8_sym32": Q6_K as 8-bit codes in groups of 32
     decode_graph: bool = True  # decode_graph=auto may make one (its faster step pays for its memory)
@@ -116,15 +116,18 @@ def precision(plugin_default: str) -> str:
     return "f32" if plugin_default == "bf16" else plugin_default
 
 
-def choose(cpu: CpuInfo, precision: str) -> Defaults:
-    """The defaults for ``cpu`` at the resolved inference ``precision`` (f32, bf16 or f16)."""
+def choose(cpu: CpuInfo, precision: str, activations: str = "auto") -> Defaults:
+    """The defaults for ``cpu`` at the resolved inference ``precision`` (f32, bf16 or f16) and the
+    ``activations`` setting (auto, float or int8)."""
     exact = precision == "f32"
-    int8 = cpu.vnni and not exact
+    if activations == "auto":
+        activations = "int8" if cpu.vnni and not exact else "float"
+    int8 = cpu.vnni and activations == "int8"
     # Snippets keep f32 between fused ops where the unfused graph rounds each op to bf16/f16, so
     # only at f32 do the decode graph and the dynamic graph compute the same numbers.
     return Defaults(zero_points="integer" if int8 else "float", q4_storage="i4",
-                    int8_activations=not exact, decode_snippets=exact,
-                    kquant_requant="q6_k_q8_sym32" if int8 else "none",
+                    activations=activations, decode_snippets=exact,
+                    kquant_requant="q6_k_q8_sym32" if int8 and not exact else "none",
                     decode_graph=not (exact and cpu.class_name == "AMX"))
 
 
