@@ -104,6 +104,18 @@ def test_unknown_extra_fields_are_ignored_for_forward_compatibility():
     assert decode([VERSION, b"\x02", body]) == Cancel("r")
 
 
+def test_fields_a_sender_leaves_out_get_their_defaults_each_message_its_own():
+    """An older or leaner sender's map: what decode builds equals the constructor's, defaults
+    included, and a default list is each message's own (mutating one leaves the next alone)."""
+    body = msgpack.packb({"request_id": "r", "model": "m", "params": {}})
+    first = decode([VERSION, b"\x01", body])
+    assert first == Submit("r", "m", {})
+    assert (first.prompt, first.messages, first.timeout_s, first.keep_alive_s) == (None, None, 0.0, None)
+    heartbeats = [decode([VERSION, b"\x21", msgpack.packb({})]) for _ in range(2)]
+    assert heartbeats[0] == Heartbeat() and heartbeats[0].held is not heartbeats[1].held
+    assert list(first.__dict__) == list(Submit("r", "m", {}).__dict__)  # re-encoded in the same order
+
+
 def test_ready_carries_the_load_time_of_all_phases_the_cache_outcome_and_batching():
     report = {"outcome": "hit", "entry": "fam-ports", "graph_settings": {"stateful": "on"},
               "seconds": {"open": 0.1, "tokenizer": 0.05, "compiled model": 0.2, "warm-up": 0.05}}
