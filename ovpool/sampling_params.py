@@ -3,11 +3,13 @@ the protocol import this; the worker's sampler reads it)."""
 
 from __future__ import annotations
 
-import copy
+import functools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+import msgpack
 
 from ovpool import bounds
 from ovpool import response_format as formats
@@ -86,8 +88,8 @@ class SamplingParams:
         """These parameters with another ``seed``; only the seed is checked (the rest was when
         these were built): n choices of one HTTP request are built once, not n times."""
         _check(_SEED_CHECK, seed)
-        out = copy.copy(self)
-        out.__dict__["seed"] = seed
+        out = _new(type(self))  # frozen: filled as __init__ would, without copy.copy's reduce protocol
+        out.__dict__.update(self.__dict__, seed=seed)
         return out
 
     @property
@@ -110,12 +112,55 @@ class SamplingParams:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> SamplingParams:
-        # Names as text, whatever the keys are (a msgpack map's may be bytes or huge).
-        unknown = sorted(k[:40] if bounds.is_text(k) else bounds.describe(k) for k in d if k not in _FIELDS)
-        if unknown:
-            raise InvalidRequestError(
-                f"sampling: unknown parameter(s) {unknown[:8]}; valid: {sorted(_FIELDS)}", param=unknown[0])
-        return cls(**d)
+        """Validated parameters from a peer's map; InvalidRequestError names the first bad field.
+        Maps equal but for ``seed`` share one SamplingParams (frozen), built and checked once;
+        then only the seed is checked: each request brings its own (the broker and the worker
+        check every SUBMIT and REQUEST, most of them alike)."""
+        params = _shared(d)
+        if params is None:
+            return _built(d)
+        seed = d.get("seed")
+        return params if seed is None else params.with_seed(seed)
+
+
+def _built(d: Mapping[str, Any]) -> SamplingParams:
+    """``SamplingParams.from_dict`` without sharing: every field checked now."""
+    # Names as text, whatever the keys are (a msgpack map's may be bytes or huge).
+    unknown = sorted(k[:40] if bounds.is_text(k) else bounds.describe(k) for k in d if k not in _FIELDS)
+    if unknown:
+        raise InvalidRequestError(
+            f"sampling: unknown parameter(s) {unknown[:8]}; valid: {sorted(_FIELDS)}", param=unknown[0])
+    return SamplingParams(**d)
+
+
+def _shared(d: Mapping[str, Any]) -> SamplingParams | None:
+    """The SamplingParams shared by maps equal to ``d`` but for its seed (whose is None); None where
+    ``d`` is not shared (``_shared_key``) or not valid (then built in full, so that the error names
+    the same field as ever: the check of seed comes before some others)."""
+    key = _shared_key(d)
+    try:
+        return None if key is None else _shared_by_key(key)
+    except Exception:  # an InvalidRequestError, or a validator's own (llguidance, json)
+        return None
+
+
+def _shared_key(d: Mapping[str, Any]) -> bytes | None:
+    """``d`` with seed None, packed: equal keys are equal maps, to a float's bits (-0.0 is not 0.0),
+    an int's type (True is not 1) and the order of names. None for what cannot be packed exactly
+    (a tuple, a subclass, an int past 64 bits) or a key over _SHARED_KEY_BYTES (a long schema)."""
+    if type(d) is not dict:
+        return None
+    try:
+        key = msgpack.packb(dict(d, seed=None), use_bin_type=True, strict_types=True)
+    except Exception:  # msgpack's several types for what it cannot pack
+        return None
+    return key if len(key) <= _SHARED_KEY_BYTES else None
+
+
+@functools.lru_cache(maxsize=256)
+def _shared_by_key(key: bytes) -> SamplingParams:
+    """The SamplingParams of a ``_shared_key``; what it raises is not kept."""
+    return _built(msgpack.unpackb(key))
 
 
 def _logit_bias(raw: Any) -> tuple[tuple[int, float], ...]:
@@ -141,6 +186,8 @@ def _logit_bias(raw: Any) -> tuple[tuple[int, float], ...]:
     return tuple(sorted(out.items()))
 
 
+_SHARED_KEY_BYTES = 4096  # the most a shared key holds: 256 keys, at most 1 MiB
+_new = object.__new__
 _ID_DIGITS = len(str(bounds.MAX_TOKEN_ID))
 _ITEMS = type({}.items())
 _INF = math.inf

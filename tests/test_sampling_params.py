@@ -4,7 +4,9 @@ msgpack (logit_bias ids as ints or strings) and round-trips through SUBMIT."""
 from __future__ import annotations
 
 import dataclasses
+from types import MappingProxyType
 
+import msgpack
 import pytest
 
 from ovpool import errors
@@ -114,3 +116,39 @@ def test_the_wire_form_holds_every_field_in_order_seeded_copies_too():
     wire = p.to_dict()
     assert list(wire) == [f.name for f in dataclasses.fields(SamplingParams)]
     assert (wire["seed"], wire["stop"], wire["logprobs"]) == (5, ["x"], 0)
+
+
+# Maps alike but for their seed, as the broker and the worker see them: the first builds, the rest share.
+_ALIKE = [{"max_tokens": 4, "temperature": 0.0, "seed": 1}, {"max_tokens": 4, "temperature": -0.0, "seed": 2},
+          {"max_tokens": 4, "temperature": 0, "seed": 3}, {"max_tokens": 4, "temperature": 1, "seed": None},
+          {"max_tokens": 4, "logprobs": True}, {"max_tokens": 4, "logprobs": 1, "seed": 5},
+          {"seed": 9, "max_tokens": 4, "stop": ["x", "y"], "logit_bias": {"3": 1}},
+          {"max_tokens": 4, "stop": ("x", "y"), "seed": 9}, SamplingParams(max_tokens=4, seed=7).to_dict(),
+          {"max_tokens": 4, "response_format": {"type": "regex", "pattern": "a+"}, "seed": 4}]
+
+
+def test_maps_alike_share_a_build_that_equals_a_full_one_to_the_bit():
+    """from_dict keeps one SamplingParams per map but for its seed: whichever came first, each map's
+    equals its own full build, to a float's sign and a number's type (compared as packed)."""
+    for d in _ALIKE * 2:
+        got, want = SamplingParams.from_dict(d), SamplingParams(**d)
+        assert msgpack.packb(got.to_dict()) == msgpack.packb(want.to_dict()), d
+    kept = {"max_tokens": 4, "stop": ["x"], "seed": 1}
+    first = SamplingParams.from_dict(kept)
+    kept["stop"].append("y")  # the caller's map changes after the build: no later one sees it
+    assert SamplingParams.from_dict({"max_tokens": 4, "stop": ["x"]}).stop == first.stop == ("x",)
+
+
+@pytest.mark.parametrize("bad", [{"seed": -1}, {"seed": True}, {"seed": 2**63}, {"seed": -1, "stop": [""]},
+                                 {"seed": -1, "temperature": 9}, {"top_p": 0}, {"bogus": 1, "seed": -1},
+                                 {"response_format": {"type": "regex", "pattern": "("}, "seed": -1}])
+def test_a_map_alike_but_for_a_bad_value_fails_as_a_full_build_does(bad):
+    """The first bad field in the full check's order is named, though the rest of the map was
+    built and kept before (the seed is checked before stop, after temperature)."""
+    good = {"max_tokens": 4, "stop": ["x"], "temperature": 0.5, "seed": 1}
+    SamplingParams.from_dict(good)
+    with pytest.raises(errors.InvalidRequestError) as shared:
+        SamplingParams.from_dict({**good, **bad})
+    with pytest.raises(errors.InvalidRequestError) as full:
+        SamplingParams.from_dict(MappingProxyType({**good, **bad}))  # not a dict: never shared
+    assert (str(shared.value), shared.value.param) == (str(full.value), full.value.param)

@@ -8,7 +8,6 @@ app answers with 400. The bounds are ovpool.bounds'; the sampling fields are Sam
 
 from __future__ import annotations
 
-import functools
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -27,7 +26,6 @@ COMPLETION_MAX_TOKENS = 16
 # Body fields that are SamplingParams fields of the same name and meaning: passed as given.
 _SAMPLING = ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty",
              "stop", "logit_bias", "ignore_eos", "response_format")
-_SCALARS = frozenset((str, int, float, bool, type(None)))  # the values _params shares SamplingParams by
 
 
 @dataclass(frozen=True)
@@ -120,7 +118,7 @@ def _choices(base: dict[str, Any], prompts: list, n: int) -> list[Choice]:
     """n choices per prompt from the SamplingParams arguments ``base``, checked once here (the
     client sends these SamplingParams as they are); with a seed, choice j of a prompt has seed + j."""
     seed = base.pop("seed", None)
-    params = _params(base)
+    params = SamplingParams.from_dict(base)  # shared by requests alike (most are)
     for name in ("response_format", "tools", "tool_choice"):  # canonical, as the params hold them
         base.pop(name, None)
         if getattr(params, name) is not None:
@@ -129,22 +127,6 @@ def _choices(base: dict[str, Any], prompts: list, n: int) -> list[Choice]:
     seeded = [params if s is None else params.with_seed(s) for s in seeds]
     return [Choice(i * n + j, prompt, {**base, "seed": seeds[j]}, seeded[j])
             for i, prompt in enumerate(prompts) for j in range(n)]
-
-
-def _params(base: dict[str, Any]) -> SamplingParams:
-    """``SamplingParams(**base)``; when every value is a plain scalar (most requests), one built
-    and checked per distinct set (SamplingParams is frozen, so requests may share one)."""
-    if not all(type(value) in _SCALARS for value in base.values()):
-        return SamplingParams(**base)
-    # Floats by their hex: -0.0 equals 0.0 but is not the same value to pass on.
-    return _shared_params(tuple((name, type(value), value.hex() if type(value) is float else value)
-                                for name, value in base.items()))
-
-
-@functools.lru_cache(maxsize=256)
-def _shared_params(key: tuple[tuple[str, type, Any], ...]) -> SamplingParams:
-    return SamplingParams(**{name: float.fromhex(value) if kind is float else value
-                             for name, kind, value in key})
 
 
 def _sampling(body: dict) -> dict[str, Any]:
