@@ -91,6 +91,8 @@ def _message_keys(parent: bytes, messages: Sequence[dict], depth: int) -> RouteK
 
 
 def _prompt_keys(model: str, prompt: str) -> RouteKeys:
+    if len(prompt) < CHUNK_CHARS:
+        return NO_KEYS  # no full piece: no key, and no root to hash (a short prompt, twice a request)
     parent = _chain(_DOMAIN, "prompt", model)
     keys, depths = [], []
     for end in range(CHUNK_CHARS, min(len(prompt), CHUNK_CHARS * MAX_KEYS) + 1, CHUNK_CHARS):

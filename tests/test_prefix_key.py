@@ -50,7 +50,8 @@ def test_a_raw_prompt_has_one_key_per_full_piece_and_its_continuation_shares_the
     assert r.depths == (CHUNK_CHARS, 2 * CHUNK_CHARS, 3 * CHUNK_CHARS)  # the partial piece: no key
     longer = after_answer("m", prompt, None, "y" * CHUNK_CHARS)
     assert longer.keys[:3] == r.keys and len(longer.keys) == 4
-    assert route_keys("m", prompt="short").keys == ()
+    assert route_keys("m", prompt="x" * (CHUNK_CHARS - 1)).keys == ()
+    assert len(route_keys("m", prompt="x" * CHUNK_CHARS).keys) == 1
     # A prompt never shares a key with a chat of the same text.
     assert not set(r.keys) & set(route_keys("m", messages=[{"role": "", "content": prompt}]).keys)
 
