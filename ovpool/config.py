@@ -111,6 +111,7 @@ class WorkerConfig(_Config):
     prefix_cache: str = _default("prefix_cache")
     answer_copies: bool = _default("answer_copies")
     answer_tails: bool = _default("answer_tails")
+    follow_up_ms: int = _default("follow_up_ms")
     prompt_lookup: str = _default("prompt_lookup")
     prompt_lookup_tokens: int = _default("prompt_lookup_tokens")
     kv_tier: bool = _default("kv_tier")

@@ -119,6 +119,11 @@ _SETTINGS = [
             "first token also computes the partial block the answer ends in as a prompt pass would, "
             "cached for the chat's next turn, which continues it, with the same tokens "
             "(docs/prefix-caching.md)", scopes=(WORKER,)),
+    Setting("follow_up_ms", int, 20, "after a pass that ended an answer whose prompt began on two "
+            "cached blocks or more (a chat's turn), hold the next pass up to this many milliseconds "
+            "for the chat's next turn, which then joins it instead of waiting for all of it (0: off; "
+            "the holds stay within 5% of the time in passes; docs/performance.md, Chat TTFT)",
+            minimum=0, maximum=1000, scopes=(WORKER,)),
     Setting("prompt_lookup", str, "auto", "prompt-lookup speculative decoding: a decode step also "
             "verifies the tokens that followed the latest earlier occurrence of the text's last tokens "
             "(in its prompt or its answer so far), in the same pass; the tokens are those without it: "

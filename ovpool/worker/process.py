@@ -56,6 +56,7 @@ from ovpool.protocol import (
     send_frames,
 )
 from ovpool.worker.backend import Backend, Failed, Finished, Token
+from ovpool.worker.follow_ups import FollowUps
 from ovpool.worker.kv_events import KvEventPublisher, topic
 from ovpool.worker.link import BrokerLink
 from ovpool.worker.prefix_report import PrefixReport
@@ -121,6 +122,7 @@ class Worker:
         self._idle_not_before = 0.0  # just registered: the broker may be dispatching queued requests
         self._deferred: dict[str, Request] = {}  # arrived while the idle work runs
         self._prefixes = PrefixReport(backend)
+        self._follow_ups = FollowUps(config.follow_up_ms / 1000)
         self._refused = False  # the broker refused this worker's key as a worker's (said once)
         self._kv_events = (KvEventPublisher(config.kv_events_endpoint, topic(backend.models[0]))
                            if config.kv_events_endpoint else None)
@@ -170,11 +172,14 @@ class Worker:
                 self._idle_work, self._idle_due = self._idle_pool.submit(self.backend.idle), False
                 warming = True
             stepping = not warming and self._active and self._credit > 0
-            if link.poll(0 if stepping else timing.POLL_INTERVAL_S * 1000):
+            # A chat's next turn, due a round trip after its answer ended, joins the next pass.
+            hold = self._follow_ups.hold(time.monotonic()) if stepping else 0.0
+            if link.poll(hold * 1000 if stepping else timing.POLL_INTERVAL_S * 1000):
                 self._receive()
             if link.broker_silent(time.monotonic()):  # after reading what waited through a step
                 self._reconnect()
-            if not self._warming() and self._active and self._credit > 0:
+            if not self._warming() and self._active and self._credit > 0 \
+                    and not self._follow_ups.hold(time.monotonic()):
                 self._step()
 
     def _warming(self) -> bool:
@@ -241,12 +246,15 @@ class Worker:
             self._reply(Error(msg.request_id, InferenceError.code, f"cannot start the request: {exc}"))
             return
         self._active[msg.request_id] = 0
+        self._follow_ups.arrived(time.monotonic())
         self._idle_due = self._has_idle_work  # for the idle period after it
         self._prefixes.started(msg, keys)
 
     def _step(self) -> None:
-        active = self._active
+        active, start = self._active, time.monotonic()
         events = self.backend.step()
+        now = time.monotonic()
+        self._follow_ups.step(now - start)
         if self._kv_events is not None:
             self._kv_events.publish(*self.backend.kv_events(), time.time())
         for ev in events:
@@ -259,6 +267,7 @@ class Worker:
             sent = active.pop(rid)
             if isinstance(ev, Finished):
                 self._prefixes.ended(rid, ev.completion.text)
+                self._follow_ups.ended(ev.completion.usage, now)
                 self._reply(Final(rid, completion_to_wire(ev.completion), sent))
             elif isinstance(ev, Failed):
                 self._prefixes.ended(rid)
@@ -271,6 +280,7 @@ class Worker:
 
     def _drop_sessions(self) -> None:
         self._deferred.clear()  # the broker re-dispatches them
+        self._follow_ups.drop()
         for rid in self._active:
             self.backend.cancel(rid)
         self._active.clear()
