@@ -5,7 +5,7 @@ side by side, alternating with GenAI's ContinuousBatchingPipeline in the same ro
         [--chats 16] [--turns 4] [--max-tokens 32] [--rounds 2] [--model smollm2]
     .venv/bin/python benchmarks/chat_served.py --side new= --side base@/tmp/base= --genai  # code A/B
 
-Each side is a broker and one worker (``sweep.pool``, ``kv_cache_mb=1024``, ``prefix_cache=on``,
+Each side is a broker and one worker (``sweep.pool``, ``chat.POOL_SETS``, ``prefix_cache=on``,
 then the side's ``NAME=k=v,k=v`` settings; ``NAME@TREE=...`` runs its broker and worker on another
 checkout's ``ovpool``, e.g. a ``git archive`` of an older commit), started once; each round runs the workload
 (ovpool.bench.chat.run_pool: closed loops, a fresh system prompt a run) on every side in rotating
@@ -59,7 +59,7 @@ def main() -> None:
     runs: dict[str, list[dict]] = {name: [] for name in [*named, *(["genai"] if args.genai else [])]}
     counter = itertools.count(1)
     with ExitStack() as stack:
-        base = (f"kv_cache_mb={chat.KV_CACHE_MB}", "prefix_cache=on")
+        base = (*chat.POOL_SETS, "prefix_cache=on")
         clients = {name: stack.enter_context(sweep.pool(
             args.model, args.chats, sets=(*base, *s.assignments),
             env={**chat.POOL_ENV, **({"PYTHONPATH": s.tree} if s.tree else {})}))

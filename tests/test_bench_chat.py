@@ -3,6 +3,8 @@ workers), its summary, the ratios and the report."""
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 
 from ovpool.bench import chat, report, workload
@@ -126,3 +128,21 @@ def test_genai_gets_a_next_turn_after_the_step_that_follows_its_answer(monkeypat
     assert log == ["add 0", "add 1000", "step", "step", "add 1", "step", "step", "add 1001", *["step"] * 4]
     assert out["ttft_median_s_by_turn"]["2"] == 1.5
     assert out["completion_tokens"] == 10
+
+
+def test_every_pool_of_the_chat_scenario_runs_without_the_disk_kv_tier(monkeypatch):
+    """Runs are numbered from 1 in every invocation: a KV tier kept on disk would give a run the
+    blocks (answers included) that an earlier invocation's run of that number computed."""
+    started = []
+
+    @contextlib.contextmanager
+    def pool(model, slots, *, sets=(), workers=1, env=None):
+        started.append(sets)
+        yield None
+
+    monkeypatch.setattr(chat.sweep, "pool", pool)
+    monkeypatch.setattr(chat, "run_pool", lambda *a, **k: {"tokens_per_s": 1.0, "cached_share": 1.0,
+                                                           "ttft_later_turns_median_s": 1.0})
+    chat.scenario("m", "p", conversations=2, turns=2, max_tokens=2, repeats=1, sets=(), genai=False,
+                  device="CPU", say=lambda line: None)
+    assert len(started) == 6 and all("kv_tier=off" in sets for sets in started)

@@ -147,6 +147,10 @@ POOL_ENV = {"OVPOOL_PROGRESS_TIMEOUT_S": "1800", "OVPOOL_HEARTBEAT_INTERVAL_S": 
 # Every chat's KV without preemption: 16 x ~1,400 tokens x 23 KiB (SmolLM2 at f16) = ~500 MiB;
 # GenAI's pipeline gets the same 1 GiB (peers.ChatPipeline).
 KV_CACHE_MB = 1024
+# Every pool's settings: the runs of each invocation are numbered from 1, so a KV tier on disk
+# (kept across restarts) would hand a run the blocks an earlier invocation's run of that number
+# computed, answers included, which GenAI's side never gets (docs/performance.md, Chat TTFT).
+POOL_SETS = (f"kv_cache_mb={KV_CACHE_MB}", "kv_tier=off")
 
 
 def scenario(model: str, path: str, *, conversations: int, turns: int, max_tokens: int, repeats: int,
@@ -154,7 +158,7 @@ def scenario(model: str, path: str, *, conversations: int, turns: int, max_token
     """One worker with its prefix cache on vs off, alternating (and GenAI with prefix caching in
     the same rounds); then two workers, prefix-aware vs least-loaded routing, one after the other
     (what they are compared on, the share of prompt tokens from cache, does not depend on load)."""
-    base = (f"kv_cache_mb={KV_CACHE_MB}", *sets)
+    base = (*POOL_SETS, *sets)
     tries: dict[str, list[dict]] = {"prefix_on": [], "prefix_off": [], "genai": []}
     counter = iter(range(1, 1_000_000))
     with ExitStack() as stack:
