@@ -33,7 +33,7 @@ def make_submit(prompt_or_messages: str | list, model: str, timeout: float | Non
     checked = _sampling(sampling, params)
     tools.check_chat(checked.calls_tools, not isinstance(prompt_or_messages, str))
     params = sampling_to_wire(checked)
-    if params["seed"] is None:  # fixed here so that a resend replays the same tokens
+    if params.get("seed") is None:  # fixed here so that a resend replays the same tokens
         params["seed"] = _seeds.getrandbits(63)
     if isinstance(prompt_or_messages, str):
         prompt, messages = bounds.prompt(prompt_or_messages), None

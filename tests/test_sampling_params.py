@@ -109,13 +109,29 @@ def test_with_seed_equals_building_with_that_seed_and_checks_only_the_seed():
         assert str(copied.value) == str(built.value) and copied.value.param == "seed"
 
 
-def test_the_wire_form_holds_every_field_in_order_seeded_copies_too():
-    """A SUBMIT's params map: each field once, in declaration order (msgpack keeps it), and a
-    with_seed copy's own seed."""
+def test_the_plain_form_holds_every_field_in_order_seeded_copies_too():
+    """to_dict: each field once, in declaration order (msgpack keeps it), and a with_seed copy's
+    own seed."""
     p = SamplingParams(seed=3, stop="x", logprobs=True).with_seed(5)
     wire = p.to_dict()
     assert list(wire) == [f.name for f in dataclasses.fields(SamplingParams)]
     assert (wire["seed"], wire["stop"], wire["logprobs"]) == (5, ["x"], 0)
+
+
+@pytest.mark.parametrize("given", [{}, {"temperature": 0}, {"temperature": -0.0}, {"top_p": 1},
+                                   {"logprobs": 0},
+                                   {"seed": 0, "stop": "x", "max_tokens": 128, "repetition_penalty": 1.0},
+                                   {"logit_bias": {"0": -0.0}, "min_p": 0.0, "parallel_tool_calls": False}])
+def test_the_wire_form_holds_what_differs_from_the_defaults_and_comes_back_to_the_bit(given):
+    """A SUBMIT's params map: the fields not exactly at their defaults (0 is not 0.0, -0.0 is not
+    0.0), in declaration order; the receiver's SamplingParams equals the sender's, to the bit."""
+    p = SamplingParams(**given)
+    wire = sampling_to_wire(p)
+    full = p.to_dict()
+    plain = SamplingParams().to_dict()
+    assert list(wire) == [name for name in full if msgpack.packb(full[name]) != msgpack.packb(plain[name])]
+    assert msgpack.packb(sampling_from_wire(decode(encode(Submit("r", "m", wire))).params).to_dict()) == \
+        msgpack.packb(full)
 
 
 # Maps alike but for their seed, as the broker and the worker see them: the first builds, the rest share.
