@@ -284,3 +284,14 @@ def test_auto_is_off_below_f32():
     assert resolve_prompt_lookup("auto", {"inference_precision": "f32"}) == "auto"
     assert resolve_prompt_lookup("auto", {"inference_precision": "bf16"}) == "off"
     assert resolve_prompt_lookup("on", {"inference_precision": "bf16"}) == "on"
+
+
+def test_auto_is_off_with_int8_activations_and_so_is_the_prefix_cache():
+    # Several positions in one pass moved a position's logits by up to 0.8 from a token a pass
+    # there: neither a verified proposal nor reused KV would be the tokens without them.
+    from ovpool.worker.engine import exact_prefix_cache, resolve_prompt_lookup
+
+    int8 = {"inference_precision": "f32", "kv_cache_precision": "f32", "activations": "int8"}
+    assert resolve_prompt_lookup("auto", int8) == "off"
+    assert exact_prefix_cache("CPU", int8) == "off"
+    assert exact_prefix_cache("CPU", {**int8, "activations": "float"}) == "on"

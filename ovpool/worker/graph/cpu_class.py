@@ -124,11 +124,12 @@ def choose(cpu: CpuInfo, precision: str, activations: str = "auto") -> Defaults:
         activations = "int8" if cpu.vnni and not exact else "float"
     int8 = cpu.vnni and activations == "int8"
     # Snippets keep f32 between fused ops where the unfused graph rounds each op to bf16/f16, so
-    # only at f32 do the decode graph and the dynamic graph compute the same numbers.
+    # only at f32 do the decode graph and the dynamic graph compute the same numbers; not with
+    # int8 activations (snippets or not, on AMX): no decode graph by auto there.
     return Defaults(zero_points="integer" if int8 else "float", q4_storage="i4",
                     activations=activations, decode_snippets=exact,
                     kquant_requant="q6_k_q8_sym32" if int8 and not exact else "none",
-                    decode_graph=not (exact and cpu.class_name == "AMX"))
+                    decode_graph=not (exact and (cpu.class_name == "AMX" or int8)))
 
 
 def activation_group(weight_groups: Iterable[int]) -> int:
