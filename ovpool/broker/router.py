@@ -52,6 +52,7 @@ from ovpool.protocol import (
 MAX_ATTEMPTS = 3
 _MAX_STRANGERS = 10_000
 _REPLIES = (Partial, Final, Error)
+_FROM_WORKERS = (Heartbeat, *_REPLIES)  # what only a registered worker sends
 # Credit goes back to a worker in quarters of its window: one CREDIT per ~1,000 replies, and the
 # worker never waits for one unless the broker is that far behind.
 _ACK_EVERY = WORKER_WINDOW // 4
@@ -94,7 +95,7 @@ class Router:
                 if worker.unacked >= _ACK_EVERY:
                     out.append((peer, Credit("", worker.unacked)))
                     worker.unacked = 0
-        elif isinstance(msg, (Heartbeat, *_REPLIES)):
+        elif isinstance(msg, _FROM_WORKERS):
             return self._stranger(peer)
         else:
             self._clients_heard[peer] = now
