@@ -13,7 +13,9 @@ prefills on the dynamic graph and decodes on this one.
 
 The price is a second compiled model (it shares the dynamic graph's constants, but the CPU plugin's
 packed weights belong to one compiled model, ``m_socketWeights``, so it lays the weights out for
-each) and a second compile, so it is made on demand, on a thread of its own: by a warm-up (a
+each; an ``If`` would share them inside one model, but copies its inputs, the KV blocks among
+them, into its body at every pass: docs/performance.md, "what the decode graph holds") and a
+second compile, so it is made on demand, on a thread of its own: by a warm-up (a
 worker's, once idle; ``Engine.warm_up``), which waits for it, or once an engine has run
 ``START_AFTER`` lone steps without it, when it is likely to pay for itself. A process that
 generates a few tokens never compiles it (and never waits at exit for a compile it did not need).
