@@ -14,6 +14,7 @@ from ovpool.worker.gguf.quants import (
     centered,
     concat_rows,
     dequantize,
+    float_activations,
     float_zero,
     gatherable,
     group_sums,
@@ -196,6 +197,16 @@ def test_integer_zero_points_keep_the_weights_with_their_remainder(qtype, elemen
     exact = dequantize(packed)
     np.testing.assert_allclose(dequantize(rounded), exact, atol=1e-6 * np.abs(exact).max())
     assert integer_zero(unpack(T.Q4_0, random_blocks(T.Q4_0, 2, 64), (2, 64))).offset is None
+
+
+@pytest.mark.parametrize("qtype", [T.Q8_0, T.Q4_0, T.Q4_1, T.Q4_K, T.Q5_0, T.Q6_K, T.Q2_K])
+def test_float_activation_form_is_the_same_weights_with_a_float_zero_point(qtype):
+    # The form the plugin's int8 path does not take (the head at activations=int8): exact.
+    packed = unpack(qtype, random_blocks(qtype, 4, 256, seed=9), (4, 256))
+    kept = float_activations(packed)
+    assert kept.zero is not None and kept.zero.dtype == np.float32 and kept.offset is None
+    exact = dequantize(packed)
+    np.testing.assert_allclose(dequantize(kept), exact, atol=1e-6 * np.abs(exact).max())
 
 
 @pytest.mark.parametrize("qtype", [T.Q4_1, T.Q5_1])

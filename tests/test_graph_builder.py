@@ -223,6 +223,23 @@ def test_zero_point_forms_match_the_reference(tiny_model, weight_type, tied, zer
     np.testing.assert_allclose(score(request, ids), expected, atol=2e-4 * np.abs(expected).max())
 
 
+@pytest.mark.parametrize("weight_type,tied", [("Q8_0", True), ("Q4_0", False), ("Q4_K", True)])
+def test_int8_activations_leave_the_head_in_f32(tiny_model, weight_type, tied):
+    # activations=int8 at f32: the output projection (tied or not) with a float zero point, which
+    # the plugin's int8 path does not take; its weights as the file's.
+    settings = {**EXACT, "activations": "int8"}
+    model, request = compile_graph(tiny_model("llama", weight_type, tied), **settings)
+    node = build_model(model, Settings.coerce(settings)).output("logits").get_node().input_value(0).get_node()
+    assert node.get_type_name() == "MatMul"
+    while node.get_type_name() != "Subtract":
+        node = node.input_value(int(node.get_type_name() == "MatMul")).get_node()  # the weight's side
+    zero = node.input_value(1).get_node()
+    assert zero.get_type_name() == "Constant" and zero.get_element_type() == ov.Type.f32
+    ids = prompt(model)
+    expected = Reference(model).logits(ids)  # int8 in the layers: near the reference, not at it
+    assert np.abs(score(request, ids) - expected).max() < 0.1 * np.abs(expected).max()
+
+
 def test_rounded_zero_points_compute_the_rounded_weights(tiny_model):
     # GenAI's form of Q4_1 (zero_points=rounded): the graph computes exactly the weights whose zero
     # point was rounded, which are not the file's.

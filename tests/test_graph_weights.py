@@ -67,7 +67,7 @@ def test_a_spare_row_only_where_its_padding_is_cheap(rows, cols, spared):
 
 def test_only_f32_compute_spares_a_row():
     # bf16 or f16 compute (int8 activations, GPUs) lays each weight out once already.
-    settings = dict(kquant_requant="none", q4_storage="i4", zero_points="float")
+    settings = dict(kquant_requant="none", q4_storage="i4", zero_points="float", activations="float")
     assert Encoding.of(type("S", (), {**settings, "inference_precision": "f32"})).one_layout
     assert not Encoding.of(type("S", (), {**settings, "inference_precision": "bf16"})).one_layout
 

@@ -243,6 +243,22 @@ def integer_zero(p: Packed) -> Packed:
     return replace(p, codes=codes, element="u" + p.element[1:], zero=rounded.astype(np.uint8), offset=offset)
 
 
+def float_activations(p: Packed) -> Packed:
+    """``p`` in a form the CPU plugin's int8 path does not take (it takes u8/u4 codes with an
+    integer zero point or none, i8/i4 codes with none), so the MatMul keeps f32 activations: a
+    float zero point, ``float_zero``'s for an exact block minimum, for symmetric codes (Q8_0,
+    Q4_0, ...) the codes made unsigned with a float zero point of 128 or 8 (one, broadcast): the
+    same weights, exactly."""
+    p = float_zero(p)
+    if p.group == 0 or p.zero is not None:
+        return p if p.zero is None or p.zero.dtype != np.uint8 else replace(p, zero=p.zero.astype(np.float32))
+    shift = {"i4": 8, "i8": 128}.get(p.element)
+    if shift is None:
+        return p
+    codes = p.codes.view(np.uint8) ^ np.uint8(0x88 if shift == 8 else 0x80)
+    return replace(p, codes=codes, element="u" + p.element[1:], zero=np.full((1, 1), shift, np.float32))
+
+
 def rounded_zero(p: Packed) -> Packed:
     """``p`` with its float zero point rounded to an integer one and the remainder dropped, as
     OpenVINO GenAI reads Q4_1: each weight moves by up to half a scale step (``integer_zero``

@@ -131,7 +131,8 @@ def build_model(model: GGUFModel, graph: GraphConfig | Mapping[str, Any], attent
         raise UnsupportedModelError(f"partial RoPE ({h.rope_dim} of {h.head_dim} dims) is not supported")
     params = {p["name"]: _parameter(p) for p in port_spec(h, s, attention) if p["direction"] == "in"}
     encoding = W.Encoding.of(s)
-    embed = W.load(model, "token_embd.weight", encoding=encoding, arena=arena)
+    embed = W.load(model, "token_embd.weight", arena=arena,
+                   encoding=encoding.head() if h.tied_embeddings else encoding)
     x = embed.lookup(params["input_ids"].output(0))
     if h.embed_scale != 1.0:  # gemma3: by sqrt(n_embd), in f32 as llama.cpp does
         x = ops.multiply(x, L.const(h.embed_scale)).output(0)
@@ -140,7 +141,7 @@ def build_model(model: GGUFModel, graph: GraphConfig | Mapping[str, Any], attent
     for i in range(h.n_layers):
         x = _block(ctx, i, x)
     x = _norm(ctx, x, "output_norm")
-    head = embed if h.tied_embeddings else W.load(model, "output.weight", encoding=encoding,
+    head = embed if h.tied_embeddings else W.load(model, "output.weight", encoding=encoding.head(),
                                                   arena=arena)
     logits = ops.result(head.linear(x)[0])
     logits.output(0).get_tensor().set_names({"logits"})

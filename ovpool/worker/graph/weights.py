@@ -9,7 +9,7 @@ plugin repacks them at compile time anyway, and the memmap's pages stay clean pa
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import openvino as ov
@@ -22,6 +22,7 @@ from ovpool.worker.gguf.quants import (
     Packed,
     centered,
     concat_rows,
+    float_activations,
     float_zero,
     gatherable,
     group_sums,
@@ -70,11 +71,20 @@ class Encoding:
     q4_storage: str = "i4"
     zero_points: str = "float"
     one_layout: bool = False  # a spare row where the CPU plugin would lay a weight out twice
+    float_head: bool = False  # the output projection without int8 activations (see ``head``)
+    float_codes: bool = False  # this weight in quants.float_activations' form
 
     @classmethod
     def of(cls, settings) -> Encoding:
-        return cls(settings.kquant_requant, settings.q4_storage, settings.zero_points,
-                   settings.inference_precision == "f32")
+        f32 = settings.inference_precision == "f32"
+        return cls(settings.kquant_requant, settings.q4_storage, settings.zero_points, f32,
+                   float_head=f32 and settings.activations == "int8")
+
+    def head(self) -> Encoding:
+        """The output projection's encoding: at f32 with int8 activations one the plugin's int8
+        path does not take, because the head's near-ties decide the token (int8 there cost
+        SmolLM2 0.006 of top-1 agreement with the exact graph: docs/performance.md, Quality)."""
+        return replace(self, zero_points="float", float_codes=True) if self.float_head else self
 
 
 def load(model: GGUFModel, name: str, head_size: int = 0, encoding: Encoding = Encoding(),
@@ -106,7 +116,9 @@ def _packed(model: GGUFModel, name: str, head_size: int, encoding: Encoding) -> 
         packed = requantize(packed, encoding.requant.removeprefix("q6_k_"))
     if head_size:
         packed = permute_rows(packed, rope_halves_order(packed.shape[0], head_size))
-    if encoding.zero_points == "integer":
+    if encoding.float_codes:
+        packed = float_activations(packed)
+    elif encoding.zero_points == "integer":
         packed = integer_zero(packed)
     elif encoding.zero_points == "rounded":
         packed = rounded_zero(packed)
