@@ -103,11 +103,16 @@ class SamplingParams:
         return bool(self.logit_bias) or self.repetition_penalty != 1.0 or \
             self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
 
-    def to_dict(self) -> dict[str, Any]:
-        """The wire form (msgpack and JSON safe): ``stop`` a list, ``logit_bias`` {str(id): bias}."""
-        d = dict(self.__dict__)  # a dataclass's __dict__: its fields, in declaration order
-        d["stop"] = list(self.stop)
-        d["logit_bias"] = {str(token): bias for token, bias in self.logit_bias}
+    def to_dict(self, *, changed: bool = False) -> dict[str, Any]:
+        """The wire form (msgpack and JSON safe): ``stop`` a list, ``logit_bias`` {str(id): bias}.
+        ``changed``: only the fields not exactly at their defaults (type and sign too: 0 and -0.0
+        are not 0.0), which ``from_dict`` fills in again."""
+        # A dataclass's __dict__: its fields, in declaration order.
+        d = _changed(self.__dict__) if changed else dict(self.__dict__)
+        if "stop" in d:
+            d["stop"] = list(self.stop)
+        if "logit_bias" in d:
+            d["logit_bias"] = {str(token): bias for token, bias in self.logit_bias}
         return d
 
     @classmethod
@@ -161,6 +166,16 @@ def _shared_key(d: Mapping[str, Any]) -> bytes | None:
 def _shared_by_key(key: bytes) -> SamplingParams:
     """The SamplingParams of a ``_shared_key``; what it raises is not kept."""
     return _built(msgpack.unpackb(key))
+
+
+def _changed(fields: dict[str, Any]) -> dict[str, Any]:
+    out = {}
+    for name, value in fields.items():
+        default = _DEFAULTS[name]
+        if value is not default and (type(value) is not type(default) or value != default or (
+                type(value) is float and math.copysign(1.0, value) != math.copysign(1.0, default))):
+            out[name] = value
+    return out
 
 
 def _logit_bias(raw: Any) -> tuple[tuple[int, float], ...]:
@@ -230,3 +245,4 @@ def _check(check: tuple, value: Any) -> None:
 
 
 _FIELDS = frozenset(SamplingParams.__dataclass_fields__)
+_DEFAULTS = dict(SamplingParams().__dict__)
