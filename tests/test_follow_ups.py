@@ -46,6 +46,16 @@ def test_no_hold_after_a_fresh_prompt_nor_when_off_and_none_past_the_wait():
     assert on.hold(1.0) == 0.0  # and over
 
 
+def test_a_hold_that_ran_out_while_the_worker_was_idle_counts_its_wait_only():
+    f = FollowUps(0.02)
+    f.step(1.0)
+    f.ended(CHAT, now=0.0)  # the last answer: nothing runs, the loop does not ask for the hold
+    f.arrived(60.0)  # the next request, a minute later
+    assert f.held == pytest.approx(0.02) and f.hold(60.0) == 0.0
+    f.ended(CHAT, now=61.0)
+    assert f.hold(61.0) == pytest.approx(0.02)  # within the share: 20 ms of 1 s
+
+
 def test_holds_stay_within_their_share_of_the_time_in_passes():
     f = FollowUps(0.02, share=0.05)
     f.step(0.4)  # 20 ms of holds allowed

@@ -43,7 +43,7 @@ class FollowUps:
         turn if it is likely continued and the holds are within their share."""
         if self.wait_s <= 0 or usage.cached_prompt_tokens < CONTINUED_TOKENS:
             return
-        if not self.expected:
+        if not self._expire(now):
             if self.held > self.share * self.stepped:
                 return
             self.began = now
@@ -52,17 +52,22 @@ class FollowUps:
 
     def arrived(self, now: float) -> None:
         """A request arrived at ``now``; the hold ends once as many arrived as answers ended."""
-        if self.expected:
+        if self._expire(now):
             self.expected -= 1
             if not self.expected:
                 self.held += now - self.began
 
     def hold(self, now: float) -> float:
         """Seconds to wait before the next pass (0: run it)."""
+        return self.until - now if self._expire(now) else 0.0
+
+    def _expire(self, now: float) -> int:
+        """End a hold past its wait (whenever the loop looks: it may have been idle since); how
+        many requests the hold still waits for."""
         if self.expected and now >= self.until:
             self.expected = 0
             self.held += self.until - self.began
-        return self.until - now if self.expected else 0.0
+        return self.expected
 
     def drop(self) -> None:
         """The sessions are gone (a reconnect): nothing to wait for."""
