@@ -18,6 +18,7 @@ from ovpool.protocol import (
     Final,
     Heartbeat,
     LoadFailed,
+    Message,
     ModelOrder,
     Partial,
     Ping,
@@ -114,6 +115,11 @@ def test_fields_a_sender_leaves_out_get_their_defaults_each_message_its_own():
     heartbeats = [decode([VERSION, b"\x21", msgpack.packb({})]) for _ in range(2)]
     assert heartbeats[0] == Heartbeat() and heartbeats[0].held is not heartbeats[1].held
     assert list(first.__dict__) == list(Submit("r", "m", {}).__dict__)  # re-encoded in the same order
+
+
+def test_no_message_class_needs_its_init():
+    """decode fills a message's fields without calling __init__: a __post_init__ would be skipped."""
+    assert not [cls.__name__ for cls in Message.__args__ if hasattr(cls, "__post_init__")]
 
 
 def test_ready_carries_the_load_time_of_all_phases_the_cache_outcome_and_batching():
