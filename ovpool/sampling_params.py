@@ -169,6 +169,7 @@ def _shared_by_key(key: bytes) -> SamplingParams:
 
 
 def _changed(fields: dict[str, Any]) -> dict[str, Any]:
+    """``fields`` without those exactly at their defaults (most still hold the default object)."""
     out = {}
     for name, value in fields.items():
         default = _DEFAULTS[name]
