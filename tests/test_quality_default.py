@@ -36,6 +36,7 @@ def test_settings_show_what_each_auto_resolved_to_on_this_host():
     assert rows["inference_precision"]["value"] == "auto"
     assert rows["inference_precision"]["resolved"] == "f32"  # on every CPU class
     assert (rows["zero_points"]["resolved"], rows["kquant_requant"]["resolved"]) == ("float", "none")
+    assert rows["activations"]["resolved"] == "float"  # int8 stays opt-in on every class (cpu_class)
     assert rows["kv_cache_precision"]["resolved"] == "f32" and rows["prefix_cache"]["resolved"] == "on"
     amx_f32 = CpuInfo.read().class_name == "AMX"  # no decode graph there at f32 (cpu_class)
     expected = "off on this CPU class" if amx_f32 else "on for models"

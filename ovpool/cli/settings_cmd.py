@@ -87,7 +87,7 @@ def _resolve(config: WorkerConfig, core: ov.Core) -> tuple[dict[str, str], str]:
         if autos["attention"] == "paged" and loading.reimport_problem(core, config.device):
             autos["attention"] += " (sdpa until it is compiled, where a start imports from the cache)"
     if config.decode_graph == "auto":
-        paying = decode.pays(config.device, graph["inference_precision"], core, graph["activations"])
+        paying = decode.pays(config.device, graph["inference_precision"], core)
         autos["decode_graph"] = decode.auto_text(config.device, paying)
     if config.prefix_cache == "auto":
         autos["prefix_cache"] = exact_prefix_cache(config.device, graph)

@@ -36,6 +36,14 @@ ovpool asks for exactness, and only for integer zero points (``dnnl_fullyconnect
   GenAI's with it, below without; docs/performance.md, ovpool/worker/graph/cpu_class.py); prompt
   lookup's passes of several tokens run on the dynamic graph anyway. Not measured at f32 on the
   other classes, which keep it.
+* AMX at f32: the plugin's int8 activations (``activations=int8``: integer zero points, the
+  head on f32 activations, whose near-ties decide the token) stay opt-in: cheaper at 8/16
+  concurrent and in a prefill, but SmolLM2's sanity answers are not the exact graph's ("What is
+  the capital of France?": "L'Étoile, la Marseillaise…"), and several positions in one pass
+  compute other numbers than a token a pass (so prompt lookup and reused prefixes are off by
+  auto with it). A row is the same bits whatever other sequences share its pass, and on the
+  decode graph as on the dynamic graph. AVX-512 VNNI without AMX and AVX2 VNNI: not measured,
+  ``auto`` stays f32 exact there (docs/performance.md, "Quality").
 
 The measurements behind each choice: docs/performance.md, "ovpool/worker/graph/cpu_class.py".
 """
@@ -124,12 +132,11 @@ def choose(cpu: CpuInfo, precision: str, activations: str = "auto") -> Defaults:
         activations = "int8" if cpu.vnni and not exact else "float"
     int8 = cpu.vnni and activations == "int8"
     # Snippets keep f32 between fused ops where the unfused graph rounds each op to bf16/f16, so
-    # only at f32 do the decode graph and the dynamic graph compute the same numbers; not with
-    # int8 activations (snippets or not, on AMX): no decode graph by auto there.
+    # only at f32 do the decode graph and the dynamic graph compute the same numbers.
     return Defaults(zero_points="integer" if int8 else "float", q4_storage="i4",
                     activations=activations, decode_snippets=exact,
                     kquant_requant="q6_k_q8_sym32" if int8 and not exact else "none",
-                    decode_graph=not (exact and (cpu.class_name == "AMX" or int8)))
+                    decode_graph=not (exact and cpu.class_name == "AMX"))
 
 
 def activation_group(weight_groups: Iterable[int]) -> int:

@@ -74,13 +74,12 @@ def resolve(choice: str, device: str, weights: int, memory: int, paying: bool = 
     return paying and device_type(device) == "CPU" and weights <= largest_weights(memory)
 
 
-def pays(device: str, precision: str, core: ov.Core, activations: str = "auto") -> bool:
+def pays(device: str, precision: str, core: ov.Core) -> bool:
     """Whether this host's CPU class gains enough from a decode graph at the resolved inference
-    ``precision`` and ``activations`` to hold its memory (cpu_class.Defaults.decode_graph); True
-    off the CPU."""
+    ``precision`` to hold its memory (cpu_class.Defaults.decode_graph); True off the CPU."""
     if device_type(device) != "CPU":
         return True
-    return cpu_class.choose(cpu_class.CpuInfo.read(core), precision, activations).decode_graph
+    return cpu_class.choose(cpu_class.CpuInfo.read(core), precision).decode_graph
 
 
 def largest_weights(memory: int) -> float:

@@ -114,7 +114,7 @@ def load_paged(model: GGUFModel, config: WorkerConfig, device: str, core: ov.Cor
                                cache_dir=cache_dir, cache_only=cache_only, hint=hint, early=early,
                                lock_timeout_s=config.cache_lock_timeout_s)
     result = _with_arena(result, arena)
-    paying = decode_graph.pays(device, values["inference_precision"], core, values["activations"])
+    paying = decode_graph.pays(device, values["inference_precision"], core)
     if not decode_graph.wanted(config.decode_graph, device, model, paying):
         return result
 
