@@ -354,11 +354,8 @@ def resolve_prompt_lookup(mode: str, graph_settings: Mapping[str, Any]) -> str:
     (per sequence, where it pays) on the exact f32 graph, where a pass over several positions
     computes each row as a one-position pass does, else it is off (with int8 activations a
     position's logits moved by up to 0.8 between the two: docs/performance.md, Quality)."""
-    return "off" if mode == "auto" and not _exact(graph_settings) else mode
-
-
-def _exact(graph_settings: Mapping[str, Any]) -> bool:
-    return graph_settings["inference_precision"] == "f32" and graph_settings.get("activations") != "int8"
+    exact = graph_settings["inference_precision"] == "f32" and graph_settings.get("activations") != "int8"
+    return "off" if mode == "auto" and not exact else mode
 
 
 def exact_prefix_cache(device: str, graph_settings: Mapping[str, Any]) -> str:
@@ -370,6 +367,6 @@ def exact_prefix_cache(device: str, graph_settings: Mapping[str, Any]) -> str:
     precision = graph_settings["inference_precision"]
     if device_type(device) != "CPU" or graph_settings["kv_cache_precision"] == "u8":
         return "off"
-    if _exact(graph_settings) or (precision == "bf16" and CpuInfo.read().class_name == "AVX-512 VNNI/BF16"):
+    if precision == "f32" or (precision == "bf16" and CpuInfo.read().class_name == "AVX-512 VNNI/BF16"):
         return "on"
     return "off"

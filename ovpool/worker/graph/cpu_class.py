@@ -40,10 +40,11 @@ ovpool asks for exactness, and only for integer zero points (``dnnl_fullyconnect
   head on f32 activations, whose near-ties decide the token) stay opt-in: cheaper at 8/16
   concurrent and in a prefill, but SmolLM2's sanity answers are not the exact graph's ("What is
   the capital of France?": "L'Étoile, la Marseillaise…"), and several positions in one pass
-  compute other numbers than a token a pass (so prompt lookup and reused prefixes are off by
-  auto with it). A row is the same bits whatever other sequences share its pass, and on the
-  decode graph as on the dynamic graph. AVX-512 VNNI without AMX and AVX2 VNNI: not measured,
-  ``auto`` stays f32 exact there (docs/performance.md, "Quality").
+  compute other numbers than a token a pass (so prompt lookup is off by auto with it). A row is
+  the same bits whatever other sequences share its pass, on the decode graph as on the dynamic
+  graph, and a prompt cut at a block boundary as in one pass (reused prefixes stay exact).
+  AVX-512 VNNI without AMX and AVX2 VNNI: not measured, ``auto`` stays f32 exact there
+  (docs/performance.md, "Quality").
 
 The measurements behind each choice: docs/performance.md, "ovpool/worker/graph/cpu_class.py".
 """
