@@ -352,8 +352,8 @@ class Engine:
 def resolve_prompt_lookup(mode: str, graph_settings: Mapping[str, Any]) -> str:
     """Setting ``prompt_lookup``'s ``mode`` on a graph of ``graph_settings``: ``auto`` stays auto
     (per sequence, where it pays) on the exact f32 graph, where a pass over several positions
-    computes each row as a one-position pass does, else it is off (with int8 activations a
-    position's logits moved by up to 0.8 between the two: docs/performance.md, Quality)."""
+    computes each row as a one-position pass does, else it is off (with int8 activations
+    a position's logits differ between the two: docs/performance.md, Quality)."""
     exact = graph_settings["inference_precision"] == "f32" and graph_settings.get("activations") != "int8"
     return "off" if mode == "auto" and not exact else mode
 

@@ -82,8 +82,8 @@ class Encoding:
 
     def head(self) -> Encoding:
         """The output projection's encoding: at f32 with int8 activations one the plugin's int8
-        path does not take, because the head's near-ties decide the token (int8 there cost
-        SmolLM2 0.006 of top-1 agreement with the exact graph: docs/performance.md, Quality)."""
+        path does not take, because the head's near-ties decide the token (int8 there lowered
+        the top-1 agreement with the exact graph: docs/performance.md, Quality)."""
         return replace(self, zero_points="float", float_codes=True) if self.float_head else self
 
 
