@@ -11,6 +11,7 @@ import pytest
 from ovpool.completion import Usage
 from ovpool.config import WorkerConfig
 from ovpool.protocol import Final, Request
+from ovpool.worker import process
 from ovpool.worker.events import Finished
 from ovpool.worker.follow_ups import CONTINUED_TOKENS, FollowUps
 from ovpool.worker.null_backend import NullBackend
@@ -89,11 +90,14 @@ def _turn(rid: str, max_tokens: int) -> Request:
     return Request(rid, "m", {"max_tokens": max_tokens, "seed": 1}, prompt="hello there")
 
 
-def _next_turn_pass(tmp_path, follow_up_ms: int) -> tuple[int, int]:
+def _next_turn_pass(tmp_path, monkeypatch, wait_s: float) -> tuple[int, int]:
     """A long answer running, a chat's turn ends, its next turn is sent when its FINAL is read:
-    the passes (turn's last, next turn's first)."""
+    the passes (turn's last, next turn's first). The worker's holds last up to ``wait_s``: longer
+    than the setting allows, so that no stall of a loaded host outlasts one (a hold ends as soon
+    as the turn arrives)."""
+    monkeypatch.setattr(process, "FollowUps", lambda _wait_s: FollowUps(wait_s))
     backend, stop, broker = _ChatBackend(), threading.Event(), HandBroker(f"ipc://{tmp_path}/broker")
-    config = WorkerConfig(follow_up_ms=follow_up_ms)
+    config = WorkerConfig(follow_up_ms=1)
     try:
         with Worker(f"ipc://{tmp_path}/broker", backend, name="w", config=config) as worker:
             thread = threading.Thread(target=worker.run, args=(stop,))
@@ -114,6 +118,6 @@ def _next_turn_pass(tmp_path, follow_up_ms: int) -> tuple[int, int]:
     return last, min(i for i, p in enumerate(backend.passes) if "turn2" in p)
 
 
-def test_a_chats_next_turn_joins_the_pass_after_its_answer(tmp_path):
-    last, first = _next_turn_pass(tmp_path, follow_up_ms=1000)
+def test_a_chats_next_turn_joins_the_pass_after_its_answer(tmp_path, monkeypatch):
+    last, first = _next_turn_pass(tmp_path, monkeypatch, wait_s=60.0)
     assert first == last + 1  # the worker held the other answer's passes for it
