@@ -279,7 +279,7 @@ def test_drafts_of_a_batcher_auto_only_alone_and_where_asked():
 
 
 def test_auto_is_off_below_f32():
-    from ovpool.worker.engine import resolve_prompt_lookup
+    from ovpool.worker.exact_modes import resolve_prompt_lookup
 
     assert resolve_prompt_lookup("auto", {"inference_precision": "f32"}) == "auto"
     assert resolve_prompt_lookup("auto", {"inference_precision": "bf16"}) == "off"
@@ -290,7 +290,7 @@ def test_auto_is_off_with_int8_activations_where_the_prefix_cache_stays():
     # Several positions in one pass moved a position's logits by up to 0.8 from a token a pass
     # there, so a verified proposal is not the token without it; a prompt cut at a block boundary
     # gave the same bits as in one pass, so reused blocks are a fresh run's (AMX).
-    from ovpool.worker.engine import exact_prefix_cache, resolve_prompt_lookup
+    from ovpool.worker.exact_modes import exact_prefix_cache, resolve_prompt_lookup
 
     int8 = {"inference_precision": "f32", "kv_cache_precision": "f32", "activations": "int8"}
     assert resolve_prompt_lookup("auto", int8) == "off"

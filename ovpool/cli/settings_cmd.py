@@ -75,7 +75,7 @@ def resolved_autos(settings: Settings) -> tuple[dict[str, str], str]:
 
 
 def _resolve(config: WorkerConfig, core: ov.Core) -> tuple[dict[str, str], str]:
-    from ovpool.worker.engine import exact_prefix_cache, resolve_prompt_lookup
+    from ovpool.worker.exact_modes import exact_prefix_cache, resolve_prompt_lookup
     from ovpool.worker.graph import compile_settings, decode, loading
     from ovpool.worker.graph.cpu_class import CpuInfo
 

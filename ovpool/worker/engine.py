@@ -21,11 +21,12 @@ import openvino as ov
 from ovpool.cache import budget, kv, prefetch
 from ovpool.completion import Completion, Delta
 from ovpool.config import WorkerConfig
-from ovpool.devices import check_usable, device_type
+from ovpool.devices import check_usable
 from ovpool.errors import ModelLoadError
 from ovpool.sampling_params import SamplingParams
 from ovpool.settings import Settings
 from ovpool.worker import heap
+from ovpool.worker.exact_modes import exact_prefix_cache, resolve_prompt_lookup
 from ovpool.worker.generate.batch import PagedGraph, PagedRunner, PagedSession
 from ovpool.worker.generate.batcher import Batcher
 from ovpool.worker.generate.constraint import Constraint, Vocabulary
@@ -34,7 +35,6 @@ from ovpool.worker.generate.intake import Admitted, Intake, Limits, Prompt, time
 from ovpool.worker.generate.session import Session, warm_up
 from ovpool.worker.generate.streams import Stream, Streams
 from ovpool.worker.gguf.model import GGUFModel
-from ovpool.worker.graph.cpu_class import CpuInfo
 from ovpool.worker.graphs import Graphs
 from ovpool.worker.opened import OpenedModel
 from ovpool.worker.text.chat import TEMPLATE_KEY, check_messages
@@ -348,25 +348,3 @@ class Engine:
     def __exit__(self, *exc) -> None:
         self.close()
 
-
-def resolve_prompt_lookup(mode: str, graph_settings: Mapping[str, Any]) -> str:
-    """Setting ``prompt_lookup``'s ``mode`` on a graph of ``graph_settings``: ``auto`` stays auto
-    (per sequence, where it pays) on the exact f32 graph, where a pass over several positions
-    computes each row as a one-position pass does, else it is off (with int8 activations
-    a position's logits differ between the two: docs/performance.md, Quality)."""
-    exact = graph_settings["inference_precision"] == "f32" and graph_settings.get("activations") != "int8"
-    return "off" if mode == "auto" and not exact else mode
-
-
-def exact_prefix_cache(device: str, graph_settings: Mapping[str, Any]) -> str:
-    """``on`` where a prompt pass computes each position's keys, values and logits the same
-    whatever else the pass holds (so reused KV is a fresh run's, bit for bit), else ``off``: so at
-    f32, and at bf16 on the AVX-512 VNNI/BF16 class (docs/prefix-caching.md, docs/performance.md);
-    the f32 tests check it on every class CI runs on; bf16 on AMX is off (its rows depend on the
-    pass). A u8 KV cache's per-block scales depend on how a block filled."""
-    precision = graph_settings["inference_precision"]
-    if device_type(device) != "CPU" or graph_settings["kv_cache_precision"] == "u8":
-        return "off"
-    if precision == "f32" or (precision == "bf16" and CpuInfo.read().class_name == "AVX-512 VNNI/BF16"):
-        return "on"
-    return "off"
