@@ -38,7 +38,7 @@ def _taken_port():
 
 def test_a_taken_http_port_exits_at_once_naming_it_and_never_says_ready(taken_port):
     done = run_serve("--bind", f"tcp://127.0.0.1:{free_port()}", "--http",
-                              f"127.0.0.1:{taken_port}", *NULL)
+                     f"127.0.0.1:{taken_port}", *NULL)
     assert done.returncode == 2
     assert_one_line_before_any_child(done.stdout, f"127.0.0.1:{taken_port}", "Address already in use")
 
@@ -59,7 +59,7 @@ def test_a_model_that_is_missing_or_not_gguf_exits_before_any_child(tmp_path, co
     if content is not None:
         model.write_bytes(content)
     done = run_serve("--model", str(model), "--workers", "1", "--no-cache",
-                              "--bind", f"tcp://127.0.0.1:{free_port()}", "--no-http")
+                     "--bind", f"tcp://127.0.0.1:{free_port()}", "--no-http")
     assert done.returncode == 2
     assert_one_line_before_any_child(done.stdout, str(model), named)
 
@@ -73,7 +73,7 @@ def test_a_bad_setting_exits_before_any_child():
 def test_serve_exits_once_every_worker_failed_for_good(tmp_path):
     model = unsupported_model(tmp_path / "mamba.gguf")
     done = run_serve("--model", str(model), "--workers", "2", "--no-cache", "--no-http",
-                        "--bind", f"tcp://127.0.0.1:{free_port()}", timeout=180)
+                     "--bind", f"tcp://127.0.0.1:{free_port()}", timeout=180)
     assert done.returncode == 2, done.stdout
     last = done.stdout.strip().splitlines()[-1]
     assert last.startswith("error: every worker failed") and "--keep-up-on-worker-failure" in last
