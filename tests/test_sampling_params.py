@@ -12,6 +12,7 @@ import pytest
 from ovpool import errors
 from ovpool.protocol import Submit, decode, encode, sampling_from_wire, sampling_to_wire
 from ovpool.sampling_params import SamplingParams
+from tests.test_response_format import _deep
 
 
 @pytest.mark.parametrize("field, value, words", [
@@ -170,17 +171,10 @@ def test_a_map_alike_but_for_a_bad_value_fails_as_a_full_build_does(bad):
     assert (str(shared.value), shared.value.param) == (str(full.value), full.value.param)
 
 
-def _nested(depth: int) -> dict:
-    d: dict = {}
-    for _ in range(depth):
-        d = {"a": d}
-    return d
-
-
 @pytest.mark.parametrize("field, value", [
     ("max_tokens", 2**64), ("seed", 2**64), ("stop", ["\ud800"]), ("stop", ["s"] * 10**6),
-    ("logit_bias", {str(i): 1 for i in range(10**6)}), ("stop", [_nested(10_000)]),
-    ("response_format", {"type": "json_schema", "json_schema": {"name": "x", "schema": _nested(100_000)}}),
+    ("logit_bias", {str(i): 1 for i in range(10**6)}), ("stop", [_deep(10_000)]),
+    ("response_format", {"type": "json_schema", "json_schema": {"name": "x", "schema": _deep(100_000)}}),
 ])
 def test_hostile_maps_fail_on_the_shared_path_as_a_full_build_does(field, value):
     """What the shared key cannot pack (an int past 64 bits, a lone surrogate, deep nesting) or
