@@ -1,5 +1,6 @@
-"""docs/architecture.md's module table names modules that exist: a module moved or renamed without
-its row fails here (a bare name in a cell is in the folder of the path before it)."""
+"""docs/architecture.md's module table is the map of ovpool/: every module it names exists (a module
+moved or renamed without its row fails here; a bare name in a cell is in the folder of the path before
+it), and every module is on it, in a row of its own or named in its folder's row."""
 
 from __future__ import annotations
 
@@ -37,3 +38,24 @@ def test_every_module_in_the_table_exists():
     assert len(paths) > 50
     missing = [p for p in paths if not (ROOT / "ovpool" / p).exists()]
     assert not missing, f"docs/architecture.md names modules that do not exist: {missing}"
+
+
+def mapped_modules(table: str) -> set[str]:
+    """The rows' modules, and in a folder's row (`api/`) each `name.py` it names, as `api/name.py`."""
+    paths = set(named_modules(table))
+    for row in table.splitlines():
+        for folder in re.findall(r"`([\w/]+/)`", row.split("|")[1]) if row.startswith("| `") else []:
+            paths.update(folder + name for name in re.findall(r"`([\w/]+\.py)`", row))
+    return paths
+
+
+def test_a_folder_row_maps_the_modules_it_names():
+    row = "| `api/`, `cli/bench.py` | the HTTP API: `app.py` (the app), `sse.py` |"
+    assert mapped_modules(row) >= {"api/app.py", "api/sse.py", "cli/bench.py"}
+
+
+def test_every_module_is_on_the_map():
+    modules = {str(p.relative_to(ROOT / "ovpool")) for p in (ROOT / "ovpool").rglob("*.py")}
+    packages = {m for m in modules if m.endswith("/__init__.py")}  # a subpackage's is its folder's
+    missing = sorted(modules - packages - mapped_modules(TABLE))
+    assert not missing, f"modules without a line in docs/architecture.md's module table: {missing}"
