@@ -133,3 +133,16 @@ def test_cpuinfo_is_read_from_proc(tmp_path):
     assert CpuInfo.read(None, tmp_path / "missing").flags == frozenset()
     host = CpuInfo.read(ov.Core())
     assert "FP32" in host.capabilities
+
+
+def test_the_plugin_precision_a_class_names_is_the_plugins_own_on_this_host():
+    # docs/configuration.md's table of each class rests on it (resolve_cpu with plugin_precision).
+    core = ov.Core()
+    assert CpuInfo.read(core).plugin_precision == \
+        core.get_property("CPU", "INFERENCE_PRECISION_HINT").get_type_name()
+
+
+
+@pytest.mark.parametrize("cpu", cpu_class.CLASSES)
+def test_each_example_of_a_class_is_of_the_class_it_names(cpu):
+    assert cpu.class_name == cpu.model

@@ -97,3 +97,13 @@ def test_the_configuration_page_is_generated_from_the_registry():
     page = ROOT / "docs" / "configuration.md"
     assert page.read_text() == reference_page(), \
         "docs/configuration.md is stale: run `ovpool settings --markdown > docs/configuration.md`"
+
+
+def test_the_configuration_page_says_what_every_auto_resolves_to_on_each_cpu_class():
+    page = reference_page()
+    table = page[page.index("## What `auto` resolves to on each CPU class"):page.index("## Environment")]
+    rows = {m.group(1): m.group(2) for m in re.finditer(r"^\| `(\w+)` \|(.*)\|$", table, re.M)}
+    autos = {s.name for s in REGISTRY.values() if s.default == "auto"}
+    assert set(rows) == autos
+    assert all(cell.strip() and cell.strip() != "auto" for row in rows.values() for cell in row.split("|"))
+    assert rows["decode_graph"].split("|")[-1].strip() == "off"  # AMX at f32 (cpu_class.choose)

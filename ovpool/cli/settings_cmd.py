@@ -118,11 +118,42 @@ def reference_page() -> str:
         if settings:
             lines += [f"## {_SCOPE_TITLES[scope]}", "", "| setting | type | default | scopes | description |",
                       "|---|---|---|---|---|", *(_row(s) for s in settings), ""]
+    lines += _auto_by_class()
     lines += ["## Environment variables that are not settings", "",
               "| variable | default | read by | description |", "|---|---|---|---|"]
     lines += [f"| `{v.name}` | {_code(v.default)} | {', '.join(v.scopes)} | {_cell(v.help)} |"
               for v in VARIABLES.values()]
     return "\n".join(lines) + "\n"
+
+
+def _auto_by_class() -> list[str]:
+    """The page's table of what each setting left at ``auto`` resolves to on a CPU of each class,
+    the other settings at their defaults: the workers' own choices (a model-dependent one as its rule)."""
+    from ovpool.config import GraphConfig
+    from ovpool.worker.exact_modes import exact_prefix_cache, resolve_prompt_lookup
+    from ovpool.worker.graph import compile_settings, decode, loading
+    from ovpool.worker.graph.cpu_class import CLASSES, choose
+
+    defaults = GraphConfig()
+    graphs = [compile_settings.resolve_cpu(defaults.values(), cpu.plugin_precision, cpu) for cpu in CLASSES]
+    cells = {name: [str(g[name]) for g in graphs]
+             for name, value in defaults.values().items() if value == "auto"}
+    cells["attention"] = [loading.choose_attention(defaults, "CPU", None, None)] * len(CLASSES)
+    cells["decode_graph"] = [f"on (models of up to {decode.MAX_WEIGHTS >> 20} MiB of weights)"
+                             if choose(cpu, g["inference_precision"]).decode_graph else "off"
+                             for cpu, g in zip(CLASSES, graphs, strict=True)]
+    cells["prefix_cache"] = [exact_prefix_cache("CPU", g) for g in graphs]
+    cells["prompt_lookup"] = ["on where it pays, alone" if resolve_prompt_lookup("auto", g) == "auto"
+                              else "off" for g in graphs]
+    return ["## What `auto` resolves to on each CPU class", "",
+            "On the CPU, with every other setting at its default (`ovpool settings` prints what each "
+            "`auto` resolved to on its host). Measured on AVX2, AVX-512 VNNI/BF16 and AMX CPUs "
+            "(docs/performance.md); the other two columns are the same rule, unmeasured. On a GPU the "
+            "precisions are the device's own (f16). `attention=auto` becomes sdpa where the paged graph "
+            "cannot come from the cache, `decode_graph=auto` only where twice the weights fit in an "
+            "eighth of the host's memory.", "",
+            f"| setting | {' | '.join(cpu.model for cpu in CLASSES)} |", "|---" * (len(CLASSES) + 1) + "|",
+            *(f"| `{name}` | {' | '.join(cells[name])} |" for name in REGISTRY if name in cells), ""]
 
 
 def _row(s: Setting) -> str:

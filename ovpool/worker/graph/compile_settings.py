@@ -22,24 +22,33 @@ def resolve_auto(graph: GraphConfig | Mapping[str, Any], device: str = "CPU", co
     the weight encoding (ovpool.worker.graph.cpu_class, for ``cpu``, by default this host's)."""
     values = GraphConfig.coerce(graph).values()
     core = core or ov.Core()
-    on_cpu = device_type(device) == "CPU"
-    if values["inference_precision"] == "auto" and on_cpu:
-        values["inference_precision"] = cpu_class.precision(
-            _type_name(core.get_property("CPU", "INFERENCE_PRECISION_HINT")))
-    if values["kv_cache_precision"] == "auto" and on_cpu:
+    if device_type(device) == "CPU":
+        return resolve_cpu(values, _type_name(core.get_property("CPU", "INFERENCE_PRECISION_HINT")),
+                           cpu or CpuInfo.read(core))
+    for name, prop in (("inference_precision", "INFERENCE_PRECISION_HINT"),
+                       ("kv_cache_precision", "KV_CACHE_PRECISION")):
+        if values[name] == "auto":
+            values[name] = _type_name(core.get_property(device_type(device), prop))
+    return _chosen(values, cpu_class.Defaults("float", "i4", "float", True, "none"))
+
+
+def resolve_cpu(graph: Mapping[str, Any], plugin_precision: str, cpu: CpuInfo) -> dict:
+    """``resolve_auto`` on a CPU of ``cpu``'s class whose plugin computes at ``plugin_precision``
+    by itself (pure: docs/configuration.md's table of each class comes from it)."""
+    values = dict(graph)
+    if values["inference_precision"] == "auto":
+        values["inference_precision"] = cpu_class.precision(plugin_precision)
+    if values["kv_cache_precision"] == "auto":
         # The CPU plugin's own default, u8, spends decode time dequantizing, and its per-block
         # scales make a sequence's numbers depend on how its blocks filled. f16 decodes 4-10%
         # faster than u8 on SmolLM2 at a 512-token context, but it is not the exact graph's
         # numbers, and it made the SDPA seam differ from the paged graph (AVX2 kernels; batched
         # and alone agree since lone passes are padded, lone_pass.py): f32 compute keeps f32 KV.
         values["kv_cache_precision"] = "f32" if values["inference_precision"] == "f32" else "f16"
-    for name, prop in (("inference_precision", "INFERENCE_PRECISION_HINT"),
-                       ("kv_cache_precision", "KV_CACHE_PRECISION")):
-        if values[name] == "auto":
-            values[name] = _type_name(core.get_property(device_type(device), prop))
-    chosen = cpu_class.choose(cpu or CpuInfo.read(core), values["inference_precision"],
-                              values["activations"]) if on_cpu \
-        else cpu_class.Defaults("float", "i4", "float", True, "none")
+    return _chosen(values, cpu_class.choose(cpu, values["inference_precision"], values["activations"]))
+
+
+def _chosen(values: dict, chosen: cpu_class.Defaults) -> dict:
     for name in ("activations", "zero_points", "q4_storage", "kquant_requant"):
         if values[name] == "auto":
             values[name] = getattr(chosen, name)

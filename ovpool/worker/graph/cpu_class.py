@@ -101,9 +101,25 @@ class CpuInfo:
             return "AVX2" + (" VNNI" if self.vnni else "")
         return "other"
 
+    @property
+    def plugin_precision(self) -> str:
+        """The compute precision the CPU plugin picks by itself: bf16 where it lists ``BF16``."""
+        return "bf16" if "BF16" in self.capabilities else "f32"
+
     def describe(self) -> str:
         """One line for a benchmark's header: model, class and ISA flags."""
         return f"{self.model} [{self.class_name}: {' '.join(f for f in ISA_FLAGS if f in self.flags) or '-'}]"
+
+
+_AVX512 = frozenset({"avx2", "avx512f", "avx512_vnni"})
+# A CPU of each class, named by its class, for docs/configuration.md's table of what each class's
+# ``auto`` resolves to (``ovpool settings --markdown``).
+CLASSES = (CpuInfo("AVX2", frozenset({"avx2"}), frozenset({"FP32", "INT8"})),
+           CpuInfo("AVX2 VNNI", frozenset({"avx2", "avx_vnni"}), frozenset({"FP32", "INT8"})),
+           CpuInfo("AVX-512 VNNI", _AVX512, frozenset({"FP32", "INT8"})),
+           CpuInfo("AVX-512 VNNI/BF16", _AVX512 | {"avx512_bf16"}, frozenset({"FP32", "BF16", "INT8"})),
+           CpuInfo("AMX", _AVX512 | {"avx512_bf16", "amx_tile", "amx_int8", "amx_bf16"},
+                   frozenset({"FP32", "BF16", "INT8"})))
 
 
 @dataclass(frozen=True)
