@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import openvino as ov
 import pytest
+from cli_run import clean_error, ovpool
 
+from ovpool.errors import InvalidSettingError
 from ovpool.worker.graph import cpu_class
 from ovpool.worker.graph.compile_settings import compile_config, decode_config, decode_threads, resolve_auto
 from ovpool.worker.graph.cpu_class import CpuInfo, choose
@@ -122,6 +124,21 @@ def test_resolved_settings_and_compile_config_follow_the_class():
     assert decode_config(config)["SNIPPETS_MODE"] == "DISABLE"
     exact = compile_config({"inference_precision": "f32"}, "CPU", core, {16})
     assert exact["DYNAMIC_QUANTIZATION_GROUP_SIZE"] == 0 and decode_config(exact) == exact
+
+
+def test_f16_compute_on_the_cpu_is_refused_with_the_reason():
+    # OpenVINO 2026.4.1: where the plugin computes f16 (it lists FP16) its PagedAttention returns
+    # NaN for a pass of several tokens, GenAI's too; elsewhere it computes no f16 (docs/performance.md,
+    # "AMX: f16 compute, measured"). A GPU keeps f16, its own default.
+    fp16 = CpuInfo("Xeon w/ avx512_fp16", AMX.flags | {"avx512_fp16"}, AMX.capabilities | {"FP16"})
+    with pytest.raises(InvalidSettingError, match="returns NaN logits for a pass of more than one token"):
+        resolve_auto({"inference_precision": "f16"}, "CPU", ov.Core(), cpu=fp16)
+    with pytest.raises(InvalidSettingError, match="does not compute f16 on this CPU"):
+        resolve_auto({"inference_precision": "f16"}, "CPU", ov.Core(), cpu=AVX2)
+    bf16 = resolve_auto({"inference_precision": "bf16"}, "CPU", ov.Core(), cpu=fp16)
+    assert bf16["inference_precision"] == "bf16"
+    clean_error(ovpool("settings", "--set", "inference_precision=f16"),
+                "inference_precision=f16 on the CPU: ", "use f32 (the default) or bf16")
 
 
 def test_cpuinfo_is_read_from_proc(tmp_path):

@@ -10,6 +10,7 @@ import openvino as ov
 
 from ovpool.config import GraphConfig
 from ovpool.devices import device_type
+from ovpool.errors import InvalidSettingError
 from ovpool.worker.graph import cpu_class
 from ovpool.worker.graph.cpu_class import CpuInfo
 
@@ -38,6 +39,8 @@ def resolve_cpu(graph: Mapping[str, Any], plugin_precision: str, cpu: CpuInfo) -
     values = dict(graph)
     if values["inference_precision"] == "auto":
         values["inference_precision"] = cpu_class.precision(plugin_precision)
+    if values["inference_precision"] == "f16":
+        raise InvalidSettingError(_f16_refused(cpu))
     if values["kv_cache_precision"] == "auto":
         # The CPU plugin's own default, u8, spends decode time dequantizing, and its per-block
         # scales make a sequence's numbers depend on how its blocks filled. f16 decodes 4-10%
@@ -46,6 +49,17 @@ def resolve_cpu(graph: Mapping[str, Any], plugin_precision: str, cpu: CpuInfo) -
         # and alone agree since lone passes are padded, lone_pass.py): f32 compute keeps f32 KV.
         values["kv_cache_precision"] = "f32" if values["inference_precision"] == "f32" else "f16"
     return _chosen(values, cpu_class.choose(cpu, values["inference_precision"], values["activations"]))
+
+
+def _f16_refused(cpu: CpuInfo) -> str:
+    """Why the CPU takes no ``inference_precision=f16`` (OpenVINO 2026.4.1; docs/performance.md,
+    "AMX: f16 compute, measured")."""
+    if "FP16" in cpu.capabilities:  # the plugin computes f16 here (avx512_fp16), wrongly
+        why = ("its PagedAttention (every batched or prompt pass) returns NaN logits for a pass of "
+               "more than one token, and it decompresses the 4-bit weights to f16 (2.6x the memory)")
+    else:
+        why = "the CPU plugin does not compute f16 on this CPU (it lists no FP16)"
+    return f"inference_precision=f16 on the CPU: {why}; use f32 (the default) or bf16"
 
 
 def _chosen(values: dict, chosen: cpu_class.Defaults) -> dict:
