@@ -154,7 +154,7 @@ _SETTINGS = [
     # Graph-changing: these enter the cache fingerprint.
     Setting("inference_precision", str, "auto", "compute precision (auto: f32 on the CPU, the exact "
             "graph's numbers whatever the batch, where the plugin would pick bf16; the device's own "
-            "elsewhere, f16 on GPUs; docs/performance.md, Quality)",
+            "elsewhere, f16 on GPUs; f16 is refused on the CPU; docs/performance.md, Quality)",
             choices=("auto", "f32", "bf16", "f16"), scopes=(GRAPH,)),
     Setting("kv_cache_precision", str, "auto", "KV-cache element type (auto on the CPU: f32 at f32 "
             "compute, the same tokens batched or alone; f16 at bf16, faster to decode than the "
