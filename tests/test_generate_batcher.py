@@ -410,3 +410,47 @@ def test_a_long_prompt_is_admitted_off_the_step_and_its_refusal_fails_it_alone(e
                                           ("short", "hi", SamplingParams(max_tokens=6, ignore_eos=True))]})
     assert [f.request_id for f in failed] == ["long"] and "context" in str(failed[0].error)
     assert done["short"].usage.completion_tokens == 6 and backend.active == 0
+
+
+def test_a_request_whose_logits_row_is_nan_fails_alone_and_the_batch_goes_on(engine):
+    from ovpool.errors import InferenceError
+
+    backend = EngineBackend(engine, slots=2)
+    assert backend.wait_batching()
+    batcher, forward = backend.runs, backend.runs.runner.forward
+    poisoned = []
+
+    def nan_for_a(chunks, **kw):  # the device computes NaN for request a's row, once
+        logits, sampled = forward(chunks, **kw).copy(), [c for c in chunks if c.sample]
+        if len(sampled) == 2 and not poisoned:  # a pass where both requests get a token
+            first = sampled[0].seq_id == "a"
+            logits[0 if first else 1 + sampled[0].draft] = np.nan
+            poisoned.append(True)
+        return logits
+
+    batcher.runner.forward = nan_for_a
+    params = SamplingParams(max_tokens=6, ignore_eos=True)
+    done, _, failed = drain(backend, {0: [("a", PROMPTS[0], params), ("b", PROMPTS[2], params)]})
+    assert poisoned and [f.request_id for f in failed] == ["a"]
+    assert isinstance(failed[0].error, InferenceError) and "non-finite logits" in str(failed[0].error)
+    assert done["b"].token_ids == alone(engine, PROMPTS[2], params).token_ids
+    assert batcher.scheduler.free_blocks == batcher.runner.num_blocks
+
+
+def test_a_bug_in_one_requests_sampling_fails_that_request_only(engine):
+    from ovpool.errors import InferenceError
+
+    backend = EngineBackend(engine, slots=2)
+    assert backend.wait_batching()
+    params = SamplingParams(max_tokens=5, ignore_eos=True)
+    backend.add("a", PROMPTS[0], params)
+    backend.add("b", PROMPTS[2], params)
+
+    def broken(logits):
+        raise IndexError("index 0 is out of bounds")
+
+    backend.runs._generations["a"]._sampler.choose = broken
+    done, _, failed = drain(backend)
+    assert [f.request_id for f in failed] == ["a"] and isinstance(failed[0].error, InferenceError)
+    assert "IndexError('index 0 is out of bounds')" in str(failed[0].error)
+    assert done["b"].token_ids == alone(engine, PROMPTS[2], params).token_ids

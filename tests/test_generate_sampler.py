@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ovpool.errors import InvalidRequestError
+from ovpool.errors import InferenceError, InvalidRequestError
 from ovpool.sampling_params import SamplingParams
 from ovpool.worker.generate.limits import check_logit_bias
 from ovpool.worker.generate.logprobs import Logprobs
@@ -266,3 +266,21 @@ def test_stop_matcher_equals_cutting_the_whole_text(text, cuts, stops):
     hits = [(i + len(s), i) for s in stops if (i := text.find(s)) >= 0]
     assert stopped == bool(hits)
     assert "".join(out) == (text[:min(hits)[1]] if hits else text)
+
+
+@pytest.mark.parametrize("params", [SamplingParams(), SamplingParams(temperature=0.8, seed=1),
+                                    SamplingParams(temperature=0.8, top_k=5, top_p=0.9, min_p=0.05, seed=1),
+                                    SamplingParams(temperature=0.8, top_p=0.5, seed=1)])
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_non_finite_logits_fail_the_request_clearly(params, bad):
+    # A device that computes NaN (OpenVINO 2026.4.1's f16 PagedAttention did) must not turn into
+    # token 0 (greedy) or an IndexError in the filters that stops the worker's loop.
+    logits = LOGITS[0].copy()
+    logits[7] = bad
+    with pytest.raises(InferenceError, match=r"non-finite logits \((nan|inf)\).*inference_precision=f32"):
+        Sampler(params).choose(logits)
+    with pytest.raises(InferenceError, match="non-finite logits"):
+        Sampler(params).distribution(logits)
+    excluded = np.full(50, -np.inf, np.float32)
+    with pytest.raises(InferenceError, match="every token of the vocabulary is excluded"):
+        Sampler(params).choose(excluded)

@@ -269,6 +269,8 @@ class Batcher:
             deltas = gen.verify(rows, draft) if draft else [gen.feed(rows[0], masked=masked)]
         except OvpoolError as exc:
             return [self._fail(request_id, exc)]
+        except Exception as exc:  # a bug one request's row reaches fails that request, not the loop
+            return [self._fail(request_id, InferenceError(f"choosing the next token failed: {exc!r}"))]
         events: list[Event] = [Token(request_id, delta) for delta in deltas if delta is not None]
         if gen.finished:
             events.append(Finished(request_id, gen.completion()))

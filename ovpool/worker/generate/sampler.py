@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from ovpool.errors import InferenceError
 from ovpool.sampling_params import SamplingParams
 from ovpool.worker.generate.penalties import Penalties
 
@@ -39,6 +40,7 @@ class Sampler:
         x = logits if self._penalties is None else self._penalties.apply(logits)
         if self.greedy:
             token = int(np.argmax(x))
+            _check_finite(x[token])  # argmax finds a NaN or +inf first: one look suffices
         else:
             ids, weights, ranked = self._weights(x)
             token = self._draw(weights) if ranked is None else \
@@ -52,7 +54,9 @@ class Sampler:
         (float64): what the parameters define, without drawing or counting a token."""
         x = logits if self._penalties is None else self._penalties.apply(logits)
         if self.greedy:
-            return np.array([np.argmax(x)]), np.ones(1)
+            token = int(np.argmax(x))
+            _check_finite(x[token])
+            return np.array([token]), np.ones(1)
         ids, weights, _ = self._weights(x)
         ids = np.arange(len(weights)) if ids is None else ids
         return ids, weights / weights.sum(dtype=np.float64)
@@ -63,6 +67,7 @@ class Sampler:
         scaled, work = self._buffers(len(x))
         np.divide(x, np.float32(self.params.temperature), out=scaled)
         top = scaled.max()
+        _check_finite(top)  # max is NaN if any logit is
         if self._filtered:
             return self._candidates(scaled, top, work)
         return None, np.exp(np.subtract(scaled, top, out=work), out=work), None
@@ -106,6 +111,18 @@ class Sampler:
         within = np.cumsum(weights[starts[b]:starts[b] + _DRAW_BLOCK], dtype=np.float64)
         rest = u - (block_cdf[b - 1] if b else 0.0)
         return int(starts[b]) + min(int(np.searchsorted(within, rest, side="right")), len(within) - 1)
+
+
+def _check_finite(best: np.float32) -> None:
+    """Fail a row whose best logit is not finite, which would otherwise pick token 0 or fail deep
+    in the filters: NaN or +inf is a device or graph fault (a precision the plugin computes
+    wrongly), -inf a row that excludes every token."""
+    if best == -np.inf:
+        raise InferenceError("no token can come next: every token of the vocabulary is excluded")
+    if not np.isfinite(best):
+        raise InferenceError(f"the model computed non-finite logits ({best}) for this request: the "
+                             "device's arithmetic failed; run it at inference_precision=f32 or on "
+                             "another device")
 
 
 _DRAW_BLOCK = 256
