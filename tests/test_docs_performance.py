@@ -9,9 +9,9 @@ from pathlib import Path
 from test_docs_links import anchor
 
 DOC = Path(__file__).parents[1] / "docs" / "performance.md"
-# A number standing alone, as a ratio too (1.2x, 1.2×): not a digit of a name (SmolLM2, gemma3-270m,
-# Q4_0, 1.1B).
-NUMBER = re.compile(r"(?<![\w.,-])\d+(?:[.,]\d+)*(?=x\b|(?![.,]?\w))")
+# A number standing alone, as a ratio too (1.2x, 1.2×) and either end of a range (0.9-1.0): not a
+# digit of a name (SmolLM2, gemma3-270m, Q4_0, 1.1B).
+NUMBER = re.compile(r"(?<![\w.,])\d+(?:[.,]\d+)*(?=x\b|(?![.,]?\w))")
 
 
 def section(page: str, fragment: str) -> str:
@@ -52,8 +52,8 @@ def sources(page: str, links: list[str]) -> str:
 
 
 def test_numbers_stand_alone():
-    assert NUMBER.findall("SmolLM2 0.94× (85.1 vs 90.2), 7,242 req/s, 1.1x, gemma3-270m, Q4_0, 1.1B") == [
-        "0.94", "85.1", "90.2", "7,242", "1.1"]
+    text = "SmolLM2 0.94× (85.1 vs 90.2), 7,242 req/s, 1.1x, 0.95-1.00×, gemma3-270m, Q4_0, 1.1B"
+    assert NUMBER.findall(text) == ["0.94", "85.1", "90.2", "7,242", "1.1", "0.95", "1.00"]
 
 
 def test_every_glance_row_links_a_section_that_holds_its_figures():
