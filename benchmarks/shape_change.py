@@ -13,6 +13,10 @@ two sequences' tokens in one: ``past_lens`` and the ``*_begins`` shorter); ``tok
 four timed; a change costs ((X after P + P after X) - (X after X + P after P)) / 2 of the process's CPU
 time. ``two requests``: P and the ``tokens`` X alternating on two InferRequests of the same compiled
 model, one per shape, against one request (whether a request per shape class avoids the cost).
+``padded``: 14 decodes (P) and the same with a c-token prompt chunk (X, c = 2, 4, 8: an answer tail
+or a short question), alternating P, X, P, X as they do in the chat workload, against Q, X, Q, X where
+Q is P padded to X's token count by a dummy sequence on the scratch block (as ovpool.worker.generate.
+lone_pass pads a lone step): CPU a pass, their ratio, and whether Q's real logits rows equal P's.
 Medians over rounds; the output names the CPU class and the load on every line.
 """
 
@@ -22,6 +26,8 @@ import argparse
 import os
 import statistics
 import time
+
+import numpy as np
 
 from ovpool import Engine
 from ovpool.worker.generate.batch import feeds
@@ -80,6 +86,27 @@ def two_requests(runner, p: list[Chunk], x: list[Chunk], rounds: int) -> tuple[f
     return statistics.median(alone), statistics.median(apart)
 
 
+def padded(runner, c: int, rounds: int) -> tuple[float, float, bool]:
+    """(CPU a pass oscillating, padded, whether the padded pass's real rows are P's bits)."""
+    p, rows = chunks(14), list(range(14))
+    x = [*p, Chunk("new", 40, list(range(200, 200 + c)), [5 * 16, 5 * 16 + 1], sample=False)]
+    q = [*p, Chunk("", 0, [0] * c, [runner.num_blocks], sample=False)]  # the scratch block
+    same = np.array_equal(runner.forward(p, rows).copy(), runner.forward(q, rows))
+
+    def run(c: list[Chunk]) -> float:
+        start = time.process_time()
+        runner.forward(c, rows if c is not x else None)
+        return time.process_time() - start
+
+    plain, steady = [], []
+    for _ in range(rounds):
+        run(p)
+        plain.append((run(x) + run(p) + run(x)) / 3)
+        run(q)
+        steady.append((run(x) + run(q) + run(x)) / 3)
+    return statistics.median(plain), statistics.median(steady), same
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="smollm2")
@@ -89,7 +116,7 @@ def main() -> None:
     with Engine(args.model, settings={"attention": "paged"}) as engine:
         engine.warm_up()
         runner = engine._streams().batcher.runner
-        runner.grow(5 * 16 + 1)  # room for every variant's blocks at 16 rows
+        runner.grow(5 * 16 + 2)  # room for every variant's blocks at 16 rows, and the chunk's two
         print(f"CPU class: {CpuInfo.read(engine.core).class_name}; model {args.model}")
 
         def run(c: list[Chunk]) -> float:
@@ -105,6 +132,11 @@ def main() -> None:
             alone, apart = two_requests(runner, chunks(n), chunks(n, "tokens"), args.rounds)
             print(f"n={n:2d} tokens alternating, P+X: one request {alone * 1e3:.2f} cpu-ms, two requests"
                   f" {apart * 1e3:.2f} ({apart / alone:.3f}x) | load {os.getloadavg()[0]:.1f}", flush=True)
+        for c in (2, 4, 8):
+            plain, steady, same = padded(runner, c, args.rounds)
+            print(f"14 decodes and a {c}-token chunk alternating: {plain * 1e3:.2f} cpu-ms a pass, padded"
+                  f" {steady * 1e3:.2f} ({steady / plain:.3f}x), real rows equal: {same}"
+                  f" | load {os.getloadavg()[0]:.1f}", flush=True)
 
 
 if __name__ == "__main__":
