@@ -39,8 +39,7 @@ class Sampler:
         """The next token from ``logits`` [vocab] (left unchanged)."""
         x = logits if self._penalties is None else self._penalties.apply(logits)
         if self.greedy:
-            token = int(np.argmax(x))
-            _check_finite(x[token])  # argmax finds a NaN or +inf first: one look suffices
+            token = _best(x)
         else:
             ids, weights, ranked = self._weights(x)
             token = self._draw(weights) if ranked is None else \
@@ -54,9 +53,7 @@ class Sampler:
         (float64): what the parameters define, without drawing or counting a token."""
         x = logits if self._penalties is None else self._penalties.apply(logits)
         if self.greedy:
-            token = int(np.argmax(x))
-            _check_finite(x[token])
-            return np.array([token]), np.ones(1)
+            return np.array([_best(x)]), np.ones(1)
         ids, weights, _ = self._weights(x)
         ids = np.arange(len(weights)) if ids is None else ids
         return ids, weights / weights.sum(dtype=np.float64)
@@ -113,16 +110,24 @@ class Sampler:
         return int(starts[b]) + min(int(np.searchsorted(within, rest, side="right")), len(within) - 1)
 
 
+def _best(x: np.ndarray) -> int:
+    """The greedy choice: the id of the best logit, checked (argmax finds a NaN or +inf first)."""
+    token = int(np.argmax(x))
+    _check_finite(x[token])
+    return token
+
+
 def _check_finite(best: np.float32) -> None:
     """Fail a row whose best logit is not finite, which would otherwise pick token 0 or fail deep
     in the filters: NaN or +inf is a device or graph fault (a precision the plugin computes
     wrongly), -inf a row that excludes every token."""
+    if np.isfinite(best):  # every token's case: one comparison
+        return
     if best == -np.inf:
         raise InferenceError("no token can come next: every token of the vocabulary is excluded")
-    if not np.isfinite(best):
-        raise InferenceError(f"the model computed non-finite logits ({best}) for this request: the "
-                             "device's arithmetic failed; run it at inference_precision=f32 or on "
-                             "another device")
+    raise InferenceError(f"the model computed non-finite logits ({best}) for this request: the "
+                         "device's arithmetic failed; run it at inference_precision=f32 or on "
+                         "another device")
 
 
 _DRAW_BLOCK = 256
