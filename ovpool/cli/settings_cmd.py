@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import textwrap
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -75,7 +75,6 @@ def resolved_autos(settings: Settings) -> tuple[dict[str, str], str]:
 
 
 def _resolve(config: WorkerConfig, core: ov.Core) -> tuple[dict[str, str], str]:
-    from ovpool.worker.exact_modes import exact_prefix_cache, resolve_prompt_lookup
     from ovpool.worker.graph import compile_settings, decode, loading
     from ovpool.worker.graph.cpu_class import CpuInfo
 
@@ -89,11 +88,8 @@ def _resolve(config: WorkerConfig, core: ov.Core) -> tuple[dict[str, str], str]:
     if config.decode_graph == "auto":
         paying = decode.pays(config.device, graph["inference_precision"], core)
         autos["decode_graph"] = decode.auto_text(config.device, paying)
-    if config.prefix_cache == "auto":
-        autos["prefix_cache"] = exact_prefix_cache(config.device, graph)
-    if config.prompt_lookup == "auto":
-        on = resolve_prompt_lookup("auto", graph) == "auto"
-        autos["prompt_lookup"] = "on where its acceptance pays, one sequence at a time" if on else "off"
+    autos |= {name: text for name, text in _exact_features(config.device, graph).items()
+              if getattr(config, name) == "auto"}
     properties = compile_settings.compile_config(graph, config.device, core)
     group = properties.get("DYNAMIC_QUANTIZATION_GROUP_SIZE", 32)
     int8 = "int8 in groups of 32 (16 with Q6_K weights)" if group and cpu.vnni else "off (f32 activations)"
@@ -126,11 +122,20 @@ def reference_page() -> str:
     return "\n".join(lines) + "\n"
 
 
+def _exact_features(device: str, graph: dict[str, Any]) -> dict[str, str]:
+    """What ``prefix_cache`` and ``prompt_lookup`` at ``auto`` mean on ``device`` for the resolved
+    ``graph`` settings (ovpool.worker.exact_modes)."""
+    from ovpool.worker.exact_modes import exact_prefix_cache, resolve_prompt_lookup
+
+    lookup = resolve_prompt_lookup("auto", graph) == "auto"
+    return {"prefix_cache": exact_prefix_cache(device, graph),
+            "prompt_lookup": "on where its acceptance pays, one sequence at a time" if lookup else "off"}
+
+
 def _auto_by_class() -> list[str]:
     """The page's table of what each setting left at ``auto`` resolves to on a CPU of each class,
     the other settings at their defaults: the workers' own choices (a model-dependent one as its rule)."""
     from ovpool.config import GraphConfig
-    from ovpool.worker.exact_modes import exact_prefix_cache, resolve_prompt_lookup
     from ovpool.worker.graph import compile_settings, decode, loading
     from ovpool.worker.graph.cpu_class import CLASSES, choose
 
@@ -142,9 +147,8 @@ def _auto_by_class() -> list[str]:
     cells["decode_graph"] = [f"on (models of up to {decode.MAX_WEIGHTS >> 20} MiB of weights)"
                              if choose(cpu, g["inference_precision"]).decode_graph else "off"
                              for cpu, g in zip(CLASSES, graphs, strict=True)]
-    cells["prefix_cache"] = [exact_prefix_cache("CPU", g) for g in graphs]
-    cells["prompt_lookup"] = ["on where it pays, alone" if resolve_prompt_lookup("auto", g) == "auto"
-                              else "off" for g in graphs]
+    features = [_exact_features("CPU", g) for g in graphs]
+    cells |= {name: [f[name] for f in features] for name in features[0]}
     return ["## What `auto` resolves to on each CPU class", "",
             "On the CPU, with every other setting at its default (`ovpool settings` prints what each "
             "`auto` resolved to on its host). Measured on AVX2, AVX-512 VNNI/BF16 and AMX CPUs "
